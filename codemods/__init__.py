@@ -1,0 +1,28 @@
+"""xlaport's LibCST codemods, one module per concern.
+
+``CODEMODS`` is the order they run in: devices first, then the structural
+loop rewrites, then the report-only analyses.  Each codemod works on its own
+through LibCST's runner, e.g.::
+
+    python -m libcst.tool codemod devices.DeviceSwap train.py
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Tuple, Type
+
+from codemods.base import Finding, Rule, XlaCodemod
+from codemods.devices import DeviceSwap
+
+CODEMODS: Tuple[Type[XlaCodemod], ...] = (DeviceSwap,)
+
+
+def all_rules() -> List[Rule]:
+    return [rule for codemod in CODEMODS for rule in codemod.RULES]
+
+
+def rule_index() -> Dict[str, Tuple[Rule, Type[XlaCodemod]]]:
+    return {rule.code: (rule, codemod) for codemod in CODEMODS for rule in codemod.RULES}
+
+
+__all__ = ["CODEMODS", "Finding", "Rule", "XlaCodemod", "all_rules", "rule_index"]

@@ -1,0 +1,452 @@
+"""XLA1xx: hard-coded CUDA devices become the XLA device.
+
+Only *hard-coded* CUDA targets are rewritten (``.cuda()``, ``"cuda"`` used as a
+device, ``torch.device("cuda")``, the ``cuda if available else cpu`` idiom).
+Code that takes its device from the caller (``x.to(device)``) is device-generic
+and stays as it is, so a whole library can be converted and still work.
+Mentions of "cuda" that are not a device (comparisons, defaults of parameters,
+``torch.cuda.is_available()`` tests) are reported, not rewritten.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional, Sequence, Union
+
+import libcst as cst
+import libcst.matchers as m
+
+from codemods.base import Rule, XlaCodemod, call_name, find_all, string_value
+
+_CUDA_RE = re.compile(r"^cuda(:\d+)?$")
+_HOST_DEVICES = {"cpu", "mps"}
+
+CUDA_METHOD = Rule(
+    code="XLA101",
+    name="cuda-method",
+    summary="`.cuda()` moves to the CUDA device: move to the XLA device instead",
+    why=(
+        "A TPU host has no CUDA device, so `.cuda()` raises. `.to(torch_xla.device())` "
+        "places the tensor or module on the XLA device. The device index is dropped: "
+        "each XLA process sees its own device as xla:0, so `cuda:N` never maps to `xla:N`."
+    ),
+    before="model = Net().cuda()\nx = x.cuda(1, non_blocking=True)\n",
+    after=(
+        "import torch_xla\n\nmodel = Net().to(torch_xla.device())\n"
+        "x = x.to(torch_xla.device(), non_blocking=True)\n"
+    ),
+    valid=("x = x.to(device)\n", "import torch\nok = torch.cuda.is_initialized\n"),
+)
+
+CUDA_LITERAL = Rule(
+    code="XLA102",
+    name="cuda-device-literal",
+    summary='`"cuda"`/`"cuda:N"` used as a device: use the XLA device',
+    why=(
+        'A string "cuda" passed as a device (to `.to()`, a `device=` keyword, '
+        "`torch.device(...)`, or a variable named like a device) pins the program to "
+        "a GPU. On XLA the device is `torch_xla.device()`. Never `xla:N`: each process "
+        "sees its own device as xla:0. A CUDA default of a function parameter is only "
+        "reported: it is evaluated at import time, where the XLA runtime must not start."
+    ),
+    before=(
+        "import torch\n\ndevice = torch.device(\"cuda\", 0)\n"
+        "x = torch.zeros(3, device=\"cuda:1\")\npipe.to(\"cuda\")\n"
+    ),
+    after=(
+        "import torch\nimport torch_xla\n\ndevice = torch_xla.device()\n"
+        "x = torch.zeros(3, device=torch_xla.device())\npipe.to(torch_xla.device())\n"
+    ),
+    valid=(
+        'print("running on cuda")\n',
+        'def f():\n    """Move to cuda."""\n    return x.to(device)\n',
+        "import torch\ng = torch.Generator(device=\"cpu\")\n",
+    ),
+)
+
+CUDA_IDIOM = Rule(
+    code="XLA103",
+    name="cuda-if-available",
+    summary='`"cuda" if torch.cuda.is_available() else "cpu"`: use the XLA device',
+    why=(
+        "On a TPU host `torch.cuda.is_available()` is False, so the idiom silently "
+        "picks the CPU and the program runs without the accelerator. The whole "
+        "choice (expression or if/else statement, direct or through a flag such as "
+        "`use_cuda`) becomes the XLA device."
+    ),
+    before=(
+        "import torch\n\nuse_cuda = torch.cuda.is_available()\n"
+        "device = torch.device(\"cuda\" if use_cuda else \"cpu\")\n"
+    ),
+    after=(
+        "import torch\nimport torch_xla\n\nuse_cuda = torch.cuda.is_available()\n"
+        "device = torch_xla.device()\n"
+    ),
+    valid=("import torch\n\nmode = \"fast\" if torch.cuda.is_available() else \"slow\"\n",),
+)
+
+CUDA_COMPARE = Rule(
+    code="XLA104",
+    name="cuda-comparison",
+    summary='comparison with "cuda" is never true on XLA (reported, not rewritten)',
+    why=(
+        'Code such as `if device.type == "cuda":` selects a CUDA-only path. On XLA the '
+        'device type is "xla", so the branch is skipped; xlaport cannot know whether '
+        "that is what you want. Check the branch by hand."
+    ),
+    before='if x.device.type == "cuda":\n    pass\n',
+    after=None,
+    valid=('if x.device.type == "xla":\n    pass\n',),
+)
+
+CUDA_AVAILABLE = Rule(
+    code="XLA105",
+    name="cuda-is-available",
+    summary="`torch.cuda.is_available()` is False on an XLA host (reported)",
+    why=(
+        "Code guarded by `torch.cuda.is_available()` does not run on a TPU host. "
+        "xlaport rewrites the device-choice idioms itself (XLA103); any other test is "
+        "reported so that you can decide what the XLA program should do."
+    ),
+    before="import torch\n\nif torch.cuda.is_available():\n    torch.backends.cudnn.benchmark = True\n",
+    after=None,
+    valid=("import torch\n\ndevice = torch.device(\"cuda\" if torch.cuda.is_available() else \"cpu\")\n",),
+)
+
+CUDA_DEFAULT = Rule(
+    code="XLA106",
+    name="cuda-parameter-default",
+    summary='a parameter defaults to a CUDA device (reported, not rewritten)',
+    why=(
+        "Defaults are evaluated when the function is defined, usually at import. "
+        "Replacing one with `torch_xla.device()` would start the XLA runtime on import, "
+        "so xlaport leaves it and reports it: pass the device from the caller."
+    ),
+    before='def run(x, device="cuda"):\n    return x.to(device)\n',
+    after=None,
+    valid=("def run(x, device=None):\n    return x.to(device)\n",),
+)
+
+CUDA_GENERATOR = Rule(
+    code="XLA107",
+    name="cuda-generator",
+    summary="`torch.Generator(\"cuda\")`: XLA has no device generators; use a CPU one",
+    why=(
+        "torch_xla cannot create a `torch.Generator` on the XLA device. Libraries "
+        "that take a generator (diffusers' `randn_tensor`, samplers) accept a CPU "
+        "generator and move the numbers to the device, so the generator moves to the CPU."
+    ),
+    before='import torch\n\ng = torch.Generator("cuda").manual_seed(0)\n',
+    after='import torch\n\ng = torch.Generator("cpu").manual_seed(0)\n',
+)
+
+
+def is_cuda_literal(node: cst.CSTNode) -> bool:
+    value = string_value(node)
+    if value is not None:
+        return bool(_CUDA_RE.match(value))
+    if isinstance(node, cst.FormattedString):  # f"cuda:{rank}"
+        first = node.parts[0] if node.parts else None
+        return isinstance(first, cst.FormattedStringText) and first.value.startswith("cuda:")
+    return False
+
+
+def _is_host_literal(node: cst.CSTNode) -> bool:
+    return string_value(node) in _HOST_DEVICES
+
+
+_DEVICE_NAME_RE = re.compile(r"(^|_)(device|dev)(_|$)|device", re.IGNORECASE)
+
+
+class DeviceSwap(XlaCodemod):
+    DESCRIPTION = "Rewrite hard-coded CUDA devices to the target (XLA) device."
+    RULES = (
+        CUDA_METHOD,
+        CUDA_LITERAL,
+        CUDA_IDIOM,
+        CUDA_COMPARE,
+        CUDA_AVAILABLE,
+        CUDA_DEFAULT,
+        CUDA_GENERATOR,
+    )
+    TRIGGERS = (b"cuda",)
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._param_depth = 0
+        self._handled: set = set()  # original nodes an outer rewrite consumed
+        self._if_idioms: set = set()
+
+    # ------------------------------------------------------------ predicates
+    def _is_torch_device(self, node: cst.CSTNode) -> bool:
+        return isinstance(node, cst.Call) and self.is_qualname(node.func, "torch.device")
+
+    def _is_available_call(self, node: cst.CSTNode) -> bool:
+        return isinstance(node, cst.Call) and self.is_qualname(
+            node.func, "torch.cuda.is_available"
+        )
+
+    def _cuda_device_expr(self, node: cst.CSTNode) -> bool:
+        """A hard-coded CUDA device: "cuda", torch.device("cuda"...), or the
+        device expression the target already uses (after an inner rewrite)."""
+        if is_cuda_literal(node):
+            return True
+        if self._is_torch_device(node):
+            args = node.args  # type: ignore[attr-defined]
+            return bool(args) and is_cuda_literal(args[0].value)
+        return False
+
+    def _host_device_expr(self, node: cst.CSTNode) -> bool:
+        if _is_host_literal(node):
+            return True
+        if self._is_torch_device(node):
+            args = node.args  # type: ignore[attr-defined]
+            return bool(args) and _is_host_literal(args[0].value)
+        return False
+
+    def _is_idiom(self, node: cst.CSTNode) -> bool:
+        """``CUDA if <anything> else CPU`` (or the reverse under ``not``)."""
+        if not isinstance(node, cst.IfExp):
+            return False
+        return (self._cuda_device_expr(node.body) and self._host_device_expr(node.orelse)) or (
+            self._host_device_expr(node.body) and self._cuda_device_expr(node.orelse)
+        )
+
+    def _mentions_availability(self, test: cst.BaseExpression) -> bool:
+        """The test calls torch.cuda.is_available(), directly or via a flag."""
+        for call in find_all(test, cst.Call):
+            if self._is_available_call(call):
+                return True
+        for name in find_all(test, cst.Name):
+            if name.value in {"use_cuda", "cuda", "has_cuda", "cuda_available", "on_gpu", "use_gpu"}:
+                return True
+        return False
+
+    # ------------------------------------------------------------ params
+    def visit_Param(self, node: cst.Param) -> None:
+        self._param_depth += 1
+        if node.default is not None and (
+            self._cuda_device_expr(node.default) or self._is_idiom(node.default)
+        ):
+            self.flag(
+                node.default,
+                CUDA_DEFAULT.code,
+                f"parameter `{node.name.value}` defaults to a CUDA device; pass the device "
+                "from the caller",
+                fix=False,
+            )
+
+    def leave_Param(self, original_node: cst.Param, updated_node: cst.Param) -> cst.Param:
+        self._param_depth -= 1
+        return updated_node
+
+    # ------------------------------------------------------------ XLA101 .cuda()
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if self._param_depth:
+            return updated_node
+        func = original_node.func
+        if original_node in self._handled:
+            return updated_node
+        # .cuda(...) on any object but the torch module itself
+        if (
+            isinstance(func, cst.Attribute)
+            and func.attr.value == "cuda"
+            and "torch.cuda" not in self.qualnames(func)
+        ):
+            if self.flag(original_node, CUDA_METHOD.code, "`.cuda()` -> `.to(<XLA device>)`", fix=True):
+                return self._cuda_method_to(updated_node)
+            return updated_node
+
+        # torch.device("cuda"...) / torch.device(<idiom>) -> device
+        if self._is_torch_device(original_node) and original_node.args:
+            first = original_node.args[0].value
+            if is_cuda_literal(first):
+                if self.flag(original_node, CUDA_LITERAL.code, "`torch.device(\"cuda\")` -> XLA device", fix=True):
+                    return self._device()
+                return updated_node
+            if self._is_idiom(first):
+                if self.flag(original_node, CUDA_IDIOM.code, "CUDA-if-available device choice -> XLA device", fix=True):
+                    self._handled.add(first)
+                    return self._device()
+                return updated_node
+
+        # torch.Generator("cuda") / torch.Generator(device="cuda")
+        if self.is_qualname(original_node.func, "torch.Generator", "torch._C.Generator"):
+            return self._generator(original_node, updated_node)
+
+        # .to("cuda", ...) first positional
+        if (
+            isinstance(func, cst.Attribute)
+            and func.attr.value == "to"
+            and original_node.args
+            and original_node.args[0].keyword is None
+            and is_cuda_literal(original_node.args[0].value)
+        ):
+            if self.flag(original_node.args[0].value, CUDA_LITERAL.code, '`.to("cuda")` -> `.to(<XLA device>)`', fix=True):
+                args = list(updated_node.args)
+                args[0] = args[0].with_changes(value=self._device())
+                return updated_node.with_changes(args=args)
+        return updated_node
+
+    def _cuda_method_to(self, call: cst.Call) -> cst.Call:
+        func = call.func
+        assert isinstance(func, cst.Attribute)
+        kept = [
+            a
+            for i, a in enumerate(call.args)
+            if a.keyword is not None and a.keyword.value != "device"
+        ]
+        args = [cst.Arg(self._device())]
+        if kept:
+            args[0] = args[0].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+            args += kept
+        return call.with_changes(func=func.with_changes(attr=cst.Name("to")), args=args)
+
+    def _generator(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        args = list(updated.args)
+        for i, a in enumerate(original.args):
+            positional_device = i == 0 and a.keyword is None
+            keyword_device = a.keyword is not None and a.keyword.value == "device"
+            if (positional_device or keyword_device) and is_cuda_literal(a.value):
+                if self.flag(a.value, CUDA_GENERATOR.code, "CUDA generator -> CPU generator", fix=True):
+                    args[i] = args[i].with_changes(value=cst.SimpleString('"cpu"'))
+                    return updated.with_changes(args=args)
+        return updated
+
+    # ------------------------------------------------------------ keywords
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        if self._param_depth or original_node.keyword is None:
+            return updated_node
+        if original_node.keyword.value != "device":
+            return updated_node
+        value = original_node.value
+        parent = self.parent(original_node)
+        if isinstance(parent, cst.Call) and self.is_qualname(parent.func, "torch.Generator", "torch._C.Generator"):
+            return updated_node  # handled in leave_Call (XLA107)
+        if is_cuda_literal(value):
+            if self.flag(value, CUDA_LITERAL.code, '`device="cuda"` -> XLA device', fix=True):
+                return updated_node.with_changes(value=self._device())
+        elif self._is_idiom(value) and value not in self._handled:
+            if self.flag(value, CUDA_IDIOM.code, "CUDA-if-available device choice -> XLA device", fix=True):
+                self._handled.add(value)
+                return updated_node.with_changes(value=self._device())
+        return updated_node
+
+    # ------------------------------------------------------------ idiom anywhere
+    def leave_IfExp(self, original_node: cst.IfExp, updated_node: cst.IfExp) -> cst.BaseExpression:
+        if self._param_depth or original_node in self._handled:
+            return updated_node
+        if self._is_idiom(original_node):
+            parent = self.parent(original_node)
+            if isinstance(parent, cst.Arg) and isinstance(self.parent(parent), cst.Call):
+                call = self.parent(parent)
+                if self._is_torch_device(call):
+                    return updated_node  # whole torch.device(...) handled in leave_Call
+                if parent.keyword is not None and parent.keyword.value == "device":
+                    return updated_node  # handled in leave_Arg
+            if self.flag(original_node, CUDA_IDIOM.code, "CUDA-if-available device choice -> XLA device", fix=True):
+                self._handled.add(original_node)
+                return self._device()
+        return updated_node
+
+    # ------------------------------------------------------------ assignments
+    def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
+        if len(original_node.targets) != 1 or not is_cuda_literal(original_node.value):
+            return updated_node
+        if original_node.value in self._handled:
+            return updated_node
+        target = original_node.targets[0].target
+        name = target.value if isinstance(target, cst.Name) else (
+            target.attr.value if isinstance(target, cst.Attribute) else None
+        )
+        if name and _DEVICE_NAME_RE.search(name):
+            if self.flag(original_node.value, CUDA_LITERAL.code, f'`{name} = "cuda"` -> XLA device', fix=True):
+                return updated_node.with_changes(value=self._device())
+        return updated_node
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> Union[cst.If, cst.SimpleStatementLine]:
+        """``if cuda_available: dev = CUDA [else: dev = CPU]`` -> ``dev = XLA``."""
+        if original_node not in self._if_idioms:
+            return updated_node
+        body_target = self._if_idiom_target(original_node)
+        assert body_target is not None
+        if not self.flag(original_node, CUDA_IDIOM.code, "CUDA-if-available device choice -> XLA device", fix=True):
+            return updated_node
+        return cst.SimpleStatementLine(
+            body=[cst.Assign(targets=[cst.AssignTarget(body_target)], value=self._device())],
+            leading_lines=updated_node.leading_lines,
+        )
+
+    def visit_If(self, node: cst.If) -> None:
+        if self._if_idiom_target(node) is not None:
+            # The whole statement is replaced in leave_If: its parts are not
+            # rewritten (or reported) on their own.
+            for stmt in find_all(node, cst.Assign):
+                self._handled.add(stmt.value)  # type: ignore[attr-defined]
+            self._if_idioms.add(node)
+            return
+        self._report_availability(node.test)
+
+    def _if_idiom_target(self, node: cst.If) -> Optional[cst.BaseAssignTargetExpression]:
+        if not self._mentions_availability(node.test):
+            return None
+        body_target = _single_assign(node.body, self._cuda_device_expr)
+        if body_target is None:
+            return None
+        orelse = node.orelse
+        if orelse is not None:
+            if not isinstance(orelse, cst.Else):
+                return None
+            else_target = _single_assign(orelse.body, self._host_device_expr)
+            if else_target is None or not else_target.deep_equals(body_target):
+                return None
+        return body_target
+
+    def visit_While(self, node: cst.While) -> None:
+        self._report_availability(node.test)
+
+    def _report_availability(self, test: cst.BaseExpression) -> None:
+        if not self.enabled(CUDA_AVAILABLE.code):
+            return
+        for call in find_all(test, cst.Call):
+            if self._is_available_call(call):
+                self.flag(
+                    call,
+                    CUDA_AVAILABLE.code,
+                    "`torch.cuda.is_available()` is False on an XLA host; the guarded code "
+                    "will not run there",
+                    fix=False,
+                )
+
+    # ------------------------------------------------------------ XLA104
+    def visit_Comparison(self, node: cst.Comparison) -> None:
+        operands = [node.left] + [t.comparator for t in node.comparisons]
+        for op in operands:
+            if string_value(op) is not None and string_value(op).startswith("cuda"):  # type: ignore[union-attr]
+                self.flag(
+                    node,
+                    CUDA_COMPARE.code,
+                    'comparison with "cuda" is never true on XLA (device type is "xla"); '
+                    "check this branch",
+                    fix=False,
+                )
+                return
+
+    # ------------------------------------------------------------ helpers
+    def _device(self) -> cst.BaseExpression:
+        self.add_imports(self.target.device_imports)
+        return self.target.device_node()
+
+
+def _single_assign(body: cst.BaseSuite, pred) -> Optional[cst.BaseAssignTargetExpression]:
+    """The target of a suite that is exactly one ``X = <pred>`` statement."""
+    if not isinstance(body, cst.IndentedBlock) or len(body.body) != 1:
+        return None
+    line = body.body[0]
+    if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+        return None
+    stmt = line.body[0]
+    if isinstance(stmt, cst.Assign) and len(stmt.targets) == 1 and pred(stmt.value):
+        return stmt.targets[0].target
+    return None

@@ -1,0 +1,151 @@
+"""Run the codemods over one source text.
+
+The engine parses a file once, runs each applicable codemod on the tree in
+turn, adds the imports they asked for once at the end, and maps every finding
+back to a line of the *original* file (rules run on each other's output, so
+their own positions shift when an earlier rule inserts or removes lines).
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import libcst as cst
+from libcst.codemod import Codemod, CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
+
+from codemods import CODEMODS, all_rules
+from codemods.base import (
+    FINDINGS_KEY,
+    OPTIONS_KEY,
+    SELECT_KEY,
+    SOURCE_KEY,
+    TARGET_KEY,
+    Finding,
+    code_matches,
+)
+from codemods.target import DEFAULT_TARGET
+
+
+class SourceError(Exception):
+    """A source that cannot be converted; ``line``/``col`` where known."""
+
+    def __init__(self, message: str, line: Optional[int] = None, col: Optional[int] = None):
+        super().__init__(message)
+        self.message = message
+        self.line = line
+        self.col = col
+
+
+@dataclass
+class Settings:
+    select: Optional[Sequence[str]] = None  # codes or prefixes; None = all
+    ignore: Sequence[str] = ()
+    target: str = DEFAULT_TARGET
+    options: Mapping[str, object] = field(default_factory=dict)
+
+    def selected_codes(self) -> List[str]:
+        codes = [r.code for r in all_rules()]
+        if self.select is not None:
+            codes = [c for c in codes if code_matches(c, self.select)]
+        return [c for c in codes if not code_matches(c, self.ignore)]
+
+
+@dataclass
+class Outcome:
+    code: bytes  # the converted source (== input when nothing changed)
+    findings: List[Finding]
+
+    def changed(self, original: bytes) -> bool:
+        return self.code != original
+
+
+def _line_map(old: str, new: str) -> Callable[[int], int]:
+    """Map 1-based line numbers of ``new`` to the matching line of ``old``.
+
+    Lines inside a rewritten block map to the first line of the block they
+    replaced, which is where a reader of the original should look.
+    """
+    old_lines, new_lines = old.splitlines(), new.splitlines()
+    table: Dict[int, int] = {}
+    matcher = difflib.SequenceMatcher(None, new_lines, old_lines, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        for k in range(i1, i2):
+            if tag == "equal":
+                table[k + 1] = j1 + (k - i1) + 1
+            else:
+                table[k + 1] = min(j1 + (k - i1), max(j2 - 1, j1)) + 1
+    last = max(len(old_lines), 1)
+    return lambda line: table.get(line, min(line, last))
+
+
+def applicable(source: bytes, codes: Sequence[str]) -> List[type]:
+    """The codemods worth parsing the file for: enabled, and triggered."""
+    wanted = set(codes)
+    return [
+        cls
+        for cls in CODEMODS
+        if any(r.code in wanted for r in cls.RULES)
+        and any(t in source for t in cls.TRIGGERS)
+    ]
+
+
+def parse(source: bytes) -> cst.Module:
+    try:
+        return cst.parse_module(source)
+    except cst.ParserSyntaxError as exc:
+        raise SourceError(
+            f"cannot parse: {exc.message}", exc.raw_line, exc.raw_column + 1
+        ) from None
+    except (UnicodeDecodeError, LookupError) as exc:
+        raise SourceError(f"cannot decode: {exc}") from None
+    except (SyntaxError, RecursionError, ValueError) as exc:
+        raise SourceError(f"cannot parse: {exc}") from None
+
+
+def transform(source: bytes, settings: Settings, filename: str = "") -> Outcome:
+    """Convert one source text. Raises SourceError for code it cannot parse."""
+    codes = settings.selected_codes()
+    codemods = applicable(source, codes)
+    if not codemods:
+        return Outcome(source, [])
+    tree = parse(source)
+    original_text = tree.code
+    context = CodemodContext(
+        filename=filename or None,
+        scratch={
+            SELECT_KEY: codes,
+            TARGET_KEY: settings.target,
+            OPTIONS_KEY: dict(settings.options),
+            FINDINGS_KEY: [],
+        },
+    )
+    maps: List[Callable[[int], int]] = []  # maps[k]: lines after rule k -> before
+    findings: List[Finding] = []
+    text = original_text
+    for cls in codemods:
+        context.scratch[SOURCE_KEY] = text
+        context.scratch[FINDINGS_KEY] = []
+        codemod = cls(context)
+        tree = Codemod.transform_module(codemod, tree)
+        new = context.scratch[FINDINGS_KEY]
+        for f in new:
+            for back in reversed(maps):
+                f.line = back(f.line)
+        findings.extend(new)
+        if any(f.fix for f in new):
+            new_text = tree.code
+            if new_text != text:
+                maps.append(_line_map(text, new_text))
+                text = new_text
+    for key, visitor in (
+        (AddImportsVisitor.CONTEXT_KEY, AddImportsVisitor),
+        (RemoveImportsVisitor.CONTEXT_KEY, RemoveImportsVisitor),
+    ):
+        if context.scratch.get(key):
+            tree = Codemod.transform_module(visitor(context), tree)
+    out = tree.bytes if tree.code != original_text else source
+    findings.sort(key=lambda f: (f.line, f.col, f.code))
+    return Outcome(out, findings)

@@ -1,0 +1,206 @@
+"""Finding files, reading them safely, writing them atomically.
+
+Nothing here ever leaves a file half-written: output goes to a temporary file
+in the same directory, gets the original's permission bits, and is renamed over
+the target in one step.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+SOURCE_SUFFIXES = (".py", ".ipynb")
+SKIP_DIRS = {
+    ".git",
+    ".hg",
+    ".svn",
+    "__pycache__",
+    ".mypy_cache",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".tox",
+    ".nox",
+    ".venv",
+    "venv",
+    ".eggs",
+    "node_modules",
+    ".ipynb_checkpoints",
+}
+
+
+class FileProblem(Exception):
+    """A file that cannot be processed, with the reason."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: Path  # as the user will see it
+    root: Optional[Path]  # the directory argument it was found under (None: given directly)
+    notice: Optional[str] = None  # set when the entry is skipped, not processed
+    error: Optional[str] = None  # set when the entry cannot be processed at all
+
+    @property
+    def relative(self) -> Path:
+        if self.root is None:
+            return Path(self.path.name)
+        return self.path.relative_to(self.root)
+
+
+def discover(paths: Sequence[str], exclude: Sequence[str] = ()) -> List[Entry]:
+    """Expand files and directories into entries, sorted, without duplicates.
+
+    Directory walks skip hidden and tool directories, never follow directory
+    symlinks (so a symlink loop cannot hang the walk) and skip file symlinks
+    with a notice (converting through a link would replace it with a file).
+    """
+    seen = set()
+    entries: List[Entry] = []
+
+    def add(entry: Entry) -> None:
+        key = os.path.abspath(entry.path)
+        if key not in seen:
+            seen.add(key)
+            entries.append(entry)
+
+    for raw in paths:
+        p = Path(raw)
+        if p.is_symlink():
+            if not p.exists():
+                add(Entry(p, None, error="broken or looping symbolic link"))
+            else:
+                add(Entry(p, None, notice="symbolic link: convert the file it points to instead"))
+            continue
+        if not p.exists():
+            add(Entry(p, None, error="no such file or directory"))
+            continue
+        if p.is_file():
+            add(Entry(p, None))
+            continue
+        for found in _walk(p, exclude):
+            add(found)
+    return entries
+
+
+def _excluded(rel: str, exclude: Sequence[str]) -> bool:
+    from fnmatch import fnmatch
+
+    return any(fnmatch(rel, pat) or fnmatch(os.path.basename(rel), pat) for pat in exclude)
+
+
+def _walk(root: Path, exclude: Sequence[str]) -> Iterator[Entry]:
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        base = Path(dirpath)
+        dirnames[:] = sorted(
+            d
+            for d in dirnames
+            if d not in SKIP_DIRS
+            and not d.endswith(".egg-info")
+            and not (d.startswith(".") and d not in (".", ".."))
+            and not _excluded(str((base / d).relative_to(root)), exclude)
+        )
+        for name in sorted(filenames):
+            if not name.endswith(SOURCE_SUFFIXES):
+                continue
+            path = base / name
+            if _excluded(str(path.relative_to(root)), exclude):
+                continue
+            if path.is_symlink():
+                if not path.exists():
+                    yield Entry(path, root, error="broken or looping symbolic link")
+                else:
+                    yield Entry(path, root, notice="symbolic link: skipped")
+                continue
+            yield Entry(path, root)
+
+
+def read_bytes(path: Path) -> bytes:
+    try:
+        data = path.read_bytes()
+    except PermissionError:
+        raise FileProblem("permission denied (cannot read)") from None
+    except IsADirectoryError:
+        raise FileProblem("is a directory") from None
+    except OSError as exc:
+        raise FileProblem(f"cannot read: {exc.strerror or exc}") from None
+    if b"\0" in data:
+        raise FileProblem("binary file (contains NUL bytes)")
+    return data
+
+
+def check_writable(path: Path) -> None:
+    if path.exists() and not os.access(path, os.W_OK):
+        raise FileProblem("file is read-only; left unchanged")
+
+
+def atomic_write(path: Path, data: bytes, like: Optional[Path] = None) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename.
+
+    Permission bits come from ``like`` (default: the file being replaced).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    source_stat = None
+    for candidate in (like, path):
+        if candidate is not None and candidate.exists():
+            source_stat = candidate.stat()
+            break
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".xlaport-tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if source_stat is not None:
+            os.chmod(tmp, stat.S_IMODE(source_stat.st_mode))
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def is_inside(child: Path, parent: Path) -> bool:
+    try:
+        child.resolve().relative_to(parent.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def copy_tree_files(root: Path, out: Path, skip: Sequence[Path]) -> List[Tuple[Path, str]]:
+    """Copy every file under ``root`` to ``out`` except those in ``skip``.
+
+    Returns problems as (path, reason); a file that cannot be copied does not
+    stop the others.
+    """
+    problems: List[Tuple[Path, str]] = []
+    skipped = {os.path.abspath(p) for p in skip}
+    out_abs = out.resolve()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        base = Path(dirpath)
+        dirnames[:] = [
+            d for d in dirnames if d not in {"__pycache__"} and (base / d).resolve() != out_abs
+        ]
+        for name in filenames:
+            src = base / name
+            if os.path.abspath(src) in skipped:
+                continue
+            dst = out / src.relative_to(root)
+            try:
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                if src.is_symlink():
+                    if dst.is_symlink() or dst.exists():
+                        dst.unlink()
+                    os.symlink(os.readlink(src), dst)
+                else:
+                    shutil.copy2(src, dst)
+            except OSError as exc:
+                problems.append((src, f"cannot copy: {exc.strerror or exc}"))
+    return problems
