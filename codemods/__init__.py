@@ -12,9 +12,21 @@ from __future__ import annotations
 from typing import Dict, List, Tuple, Type
 
 from codemods.base import Finding, Rule, XlaCodemod
+from codemods.barriers import StepBarrier
 from codemods.devices import DeviceSwap
+from codemods.host_reads import HostReads
+from codemods.loaders import DeviceLoader
+from codemods.prints import HotPrints
+from codemods.progress import ProgressBars
 
-CODEMODS: Tuple[Type[XlaCodemod], ...] = (DeviceSwap,)
+CODEMODS: Tuple[Type[XlaCodemod], ...] = (
+    DeviceSwap,
+    ProgressBars,
+    HotPrints,
+    DeviceLoader,
+    StepBarrier,
+    HostReads,
+)
 
 
 def all_rules() -> List[Rule]:

@@ -57,6 +57,7 @@ class Rule:
     after: Optional[str]
     valid: Tuple[str, ...] = ()
     options: Tuple[Tuple[str, str], ...] = ()  # (option, what it does)
+    example_options: Tuple[Tuple[str, object], ...] = ()  # options the example runs with
 
     @property
     def fix(self) -> bool:

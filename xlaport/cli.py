@@ -123,8 +123,8 @@ def _diff(r: FileResult) -> str:
         difflib.unified_diff(
             old.splitlines(keepends=True),
             new.splitlines(keepends=True),
-            fromfile=f"a/{r.path}",
-            tofile=f"b/{r.path}",
+            fromfile=f"a/{str(r.path).lstrip('/')}",
+            tofile=f"b/{str(r.path).lstrip('/')}",
         )
     )
 
@@ -200,7 +200,7 @@ def convert(paths, output, show_diff, check, quiet, select, ignore, fmt, jobs, t
 def _write(results: List[FileResult], paths: Sequence[str], out_root: Optional[Path]) -> None:
     if out_root is None:
         for r in results:
-            if r.changed and not r.error:
+            if r.writable:
                 try:
                     check_writable(r.path)
                     atomic_write(r.path, r.output)  # type: ignore[arg-type]
@@ -219,7 +219,7 @@ def _write(results: List[FileResult], paths: Sequence[str], out_root: Optional[P
             rel = Path(r.entry.root.name) / rel
         dest = out_root / rel
         try:
-            atomic_write(dest, r.output if not r.error else r.original, like=r.path)  # type: ignore[arg-type]
+            atomic_write(dest, r.output if r.writable else r.original, like=r.path)  # type: ignore[arg-type]
             written.append(r.path)
         except OSError as exc:
             r.error = f"cannot write {dest}: {exc.strerror or exc}"

@@ -23,6 +23,8 @@ def render_rule(rule: Rule, codemod: type) -> str:
         "Example:",
         textwrap.indent(rule.before.rstrip("\n"), "    "),
     ]
+    if rule.example_options:
+        lines += ["", "(with " + ", ".join(f"{k} = {v!r}" for k, v in rule.example_options) + ")"]
     if rule.after is not None:
         lines += ["", "Becomes:", textwrap.indent(rule.after.rstrip("\n"), "    ")]
     if rule.options:

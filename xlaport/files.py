@@ -134,7 +134,12 @@ def read_bytes(path: Path) -> bytes:
 
 
 def check_writable(path: Path) -> None:
-    if path.exists() and not os.access(path, os.W_OK):
+    """Refuse to replace a file its owner marked read-only (root included:
+    the rename would succeed, but the user asked for the file to be kept)."""
+    if not path.exists():
+        return
+    mode = path.stat().st_mode
+    if not (mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)) or not os.access(path, os.W_OK):
         raise FileProblem("file is read-only; left unchanged")
 
 

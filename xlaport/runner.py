@@ -31,6 +31,11 @@ class FileResult:
     error_col: Optional[int] = None
     notice: Optional[str] = None
     parsed: bool = False
+    partial: bool = False  # notebooks: some cells failed, the others converted
+
+    @property
+    def writable(self) -> bool:
+        return self.changed and (not self.error or self.partial)
 
     @property
     def path(self) -> Path:
@@ -118,3 +123,4 @@ def _collect(work, outcomes) -> None:
         result.findings = findings
         if error is not None:
             result.error, result.error_line, result.error_col = error
+            result.partial = out is not None

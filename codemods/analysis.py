@@ -1,0 +1,390 @@
+"""Static facts about loops shared by the loop-aware codemods (no rules here).
+
+* a **step loop** carries state from one iteration to the next: its own body
+  (not a nested loop's) calls ``.backward()``, an optimizer step, a sampling
+  ``scheduler.step(x, t, ...)``, feeds a model's output back into the next
+  iteration, or calls a function of the same module that does one of these;
+* the **hot region** is every step loop and every loop over a data loader,
+  with whatever is nested inside them: code there runs once per step;
+* **tensor names** are names that (as far as a syntactic look can tell) hold
+  tensors: they come from torch calls, model calls, loader batches, or
+  arithmetic on other tensors.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Dict, Iterable, List, Optional, Set, Union
+
+import libcst as cst
+
+from codemods.base import call_name, dotted, find_all
+
+Loop = Union[cst.For, cst.While]
+_NESTED = (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)
+_DEFS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+
+_OPTIMIZER_RE = re.compile(r"(optim|^opt$|_opt$|^opt_|scaler)", re.IGNORECASE)
+_SAMPLER_RE = re.compile(r"(scheduler|sampler|solver)", re.IGNORECASE)
+_FEEDBACK_CALL_RE = re.compile(r"(step|sampl|denois|model|unet|forward|generate|predict)", re.IGNORECASE)
+_MODEL_RE = re.compile(
+    r"(^|_|\.)(model|net|criterion|loss_fn|loss_func|lossfn|unet|vae|encoder|decoder|"
+    r"transformer|classifier|head|backbone|generator|discriminator)s?(\.|$|_)",
+    re.IGNORECASE,
+)
+LOADER_NAME_RE = re.compile(r"(loader$|dataloader|(^|_)dl$)", re.IGNORECASE)
+_NON_TENSOR_METHODS = {"item", "tolist", "size", "dim", "numel", "nelement", "ndimension", "type",
+                       "data_ptr", "element_size", "is_contiguous", "stride", "get_device", "__len__"}
+_NON_TENSOR_TORCH = ("torch.device", "torch.Size", "torch.dtype", "torch.cuda.", "torch.no_grad",
+                     "torch.manual_seed", "torch.Generator", "torch.is_tensor", "torch.set_",
+                     "torch.get_", "torch.utils.", "torch.nn.", "torch.optim.", "torch.save", "torch.load",
+                     "torch.backends.", "torch.autocast", "torch.enable_grad", "torch.inference_mode",
+                     "torch.distributed.", "torch.compile", "torch.jit.")
+
+QualNames = Callable[[cst.CSTNode], Set[str]]
+
+
+def body_statements(loop: Loop) -> List[cst.BaseStatement]:
+    body = loop.body
+    return list(body.body) if isinstance(body, cst.IndentedBlock) else []
+
+
+def own_nodes(node: cst.CSTNode, kind: type) -> List[cst.CSTNode]:
+    """Descendants of ``kind`` that belong to ``node``'s own level: not inside
+    a nested loop, function, class or lambda."""
+    return find_all(node, kind, stop=_NESTED)
+
+
+def is_step_call(call: cst.Call, step_functions: Set[str], qualnames: QualNames) -> bool:
+    name = call_name(call)
+    func = call.func
+    receiver = dotted(func.value) if isinstance(func, cst.Attribute) else None
+    if name == "backward":
+        return True
+    if name == "optimizer_step" and receiver is not None:
+        return True
+    if name == "step" and receiver is not None:
+        last = receiver.split(".")[-1]
+        if _OPTIMIZER_RE.search(last):
+            return True
+        positional = [a for a in call.args if a.keyword is None]
+        if _SAMPLER_RE.search(last) and len(call.args) >= 2:
+            return True
+        if len(positional) >= 2:
+            return True
+    if isinstance(func, cst.Name) and func.value in step_functions:
+        return True
+    if receiver == "self" and name in step_functions:
+        return True
+    return False
+
+
+def _feeds_back(stmt: cst.CSTNode) -> bool:
+    """``x = f(x, ...)``-like assignments: an output fed to the next step."""
+    for assign in find_all(stmt, cst.Assign, stop=_NESTED):
+        targets: Set[str] = set()
+        for t in assign.targets:  # type: ignore[attr-defined]
+            targets |= {n.value for n in find_all(t.target, cst.Name)}
+        for call in find_all(assign.value, cst.Call, stop=_DEFS):  # type: ignore[attr-defined]
+            callee = dotted(call.func) or ""
+            if not _FEEDBACK_CALL_RE.search(callee):
+                continue
+            arg_names = {n.value for a in call.args for n in find_all(a.value, cst.Name)}
+            if targets & arg_names:
+                return True
+    return False
+
+
+def step_functions(module: cst.Module, qualnames: QualNames) -> Set[str]:
+    """Names of functions/methods of this module whose own body takes a step
+    (calls backward or an optimizer step), so that a loop calling them is a
+    step loop too."""
+    found: Set[str] = set()
+    for fn in find_all(module, cst.FunctionDef):
+        for call in find_all(fn.body, cst.Call, stop=_NESTED):  # type: ignore[attr-defined]
+            if is_step_call(call, set(), qualnames) and call_name(call) in {"backward", "step", "optimizer_step"}:
+                found.add(fn.name.value)  # type: ignore[attr-defined]
+                break
+    return found
+
+
+def is_step_loop(loop: Loop, steps: Set[str], qualnames: QualNames) -> bool:
+    for stmt in body_statements(loop):
+        for call in own_nodes(stmt, cst.Call):
+            if is_step_call(call, steps, qualnames):  # type: ignore[arg-type]
+                return True
+        if _feeds_back(stmt):
+            return True
+    return False
+
+
+def is_barrier_call(call: cst.Call, names: Iterable[str], qualnames: QualNames) -> bool:
+    q = qualnames(call.func)
+    if q & set(names):
+        return True
+    text = dotted(call.func) or ""
+    if text.endswith(("mark_step", "torch_xla.sync")) or text == "xm.mark_step":
+        return True
+    if call_name(call) == "optimizer_step":
+        for a in call.args:
+            if a.keyword is not None and a.keyword.value == "barrier":
+                return not (isinstance(a.value, cst.Name) and a.value.value == "False")
+    return False
+
+
+def has_barrier(loop: Loop, names: Iterable[str], qualnames: QualNames) -> bool:
+    return any(is_barrier_call(c, names, qualnames) for c in find_all(loop.body, cst.Call))  # type: ignore[arg-type]
+
+
+def is_device_loader_expr(node: cst.CSTNode, names: Iterable[str], qualnames: QualNames) -> bool:
+    """An MpDeviceLoader/ParallelLoader (or enumerate of one)."""
+    if isinstance(node, cst.Call) and call_name(node) == "enumerate" and node.args:
+        return is_device_loader_expr(node.args[0].value, names, qualnames)
+    if isinstance(node, cst.Call):
+        if qualnames(node.func) & set(names):
+            return True
+        return call_name(node) in {"MpDeviceLoader", "ParallelLoader", "per_device_loader"}
+    return False
+
+
+def loop_iterable(loop: cst.For) -> cst.BaseExpression:
+    """The iterable a loop really walks: unwraps ``enumerate(x)``."""
+    it = loop.iter
+    if isinstance(it, cst.Call) and call_name(it) == "enumerate" and it.args:
+        return it.args[0].value
+    return it
+
+
+# ------------------------------------------------------------------ tensors
+
+
+def is_tensor_expr(node: cst.CSTNode, tensors: Set[str], qualnames: QualNames) -> bool:
+    if isinstance(node, cst.Name):
+        return node.value in tensors
+    if isinstance(node, cst.Call):
+        q = qualnames(node.func)
+        if any(n.startswith("torch.") and not n.startswith(_NON_TENSOR_TORCH) for n in q):
+            return True
+        func = node.func
+        if isinstance(func, cst.Attribute):
+            if func.attr.value in _NON_TENSOR_METHODS:
+                return False
+            if is_tensor_expr(func.value, tensors, qualnames):
+                return True
+        callee = dotted(func) or ""
+        return bool(callee and _MODEL_RE.search(callee))
+    if isinstance(node, cst.Subscript):
+        return is_tensor_expr(node.value, tensors, qualnames)
+    if isinstance(node, cst.BinaryOperation):
+        return is_tensor_expr(node.left, tensors, qualnames) or is_tensor_expr(node.right, tensors, qualnames)
+    if isinstance(node, cst.UnaryOperation):
+        return is_tensor_expr(node.expression, tensors, qualnames)
+    if isinstance(node, cst.Attribute):
+        return node.attr.value in {"grad", "data", "T", "mT", "real", "imag"} and is_tensor_expr(
+            node.value, tensors, qualnames
+        )
+    return False
+
+
+def tensor_names(scope_node: cst.CSTNode, qualnames: QualNames, loader_loops: Iterable[cst.For] = ()) -> Set[str]:
+    """Names that hold tensors inside a function (or module) body."""
+    tensors: Set[str] = set()
+    for loop in loader_loops:
+        target = loop.target
+        if (isinstance(loop.iter, cst.Call) and call_name(loop.iter) == "enumerate"
+                and isinstance(target, cst.Tuple) and len(target.elements) == 2):
+            target = target.elements[1].value  # the counter is an int
+        tensors |= {n.value for n in find_all(target, cst.Name)}
+    for call in find_all(scope_node, cst.Call, stop=_DEFS):
+        if call_name(call) == "backward" and isinstance(call.func, cst.Attribute):  # type: ignore[attr-defined]
+            base = call.func.value  # type: ignore[attr-defined]
+            if isinstance(base, cst.Name):
+                tensors.add(base.value)
+    assigns = find_all(scope_node, cst.Assign, stop=_DEFS) + find_all(scope_node, cst.AugAssign, stop=_DEFS)
+    for _ in range(3):  # a few rounds reach a fixed point for straight-line code
+        before = len(tensors)
+        for a in assigns:
+            value = a.value  # type: ignore[attr-defined]
+            if not is_tensor_expr(value, tensors, qualnames):
+                continue
+            if isinstance(a, cst.AugAssign):
+                if isinstance(a.target, cst.Name):
+                    tensors.add(a.target.value)
+                continue
+            for t in a.targets:  # type: ignore[attr-defined]
+                if isinstance(t.target, cst.Name):
+                    tensors.add(t.target.value)
+                elif isinstance(t.target, cst.Tuple):
+                    tensors |= {e.value.value for e in t.target.elements if isinstance(e.value, cst.Name)}
+        if len(tensors) == before:
+            break
+    return tensors
+
+
+def reads_tensor_value(node: cst.CSTNode, tensors: Set[str], qualnames: QualNames) -> Optional[cst.CSTNode]:
+    """Like :func:`reads_tensor`, but a tensor only used for its metadata
+    (``t.shape``, ``t.dtype``, ``len(t)``, ``t.size()``) does not count."""
+    hit = None
+
+    class _V(cst.CSTVisitor):
+        def visit_Attribute(self, n: cst.Attribute) -> bool:
+            if n.attr.value in {"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "names"}:
+                return False
+            return True
+
+        def visit_Call(self, n: cst.Call) -> bool:
+            nonlocal hit
+            name = call_name(n)
+            if isinstance(n.func, cst.Attribute) and name in {"item", "tolist", "numpy"} and hit is None:
+                hit = n
+            if name in {"len", "isinstance", "type", "id", "hasattr"}:
+                return False
+            if isinstance(n.func, cst.Attribute) and name in {"size", "dim", "numel"}:
+                return False
+            return True
+
+        def visit_Name(self, n: cst.Name) -> None:
+            nonlocal hit
+            if hit is None and n.value in tensors:
+                hit = n
+
+    node.visit(_V())
+    return hit
+
+
+# ------------------------------------------------------------------ base class
+
+from libcst.metadata import Assignment, ScopeProvider  # noqa: E402
+
+from codemods.base import XlaCodemod  # noqa: E402
+
+DATALOADER_NAMES = {
+    "torch.utils.data.DataLoader",
+    "torch.utils.data.dataloader.DataLoader",
+}
+
+
+class LoopCodemod(XlaCodemod):
+    """A codemod that knows, while it walks, whether it is inside a step loop,
+    a loader loop (the hot region), which names hold tensors, and which loops
+    are step loops."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.steps: Set[str] = set()
+        self.loop_stack: List[tuple] = []  # (loop, is_step, is_loader)
+        self.tensor_stack: List[Set[str]] = []
+        self.closure_depth = 0
+
+    # -- walking state -------------------------------------------------------
+    def visit_Module(self, node: cst.Module) -> None:
+        self.steps = step_functions(node, self.qualnames)
+        self.tensor_stack.append(tensor_names(node, self.qualnames, self._loader_loops(node)))
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.tensor_stack.append(tensor_names(node.body, self.qualnames, self._loader_loops(node.body)))
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.CSTNode:
+        self.tensor_stack.pop()
+        return updated_node
+
+    def visit_For(self, node: cst.For) -> None:
+        self.loop_stack.append((node, is_step_loop(node, self.steps, self.qualnames), self.is_loader_loop(node)))
+
+    def leave_For(self, original_node: cst.For, updated_node: cst.For):  # type: ignore[override]
+        self.loop_stack.pop()
+        return self.rewrite_loop(original_node, updated_node)
+
+    def visit_While(self, node: cst.While) -> None:
+        self.loop_stack.append((node, is_step_loop(node, self.steps, self.qualnames), False))
+
+    def leave_While(self, original_node: cst.While, updated_node: cst.While):  # type: ignore[override]
+        self.loop_stack.pop()
+        return self.rewrite_loop(original_node, updated_node)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if self.is_step_closure(node):
+            self.closure_depth += 1
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if self.is_step_closure(original_node):
+            self.closure_depth -= 1
+        return updated_node
+
+    def rewrite_loop(self, original: Loop, updated: Loop):
+        return updated
+
+    # -- questions -----------------------------------------------------------
+    @property
+    def in_hot(self) -> bool:
+        return self.closure_depth == 0 and any(step or loader for _, step, loader in self.loop_stack)
+
+    @property
+    def tensors(self) -> Set[str]:
+        return self.tensor_stack[-1] if self.tensor_stack else set()
+
+    def hot_loop_line(self) -> int:
+        for loop, step, loader in self.loop_stack:
+            if step or loader:
+                return self.position(loop)[0]
+        return 0
+
+    def is_step_closure(self, call: cst.Call) -> bool:
+        if self.qualnames(call.func) & set(self.target.step_closure_names):
+            return True
+        return call_name(call) == "add_step_closure"
+
+    def assigned_values(self, name: cst.Name) -> List[cst.CSTNode]:
+        """Values assigned to ``name`` in its scope (simple assignments only)."""
+        try:
+            scope = self.get_metadata(ScopeProvider, name)
+        except KeyError:
+            return []
+        if scope is None:
+            return []
+        values: List[cst.CSTNode] = []
+        for a in scope[name.value]:
+            if not isinstance(a, Assignment):
+                continue
+            target = a.node
+            parent = self.parent(target)
+            if isinstance(parent, cst.AssignTarget):
+                assign = self.parent(parent)
+                if isinstance(assign, cst.Assign):
+                    values.append(assign.value)
+            elif isinstance(parent, cst.Param) or isinstance(target, cst.Param):
+                param = parent if isinstance(parent, cst.Param) else target
+                values.append(param)  # type: ignore[arg-type]
+        return values
+
+    def is_data_loader_expr(self, node: cst.CSTNode) -> bool:
+        """A torch DataLoader: constructed here, a name bound to one, a
+        parameter annotated as one, or a name that says it is a loader."""
+        if isinstance(node, cst.Call):
+            if self.qualnames(node.func) & DATALOADER_NAMES:
+                return True
+            return call_name(node) == "DataLoader"
+        if isinstance(node, cst.Name):
+            values = self.assigned_values(node)
+            for v in values:
+                if isinstance(v, cst.Param):
+                    ann = v.annotation
+                    if ann is not None and "DataLoader" in (dotted(ann.annotation) or ""):
+                        return True
+                elif is_device_loader_expr(v, self.target.loader_names, self.qualnames):
+                    return False
+                elif isinstance(v, cst.Call) and self.is_data_loader_expr(v):
+                    return True
+                elif isinstance(v, cst.Call):
+                    return False  # bound to something else we can see
+            return bool(LOADER_NAME_RE.search(node.value))
+        if isinstance(node, cst.Attribute):
+            return bool(LOADER_NAME_RE.search(node.attr.value))
+        return False
+
+    def is_loader_loop(self, loop: cst.For) -> bool:
+        it = loop_iterable(loop)
+        return is_device_loader_expr(loop.iter, self.target.loader_names, self.qualnames) or self.is_data_loader_expr(it)
+
+    def _loader_loops(self, node: cst.CSTNode) -> List[cst.For]:
+        return [f for f in find_all(node, cst.For, stop=_DEFS) if self.is_loader_loop(f)]  # type: ignore[arg-type]

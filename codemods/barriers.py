@@ -1,0 +1,144 @@
+"""XLA302: the step barrier at the end of the loop that carries state.
+
+XLA tensors are lazy: without a barrier every iteration of a loop is appended
+to one growing graph.  ``torch_xla.sync()`` at the end of the *step* loop cuts
+one graph per step, compiled once and reused.  Only the step loop gets it: not
+the epoch loop around it, not helper loops inside it, and never a loop that
+already syncs (an existing barrier, ``xm.optimizer_step(..., barrier=True)``,
+or a loop over an ``MpDeviceLoader``, which syncs after every batch).
+"""
+
+from __future__ import annotations
+
+from typing import List, Union
+
+import libcst as cst
+
+from codemods.analysis import (
+    Loop,
+    LoopCodemod,
+    has_barrier,
+    is_device_loader_expr,
+    is_step_loop,
+)
+from codemods.base import Rule, statement
+
+STEP_BARRIER = Rule(
+    code="XLA302",
+    name="step-barrier",
+    summary="insert the step barrier (`torch_xla.sync()`) at the end of the step loop",
+    why=(
+        "Without a barrier every iteration is recorded into one ever-growing lazy graph: "
+        "a 50-step denoising loop becomes one enormous graph that takes very long to "
+        "compile, and a training loop never executes until it ends. A barrier as the last "
+        "statement of the loop that carries state (the training step, the denoising step) "
+        "compiles one small graph once and reuses it every step. It is also placed before "
+        "`continue` at that level, so skipped iterations are cut too."
+    ),
+    before=(
+        "for x, y in batches:\n    loss = loss_fn(model(x), y)\n    loss.backward()\n"
+        "    optimizer.step()\n    optimizer.zero_grad()\n"
+    ),
+    after=(
+        "import torch_xla\n\nfor x, y in batches:\n    loss = loss_fn(model(x), y)\n    loss.backward()\n"
+        "    optimizer.step()\n    optimizer.zero_grad()\n    torch_xla.sync()\n"
+    ),
+    valid=(
+        # already synced: left alone
+        "import torch_xla.core.xla_model as xm\nfor x in batches:\n    model(x).sum().backward()\n"
+        "    optimizer.step()\n    xm.mark_step()\n",
+        # the epoch loop around a step loop gets nothing
+        "for x in batches:\n    total = total + x\n",
+    ),
+)
+
+
+class StepBarrier(LoopCodemod):
+    DESCRIPTION = "Insert the XLA step barrier at the end of each step loop."
+    RULES = (STEP_BARRIER,)
+    TRIGGERS = (b"backward", b".step(", b"step", b"sampl", b"denois")
+
+    def rewrite_loop(self, original: Loop, updated: Loop) -> Union[Loop, cst.CSTNode]:
+        if self.target.sync is None or not self.enabled(STEP_BARRIER.code):
+            return updated
+        if not is_step_loop(original, self.steps, self.qualnames):
+            return updated
+        if has_barrier(original, self.target.barrier_names, self.qualnames):
+            return updated
+        if isinstance(original, cst.For) and is_device_loader_expr(
+            original.iter, self.target.loader_names, self.qualnames
+        ):
+            return updated  # MpDeviceLoader syncs after each batch
+        body = updated.body
+        if not isinstance(body, cst.IndentedBlock) or not body.body:
+            return updated
+        if not self.flag(
+            original,
+            STEP_BARRIER.code,
+            "step loop: `torch_xla.sync()` added as its last statement",
+            fix=True,
+        ):
+            return updated
+        self.add_imports(self.target.sync_imports)
+        new_body = self._before_continues(list(body.body))
+        last = new_body[-1]
+        if _is_continue(last):
+            pass  # the barrier before it is already there
+        elif _ends_flow(last):
+            new_body.insert(len(new_body) - 1, self._barrier())
+        else:
+            new_body.append(self._barrier())
+        return updated.with_changes(body=body.with_changes(body=new_body))
+
+    def _barrier(self) -> cst.SimpleStatementLine:
+        return statement(self.target.sync_node())
+
+    def _before_continues(self, stmts: List[cst.BaseStatement]) -> List[cst.BaseStatement]:
+        """Put a barrier before every ``continue`` of this loop's own level."""
+        barrier = self._barrier()
+
+        class _Continue(cst.CSTTransformer):
+            def visit_For(self, node: cst.For) -> bool:
+                return False
+
+            def visit_While(self, node: cst.While) -> bool:
+                return False
+
+            def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+                return False
+
+            def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+                return False
+
+            def leave_IndentedBlock(self, original_node, updated_node):
+                out: List[cst.BaseStatement] = []
+                for s in updated_node.body:
+                    if _is_continue(s) and not (out and _is_barrier_stmt(out[-1], barrier)):
+                        out.append(barrier)
+                    out.append(s)
+                return updated_node.with_changes(body=out)
+
+        fixed: List[cst.BaseStatement] = []
+        for s in stmts:
+            if _is_continue(s):
+                fixed.append(barrier)
+                fixed.append(s)
+            elif isinstance(s, cst.SimpleStatementLine):
+                fixed.append(s)
+            else:
+                fixed.append(s.visit(_Continue()))  # type: ignore[arg-type]
+        return fixed
+
+
+def _is_continue(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and any(isinstance(s, cst.Continue) for s in stmt.body)
+
+
+def _ends_flow(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and any(
+        isinstance(s, (cst.Continue, cst.Break, cst.Return, cst.Raise)) for s in stmt.body
+    )
+
+
+def _is_barrier_stmt(stmt: cst.CSTNode, barrier: cst.CSTNode) -> bool:
+    return stmt.deep_equals(barrier)

@@ -1,0 +1,247 @@
+"""XLA4xx: host reads and recompilation traps on the hot path (reported only).
+
+These need a person: the fix depends on what the value is for.  Each finding
+says what to do instead.  "Hot" means it runs every step: inside a step loop
+or a loader loop, or in a method reached from a ``step()`` method of the same
+class (a scheduler's ``step`` runs once per denoising step).  With the option
+``include_cold`` the same patterns are also reported where they run once per
+call (``hot`` is then false).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Set
+
+import libcst as cst
+
+from codemods.analysis import LoopCodemod, is_tensor_expr, loop_iterable
+from codemods.base import Rule, call_name, find_all
+
+ITEM = Rule(
+    code="XLA401",
+    name="host-read-item",
+    summary="`.item()` on the hot path reads a tensor on the host every step",
+    why=(
+        "`.item()` forces the pending graph to compile and run, then copies a scalar back "
+        "(counter `aten::_local_scalar_dense`). Accumulate a tensor and read it once per "
+        "epoch, or read it in `xm.add_step_closure`."
+    ),
+    before="for x in loader:\n    loss = model(x)\n    total += loss.item()\n",
+    after=None,
+    valid=("for x in loader:\n    loss = model(x)\n    total += loss.detach()\nprint(total.item())\n",),
+)
+TRANSFER = Rule(
+    code="XLA402",
+    name="host-read-transfer",
+    summary="`.tolist()` / `.numpy()` / `.cpu()` on the hot path copies a tensor to the host",
+    why=(
+        "Each of these executes the pending graph and waits for a device-to-host copy "
+        "(`TransferFromDeviceTime`). `.numpy()` fails outright on XLA tensors without "
+        "`.cpu()`. Keep values on the device inside the loop; copy once after it."
+    ),
+    before="for x in loader:\n    preds = model(x).argmax(-1).cpu().tolist()\n",
+    after=None,
+)
+SCALAR = Rule(
+    code="XLA403",
+    name="host-read-scalar",
+    summary="`float(t)` / `int(t)` / `bool(t)` of a tensor on the hot path",
+    why="Converting a tensor to a Python number is a host read, exactly like `.item()`.",
+    before="for x in loader:\n    loss = model(x)\n    running = running + float(loss)\n",
+    after=None,
+)
+CONDITION = Rule(
+    code="XLA404",
+    name="tensor-condition",
+    summary="a tensor in an `if`/`while` condition on the hot path",
+    why=(
+        "Python must know the truth value now, so the graph runs and the value is copied "
+        "back every step, and the two branches trace different graphs. Use `torch.where` "
+        "to keep both outcomes on the device, or test once outside the loop."
+    ),
+    before="import torch\n\nfor x in loader:\n    loss = model(x)\n    if torch.isnan(loss).any():\n        break\n",
+    after=None,
+)
+DYNAMIC = Rule(
+    code="XLA405",
+    name="dynamic-shape-op",
+    summary="`nonzero`, `masked_select`, `unique`, one-argument `where`: data-dependent shapes",
+    why=(
+        "Their output shape depends on the data, so XLA falls back to the CPU (`aten::nonzero`) "
+        "and every new shape compiles a new graph. `(self.timesteps == t).nonzero().item()` in "
+        "a scheduler is a host read and a CPU fallback on every step: pass the index instead, "
+        "and use `torch.where(mask, a, b)` for selections."
+    ),
+    before=(
+        "class Scheduler:\n    def step(self, model_output, timestep, sample):\n"
+        "        index = (self.timesteps == timestep).nonzero()[0]\n        return sample - model_output\n"
+    ),
+    after=None,
+)
+MASK_INDEX = Rule(
+    code="XLA406",
+    name="boolean-mask-index",
+    summary="indexing with a boolean mask on the hot path (data-dependent shape)",
+    why=(
+        "`x[x > 0]` has as many elements as the mask has true values: a new shape, hence a "
+        "new compilation, whenever the data changes. Use `torch.where(mask, x, 0)` or "
+        "`masked_fill` to keep the shape fixed."
+    ),
+    before="for x in loader:\n    pos = x[x > 0]\n",
+    after=None,
+)
+COUNTER_INDEX = Rule(
+    code="XLA407",
+    name="loop-counter-index",
+    summary="a device tensor iterated or indexed with the Python loop counter",
+    why=(
+        "`for t in timesteps_on_device` or `alphas[i]` bakes the index into the graph as a "
+        "constant: every step traces a different graph and compiles again. Iterate a host "
+        "copy (`timesteps.tolist()` once, before the loop) or pass the index as a tensor."
+    ),
+    before="import torch\n\nalphas = torch.linspace(0, 1, 10)\nfor i in range(10):\n    x = model(x) * alphas[i]\n",
+    after=None,
+)
+
+
+class HostReads(LoopCodemod):
+    DESCRIPTION = "Report host reads and recompilation traps on the hot path."
+    RULES = (ITEM, TRANSFER, SCALAR, CONDITION, DYNAMIC, MASK_INDEX, COUNTER_INDEX)
+    TRIGGERS = (b".item(", b".tolist(", b".numpy(", b".cpu(", b"float(", b"int(", b"bool(", b"if ", b"while ",
+                b"nonzero", b"masked_select", b"unique", b"where(", b"[", b"for ")
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.include_cold = bool(self.option("include_cold", False))
+        self.hot_methods: List[Set[str]] = []
+        self.function_stack: List[str] = []
+
+    # --------------------------------------------------------------- where
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        methods: Dict[str, cst.FunctionDef] = {
+            s.name.value: s for s in node.body.body if isinstance(s, cst.FunctionDef)  # type: ignore[union-attr]
+        }
+        calls: Dict[str, Set[str]] = {}
+        for name, fn in methods.items():
+            calls[name] = {
+                c.func.attr.value  # type: ignore[union-attr]
+                for c in find_all(fn, cst.Call)
+                if isinstance(c.func, cst.Attribute)  # type: ignore[attr-defined]
+                and isinstance(c.func.value, cst.Name)  # type: ignore[attr-defined]
+                and c.func.value.value == "self"  # type: ignore[attr-defined]
+            } & set(methods)
+        hot: Set[str] = set()
+        todo = [m for m in methods if m == "step" or m.endswith("_step") and not m.startswith("set_")]
+        while todo:
+            m = todo.pop()
+            if m not in hot:
+                hot.add(m)
+                todo.extend(calls.get(m, ()))
+        self.hot_methods.append(hot)
+
+    def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
+        self.hot_methods.pop()
+        return updated_node
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        super().visit_FunctionDef(node)
+        self.function_stack.append(node.name.value)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.CSTNode:
+        self.function_stack.pop()
+        return super().leave_FunctionDef(original_node, updated_node)
+
+    def _where(self) -> Optional[str]:
+        """Why this spot runs every step, or None when it does not."""
+        if self.closure_depth:
+            return None
+        if self.in_hot:
+            return f"runs every step (in the loop at line {self.hot_loop_line()})"
+        if self.function_stack and self.hot_methods and self.function_stack[-1] in self.hot_methods[-1]:
+            fn = self.function_stack[-1]
+            via = "" if fn == "step" else " (reached from `step()`)"
+            return f"runs every step: in `{fn}()`{via}"
+        return None
+
+    def _report(self, node: cst.CSTNode, rule: Rule, what: str) -> None:
+        where = self._where()
+        if where is None:
+            if not self.include_cold or self.closure_depth:
+                return
+            fn = self.function_stack[-1] if self.function_stack else "<module>"
+            self.flag(node, rule.code, f"{what}; runs once per call (in `{fn}()`)", fix=False, hot=False)
+            return
+        self.flag(node, rule.code, f"{what}; {where}", fix=False, hot=True)
+
+    # --------------------------------------------------------------- patterns
+    def visit_Call(self, node: cst.Call) -> None:
+        super().visit_Call(node)
+        name = call_name(node)
+        is_method = isinstance(node.func, cst.Attribute)
+        q = self.qualnames(node.func)
+        if is_method and name == "item" and not node.args:
+            self._report(node, ITEM, "`.item()` reads a tensor on the host: accumulate on the device, read once")
+        elif is_method and name in {"tolist", "numpy", "cpu"}:
+            self._report(node, TRANSFER, f"`.{name}()` copies a tensor to the host: keep it on the device in the loop")
+        elif isinstance(node.func, cst.Name) and name in {"float", "int", "bool"} and len(node.args) == 1:
+            if is_tensor_expr(node.args[0].value, self.tensors, self.qualnames):
+                self._report(node, SCALAR, f"`{name}()` of a tensor is a host read")
+        elif name in {"nonzero", "masked_select", "unique", "argwhere", "unique_consecutive"} and (
+            is_method or any(n.startswith("torch.") for n in q)
+        ):
+            self._report(node, DYNAMIC, f"`{name}` has a data-dependent shape: CPU fallback and a new graph per shape; "
+                                        "pass an index or use `torch.where`")
+        elif "torch.where" in q and len(node.args) == 1:
+            self._report(node, DYNAMIC, "one-argument `torch.where` is `nonzero`: use `torch.where(cond, a, b)`")
+
+    def visit_If(self, node: cst.If) -> None:
+        self._condition(node.test)
+
+    def visit_While(self, node: cst.While) -> None:
+        super().visit_While(node)
+        self._condition(node.test)
+
+    def _condition(self, test: cst.BaseExpression) -> None:
+        parts = [test]
+        if isinstance(test, cst.BooleanOperation):
+            parts = [test.left, test.right]
+        for part in parts:
+            inner = part.expression if isinstance(part, cst.UnaryOperation) else part
+            operands = [inner] if not isinstance(inner, cst.Comparison) else [inner.left] + [c.comparator for c in inner.comparisons]
+            for op in operands:
+                if isinstance(op, cst.Call) and call_name(op) in {"item", "len", "isinstance"}:
+                    continue
+                if (isinstance(op, cst.Call) and call_name(op) in {"any", "all"} and isinstance(op.func, cst.Attribute)) \
+                        or is_tensor_expr(op, self.tensors, self.qualnames):
+                    self._report(test, CONDITION, "tensor-valued condition: a host read and a graph split every time; "
+                                                  "use `torch.where` or test outside the loop")
+                    return
+
+    def visit_Subscript(self, node: cst.Subscript) -> None:
+        if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
+            return
+        index = node.slice[0].slice.value
+        if isinstance(index, cst.Comparison) or (
+            isinstance(index, cst.UnaryOperation) and isinstance(index.operator, cst.BitInvert)
+        ):
+            self._report(node, MASK_INDEX, "boolean-mask indexing has a data-dependent shape; use `torch.where`/`masked_fill`")
+            return
+        if isinstance(index, cst.Name) and isinstance(node.value, cst.Name) and node.value.value in self.tensors:
+            for loop, _, _ in self.loop_stack:
+                if isinstance(loop, cst.For) and index.value in {n.value for n in find_all(loop.target, cst.Name)} \
+                        and _counter_loop(loop):
+                    self._report(node, COUNTER_INDEX, f"`{node.value.value}[{index.value}]` indexes a device tensor with "
+                                                      "the loop counter: a new graph every step")
+                    return
+
+    def visit_For(self, node: cst.For) -> None:
+        super().visit_For(node)
+        it = loop_iterable(node)
+        if isinstance(it, cst.Name) and it.value in self.tensors and self.loop_stack[-1][1]:
+            self._report(node.iter, COUNTER_INDEX, f"iterating device tensor `{it.value}` indexes it with a constant per "
+                                                   "step: a new graph every step; iterate a host copy")
+
+
+def _counter_loop(loop: cst.For) -> bool:
+    it = loop.iter
+    return isinstance(it, cst.Call) and call_name(it) in {"range", "enumerate"}

@@ -1,0 +1,79 @@
+"""XLA301: loops over a torch DataLoader iterate an MpDeviceLoader instead.
+
+``MpDeviceLoader`` copies the next batches to the device in background threads
+while the current step runs, and calls the step barrier after every batch.
+The per-batch ``.to(device)`` calls that become redundant are kept: moving a
+tensor to the device it is already on costs nothing, and the code keeps
+working if the loader is later changed back.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from codemods.analysis import LoopCodemod, is_device_loader_expr, loop_iterable
+from codemods.base import Rule, call_name
+
+DEVICE_LOADER = Rule(
+    code="XLA301",
+    name="mp-device-loader",
+    summary="loop over a DataLoader: iterate `MpDeviceLoader(loader, device)` instead",
+    why=(
+        "A plain DataLoader hands the loop CPU tensors; each `.to(device)` then stalls the "
+        "step while the batch is copied. `MpDeviceLoader` prefetches batches to the XLA "
+        "device in the background and puts the step barrier after each batch, so the loop "
+        "needs no barrier of its own. Redundant `.to(device)` calls in the body are kept: "
+        "they are no-ops on the device the batch is already on."
+    ),
+    before=(
+        "from torch.utils.data import DataLoader\n\nloader = DataLoader(ds, batch_size=8)\n"
+        "for step, (x, y) in enumerate(loader):\n    train(x, y)\n"
+    ),
+    after=(
+        "from torch.utils.data import DataLoader\nimport torch_xla\nimport torch_xla.distributed.parallel_loader as pl\n\n"
+        "loader = DataLoader(ds, batch_size=8)\n"
+        "for step, (x, y) in enumerate(pl.MpDeviceLoader(loader, torch_xla.device())):\n    train(x, y)\n"
+    ),
+    valid=(
+        "import torch_xla.distributed.parallel_loader as pl\n\n"
+        "for x in pl.MpDeviceLoader(loader, device):\n    train(x)\n",
+        "for x in range(10):\n    train(x)\n",
+    ),
+)
+
+
+class DeviceLoader(LoopCodemod):
+    DESCRIPTION = "Wrap DataLoaders iterated by a loop in MpDeviceLoader."
+    RULES = (DEVICE_LOADER,)
+    TRIGGERS = (b"oader", b"_dl")
+
+    def rewrite_loop(self, original, updated):
+        if not isinstance(original, cst.For) or self.target.loader is None:
+            return updated
+        if is_device_loader_expr(original.iter, self.target.loader_names, self.qualnames):
+            return updated
+        inner = loop_iterable(original)
+        if not self.is_data_loader_expr(inner):
+            return updated
+        if not self.flag(inner, DEVICE_LOADER.code, "DataLoader loop -> MpDeviceLoader (syncs after every batch)", fix=True):
+            return updated
+        self.add_imports(self.target.loader_imports)
+        wrapped = cst.parse_expression(self.target.loader.format(loader="__XLAPORT_LOADER__"))
+        wrapped = wrapped.visit(_Replace(updated_inner(updated)))
+        if isinstance(updated.iter, cst.Call) and call_name(updated.iter) == "enumerate" and updated.iter.args:
+            args = list(updated.iter.args)
+            args[0] = args[0].with_changes(value=wrapped)
+            return updated.with_changes(iter=updated.iter.with_changes(args=args))
+        return updated.with_changes(iter=wrapped)
+
+
+def updated_inner(loop: cst.For) -> cst.BaseExpression:
+    return loop_iterable(loop)
+
+
+class _Replace(cst.CSTTransformer):
+    def __init__(self, value: cst.BaseExpression) -> None:
+        self.value = value
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        return self.value if original_node.value == "__XLAPORT_LOADER__" else updated_node

@@ -1,0 +1,147 @@
+"""XLA210: prints and logs that read tensors, taken off the hot path.
+
+``print(f"loss {loss.item():.4f}")`` inside the step loop forces the pending
+graph to compile and run in the middle of the step and copies a value back:
+one step becomes two graphs plus a device-to-host wait.  By default the call is
+kept but deferred with ``xm.add_step_closure``: it runs after the step's graph
+has executed, with the values of that step (bound as lambda defaults).  The
+``prints`` option chooses ``delete`` (what the torch_xla guide advises) or
+``keep`` (report only).  Output that reads no tensor is left alone.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import List
+
+import libcst as cst
+from libcst.metadata import Assignment, ScopeProvider
+
+from codemods.analysis import LoopCodemod, reads_tensor_value
+from codemods.base import Rule, call_name, dotted
+
+_LOG_METHODS = {"debug", "info", "warning", "warn", "error", "critical", "log", "exception"}
+_LOGGER_RE = re.compile(r"(^|\.)(log|logger|logging|_logger|LOGGER|LOG)$")
+_WRITER_METHODS = {"add_scalar", "add_scalars", "add_histogram", "add_image"}
+
+HOT_PRINT = Rule(
+    code="XLA210",
+    name="hot-loop-tensor-print",
+    summary="print/log of a tensor value in the hot loop: defer it to a step closure",
+    why=(
+        "Reading a tensor on the host (`.item()`, formatting it, printing it) forces the "
+        "lazy graph to compile and execute early, then waits for the copy: each step is "
+        "split into two graphs. `xm.add_step_closure` runs the same call after the step's "
+        "graph has executed, so the output is kept and the step stays one graph. With "
+        "`prints = \"delete\"` the call is removed instead; with `\"keep\"` it is only reported."
+    ),
+    before=(
+        "for x, y in loader:\n    loss = loss_fn(model(x), y)\n    loss.backward()\n"
+        "    optimizer.step()\n    print(f\"loss {loss.item():.4f}\")\n"
+    ),
+    after=(
+        "import torch_xla.core.xla_model as xm\n\nfor x, y in loader:\n    loss = loss_fn(model(x), y)\n"
+        "    loss.backward()\n    optimizer.step()\n"
+        "    xm.add_step_closure(lambda loss=loss: print(f\"loss {loss.item():.4f}\"))\n"
+    ),
+    valid=(
+        "for x, y in loader:\n    loss = loss_fn(model(x), y)\n    loss.backward()\n"
+        "    print(\"step done\", x.shape)\n",
+    ),
+    options=(("prints", "defer (default) | delete | keep"),),
+)
+
+
+class HotPrints(LoopCodemod):
+    DESCRIPTION = "Defer (or delete) prints and logs that read tensors inside hot loops."
+    RULES = (HOT_PRINT,)
+    TRIGGERS = (b"print", b"log", b"add_scalar")
+
+    def _is_output_call(self, call: cst.Call) -> bool:
+        if isinstance(call.func, cst.Name):
+            return call.func.value == "print"
+        name = call_name(call)
+        receiver = dotted(call.func.value) if isinstance(call.func, cst.Attribute) else None
+        if receiver is None:
+            return False
+        if name in _LOG_METHODS and _LOGGER_RE.search(receiver):
+            return True
+        if name in _WRITER_METHODS or (receiver == "wandb" and name == "log"):
+            return True
+        return name == "print" and receiver in {"accelerator", "xm"}
+
+    def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine):
+        if not self.in_hot or len(original_node.body) != 1 or not isinstance(original_node.body[0], cst.Expr):
+            return updated_node
+        call = original_node.body[0].value
+        if not isinstance(call, cst.Call) or not self._is_output_call(call):
+            return updated_node
+        read = reads_tensor_value(cst.Tuple([cst.Element(a.value) for a in call.args]) if call.args else call,
+                                  self.tensors, self.qualnames)
+        if read is None:
+            return updated_node
+        mode = str(self.option("prints", "defer"))
+        what = dotted(call.func) or "print"
+        if mode == "keep" or self.target.step_closure is None:
+            self.flag(original_node, HOT_PRINT.code,
+                      f"`{what}(...)` reads a tensor every step (hot loop at line {self.hot_loop_line()}); "
+                      "defer it with a step closure", fix=False)
+            return updated_node
+        if mode == "delete":
+            if self.flag(original_node, HOT_PRINT.code, f"`{what}(...)` reads a tensor every step; deleted", fix=True):
+                return cst.RemoveFromParent()
+            return updated_node
+        if not self.flag(original_node, HOT_PRINT.code,
+                         f"`{what}(...)` reads a tensor every step; deferred to a step closure", fix=True):
+            return updated_node
+        self.add_imports(self.target.step_closure_imports)
+        inner = updated_node.body[0].value  # type: ignore[attr-defined]
+        params = [
+            cst.Param(
+                cst.Name(n),
+                default=cst.Name(n),
+                equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
+            )
+            for n in self._bound_names(call)
+        ]
+        closure = cst.Lambda(params=cst.Parameters(params=params), body=inner)
+        register = cst.Call(func=cst.parse_expression(self.target.step_closure), args=[cst.Arg(closure)])
+        return updated_node.with_changes(body=[cst.Expr(register)])
+
+    def _bound_names(self, call: cst.Call) -> List[str]:
+        """Local variables the call reads: bound as lambda defaults so the
+        closure sees this step's values, not the last ones."""
+        names: List[str] = []
+        outer = self
+
+        class _Loads(cst.CSTVisitor):
+            def visit_Attribute(self, node: cst.Attribute) -> bool:
+                node.value.visit(self)
+                return False
+
+            def visit_Arg(self, node: cst.Arg) -> bool:
+                node.value.visit(self)
+                return False
+
+            def visit_Lambda(self, node: cst.Lambda) -> bool:
+                return False
+
+            def visit_Name(self, node: cst.Name) -> None:
+                if node.value in names:
+                    return
+                try:
+                    scope = outer.get_metadata(ScopeProvider, node)
+                except KeyError:
+                    return
+                if scope is None:
+                    return
+                for a in scope[node.value]:
+                    if isinstance(a, Assignment) and not isinstance(
+                        a.node, (cst.Import, cst.ImportFrom, cst.FunctionDef, cst.ClassDef)
+                    ):
+                        names.append(node.value)
+                        return
+
+        for a in call.args:
+            a.value.visit(_Loads())
+        return names

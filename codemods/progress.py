@@ -1,0 +1,241 @@
+"""XLA2xx (progress bars): tqdm and diffusers' progress_bar off the hot path.
+
+A progress bar updates on the host every step; with a tensor-valued postfix
+it forces a host read every step, and even without one it keeps the Python
+loop from running ahead of the device.  By default bars are removed (the
+``with`` block is dropped and its body dedented, bar method calls deleted, the
+tqdm import removed when unused).  With the ``keep_progress`` option the bars
+stay and only their tensor-reading postfixes go.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Set, Union
+
+import libcst as cst
+from libcst.codemod.visitors import RemoveImportsVisitor
+
+from codemods.analysis import tensor_names, reads_tensor_value
+from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all
+
+TQDM = {"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.autonotebook.tqdm",
+        "tqdm.rich.tqdm", "tqdm.asyncio.tqdm"}
+TRANGE = {"tqdm.trange", "tqdm.auto.trange", "tqdm.notebook.trange", "tqdm.std.trange", "tqdm.autonotebook.trange"}
+BAR_METHODS = {"update", "set_postfix", "set_postfix_str", "set_description", "set_description_str",
+               "refresh", "close", "reset", "clear", "display", "unpause"}
+POSTFIX_METHODS = {"set_postfix", "set_postfix_str", "set_description", "set_description_str"}
+_PURE_CALLS = {"len", "getattr", "hasattr", "isinstance", "min", "max", "abs", "int", "bool"}
+
+BAR_ITERABLE = Rule(
+    code="XLA201",
+    name="progress-bar-iterable",
+    summary="`for x in tqdm(it)` / `trange(n)`: iterate the plain iterable",
+    why=(
+        "A progress bar refreshes on the host at every step and keeps the Python loop in "
+        "lock-step with it; on XLA the loop should only trace the step and move on. The "
+        "torch_xla migration guide removes bars from the hot loop. Use `keep_progress` "
+        "(`--keep-progress`) to keep them."
+    ),
+    before=(
+        "import torch\nfrom tqdm import tqdm, trange\n\nfor x in tqdm(data, desc=\"train\"):\n    step(x)\n"
+        "for i in trange(10):\n    step(i)\npbar = tqdm(data)\nfor x in pbar:\n    step(x)\n    pbar.update()\n"
+    ),
+    after=(
+        "import torch\n\nfor x in data:\n    step(x)\nfor i in range(10):\n    step(i)\n"
+        "pbar = data\nfor x in pbar:\n    step(x)\n"
+    ),
+    options=(("keep_progress", "keep bars; drop only postfixes that read tensors"),),
+)
+
+BAR_BLOCK = Rule(
+    code="XLA202",
+    name="progress-bar-block",
+    summary="`with tqdm(...) as bar:` / `with self.progress_bar(...)`: drop the block, keep its body",
+    why=(
+        "The bar's context manager only exists to draw the bar; its body is the loop. "
+        "Removing the `with` and dedenting its body keeps the program's behaviour and takes "
+        "the bar off the hot path (what the hand port of diffusers' pipelines did)."
+    ),
+    before=(
+        "with self.progress_bar(total=n) as progress_bar:\n    for t in timesteps:\n"
+        "        latents = step(latents, t)\n        progress_bar.update()\n"
+    ),
+    after="for t in timesteps:\n    latents = step(latents, t)\n",
+)
+
+BAR_POSTFIX = Rule(
+    code="XLA203",
+    name="progress-bar-tensor-postfix",
+    summary="kept bars: `set_postfix(loss=loss.item())` and the like are dropped",
+    why=(
+        "With `keep_progress`, bars stay, but a postfix or description built from a tensor "
+        "(`loss.item()`, an f-string of a tensor) still reads it on the host every step and "
+        "splits the step's graph, so only those calls go. (Without `keep_progress` the whole "
+        "bar goes, its method calls with it, under XLA201/XLA202.)"
+    ),
+    before=(
+        "import torch\nfrom tqdm import tqdm\n\npbar = tqdm(data)\nfor x in pbar:\n    loss = torch.relu(x)\n"
+        "    pbar.set_postfix(loss=loss.item())\n    pbar.update()\n"
+    ),
+    after=(
+        "import torch\nfrom tqdm import tqdm\n\npbar = tqdm(data)\nfor x in pbar:\n    loss = torch.relu(x)\n"
+        "    pbar.update()\n"
+    ),
+    example_options=(("keep_progress", True),),
+    options=(("keep_progress", "keep bars; drop only postfixes that read tensors"),),
+)
+
+
+class ProgressBars(XlaCodemod):
+    DESCRIPTION = "Remove progress bars from hot loops (or keep them without tensor reads)."
+    RULES = (BAR_ITERABLE, BAR_BLOCK, BAR_POSTFIX)
+    TRIGGERS = (b"tqdm", b"trange", b"progress_bar")
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.keep = bool(self.option("keep_progress", False))
+        self.bar_names: Set[str] = set()
+        self.block_bars: Set[str] = set()
+        self.tensors: Set[str] = set()
+        self.removed_any = False
+
+    # ---------------------------------------------------------------- helpers
+    def _bar_kind(self, node: cst.CSTNode) -> Optional[str]:
+        """'tqdm', 'trange', 'progress_bar' for a call that makes a bar."""
+        if not isinstance(node, cst.Call):
+            return None
+        q = self.qualnames(node.func)
+        if q & TQDM:
+            return "tqdm"
+        if q & TRANGE:
+            return "trange"
+        if not q and isinstance(node.func, cst.Name) and node.func.value in {"tqdm", "trange"}:
+            return node.func.value  # imported in a way we cannot resolve
+        if call_name(node) == "progress_bar" and isinstance(node.func, cst.Attribute):
+            return "progress_bar"
+        return None
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self.tensors = tensor_names(node, self.qualnames)
+        for fn in find_all(node, cst.FunctionDef):
+            self.tensors |= tensor_names(fn.body, self.qualnames)  # type: ignore[attr-defined]
+        for with_ in find_all(node, cst.With):
+            for item in with_.items:  # type: ignore[attr-defined]
+                if self._bar_kind(item.item) and item.asname is not None and isinstance(item.asname.name, cst.Name):
+                    self.bar_names.add(item.asname.name.value)
+                    self.block_bars.add(item.asname.name.value)
+        for assign in find_all(node, cst.Assign):
+            if self._bar_kind(assign.value) in {"tqdm", "trange"}:  # type: ignore[attr-defined]
+                for t in assign.targets:  # type: ignore[attr-defined]
+                    if isinstance(t.target, cst.Name):
+                        self.bar_names.add(t.target.value)
+
+    def _unwrap(self, call: cst.Call, kind: str) -> Optional[cst.BaseExpression]:
+        if kind == "trange":
+            positional = [a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in call.args if a.keyword is None]
+            if not positional:
+                return None
+            positional = [a.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for a in positional[:-1]] + positional[-1:]
+            return cst.Call(func=cst.Name("range"), args=positional)
+        for a in call.args:
+            if a.keyword is None and a.star == "":
+                return a.value
+            if a.keyword is not None and a.keyword.value == "iterable":
+                return a.value
+        return None
+
+    # ---------------------------------------------------------------- XLA201
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if self.keep:
+            return updated_node
+        kind = self._bar_kind(original_node)
+        if kind not in {"tqdm", "trange"}:
+            return updated_node
+        parent = self.parent(original_node)
+        used_as_iterable = (
+            isinstance(parent, cst.For)
+            or isinstance(parent, cst.Assign)
+            or (isinstance(parent, cst.Arg) and isinstance(self.parent(parent), cst.Call)
+                and call_name(self.parent(parent)) in {"enumerate", "zip", "iter"})
+        )
+        if not used_as_iterable:
+            return updated_node
+        plain = self._unwrap(updated_node, kind)  # type: ignore[arg-type]
+        if plain is None:
+            return updated_node
+        if not self.flag(original_node, BAR_ITERABLE.code, f"progress bar `{kind}(...)` -> the plain iterable", fix=True):
+            return updated_node
+        self._drop_import()
+        return plain
+
+    # ---------------------------------------------------------------- XLA202
+    def leave_With(self, original_node: cst.With, updated_node: cst.With) -> Union[cst.BaseStatement, cst.FlattenSentinel]:
+        if self.keep or len(original_node.items) != 1:
+            return updated_node
+        if not self._bar_kind(original_node.items[0].item):
+            return updated_node
+        body = updated_node.body
+        if not isinstance(body, cst.IndentedBlock):
+            return updated_node
+        if not self.flag(original_node, BAR_BLOCK.code, "progress-bar `with` block removed; body dedented", fix=True):
+            return updated_node
+        self._drop_import()
+        stmts = list(body.body)
+        if not stmts:
+            return cst.RemoveFromParent()  # type: ignore[return-value]
+        first = stmts[0]
+        stmts[0] = first.with_changes(leading_lines=[*updated_node.leading_lines, *first.leading_lines])
+        return cst.FlattenSentinel(stmts)
+
+    # ---------------------------------------------------------------- XLA203
+    def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine):
+        if len(original_node.body) != 1 or not isinstance(original_node.body[0], cst.Expr):
+            return updated_node
+        call = original_node.body[0].value
+        if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Attribute):
+            return updated_node
+        receiver = dotted(call.func.value)
+        method = call.func.attr.value
+        if receiver not in self.bar_names or method not in BAR_METHODS:
+            return updated_node
+        if self.keep:
+            if method not in POSTFIX_METHODS or reads_tensor_value(call, self.tensors, self.qualnames) is None:
+                return updated_node
+            code, message = BAR_POSTFIX.code, f"`{receiver}.{method}(...)` reads a tensor every step; dropped"
+        else:
+            # goes with its bar, under the rule that removed the bar
+            code = BAR_BLOCK.code if receiver in self.block_bars else BAR_ITERABLE.code
+            message = f"`{receiver}.{method}(...)` dropped with the progress bar"
+        if not self.flag(original_node, code, message, fix=True):
+            return updated_node
+        self.removed_any = True
+        return cst.RemoveFromParent()
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        if not updated_node.body and original_node.body:
+            return updated_node.with_changes(body=[cst.SimpleStatementLine(body=[cst.Pass()])])
+        return updated_node
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If):
+        """An ``if`` left holding only the ``pass`` of a removed call goes too."""
+        body = updated_node.body
+        if (
+            updated_node.orelse is None
+            and isinstance(body, cst.IndentedBlock)
+            and len(body.body) == 1
+            and _is_pass(body.body[0])
+            and not (isinstance(original_node.body, cst.IndentedBlock) and _is_pass(original_node.body.body[0]))
+            and all(call_name(c) in _PURE_CALLS for c in find_all(original_node.test, cst.Call))
+        ):
+            return cst.RemoveFromParent()
+        return updated_node
+
+    def _drop_import(self) -> None:
+        for name in ("tqdm", "trange"):
+            for module in ("tqdm", "tqdm.auto", "tqdm.notebook", "tqdm.autonotebook"):
+                RemoveImportsVisitor.remove_unused_import(self.context, module, name)
+        RemoveImportsVisitor.remove_unused_import(self.context, "tqdm")
+
+
+def _is_pass(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Pass)

@@ -1,0 +1,19 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from xlaport.engine import Settings, transform  # noqa: E402
+
+
+def convert_text(source: str, **settings) -> tuple:
+    out = transform(source.encode("utf-8"), Settings(**settings))
+    return out.code.decode("utf-8"), out.findings
+
+
+@pytest.fixture
+def convert():
+    return convert_text

@@ -1,0 +1,209 @@
+"""The command-line contract: exit codes, output formats, bad files, -o trees."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from xlaport.cli import main
+
+CUDA = b"import torch\nx = torch.zeros(2).cuda()\n"
+
+
+def run(*args, cwd=None):
+    runner = CliRunner()
+    old = os.getcwd()
+    try:
+        if cwd:
+            os.chdir(cwd)
+        result = runner.invoke(main, list(map(str, args)), catch_exceptions=False)
+    finally:
+        os.chdir(old)
+    return result
+
+
+def test_lint_without_paths_exits_zero():
+    assert run("lint").exit_code == 0
+    assert run("convert").exit_code == 0
+
+
+def test_lint_exit_codes(tmp_path):
+    clean = tmp_path / "clean.py"
+    clean.write_text("print('hi')\n")
+    dirty = tmp_path / "dirty.py"
+    dirty.write_bytes(CUDA)
+    assert run("lint", clean).exit_code == 0
+    assert run("lint", dirty).exit_code == 1
+    bad = tmp_path / "bad.py"
+    bad.write_text("x = torch.cuda(\n")
+    assert run("lint", dirty, bad).exit_code == 2
+    assert dirty.read_bytes() == CUDA  # lint writes nothing
+
+
+def test_json_output_fields(tmp_path):
+    f = tmp_path / "a.py"
+    f.write_bytes(CUDA + b'if x.device.type == "cuda":\n    pass\n')
+    result = run("lint", "--format", "json", f)
+    rows = json.loads(result.output)
+    assert {r["code"] for r in rows} == {"XLA101", "XLA104"}
+    row = [r for r in rows if r["code"] == "XLA101"][0]
+    assert row["path"] == str(f) and row["line"] == 2 and row["col"] == 5 and row["fix"] is True
+    assert [r for r in rows if r["code"] == "XLA104"][0]["fix"] is False
+
+
+def test_github_format(tmp_path):
+    f = tmp_path / "a.py"
+    f.write_bytes(CUDA)
+    out = run("lint", "--format", "github", f).output
+    assert out.startswith(f"::warning file={f},line=2,col=5,title=xlaport XLA101::")
+
+
+def test_convert_in_place_check_and_diff(tmp_path):
+    f = tmp_path / "a.py"
+    f.write_bytes(CUDA)
+    r = run("convert", "--check", f)
+    assert r.exit_code == 1 and f.read_bytes() == CUDA
+    r = run("convert", "--diff", f)
+    assert "+x = torch.zeros(2).to(torch_xla.device())" in r.output and f.read_bytes() == CUDA
+    r = run("convert", f)
+    assert r.exit_code == 0
+    assert b"torch_xla.device()" in f.read_bytes()
+    assert run("convert", "--check", f).exit_code == 0
+
+
+def test_select_and_ignore(tmp_path):
+    f = tmp_path / "a.py"
+    f.write_bytes(CUDA)
+    assert run("lint", "--ignore", "XLA1", f).exit_code == 0
+    assert run("lint", "--select", "XLA4", f).exit_code == 0
+    assert run("lint", "--select", "XLA101", f).exit_code == 1
+    assert run("lint", "--select", "NOPE", f).exit_code == 2  # usage error
+
+
+def test_config_in_pyproject(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.xlaport]\nignore = ["XLA101"]\n')
+    f = tmp_path / "a.py"
+    f.write_bytes(CUDA)
+    assert run("lint", f).exit_code == 0
+
+
+def test_suppression_in_every_mode(tmp_path):
+    f = tmp_path / "a.py"
+    src = b"import torch\nx = torch.zeros(2).cuda()  # xlaport: ignore[XLA101]\ny = x.cuda()  # xlaport: ignore\n"
+    f.write_bytes(src)
+    assert run("lint", f).exit_code == 0
+    assert run("convert", f).exit_code == 0
+    assert f.read_bytes() == src
+
+
+def test_bad_files_are_reported_and_do_not_stop_the_run(tmp_path):
+    (tmp_path / "syntax.py").write_text("def f(:\n    x.cuda()\n")
+    (tmp_path / "py2.py").write_text("print 'cuda'\n")
+    (tmp_path / "binary.py").write_bytes(b"\x00\x01cuda\x02")
+    (tmp_path / "empty.py").write_bytes(b"")
+    (tmp_path / "bom.py").write_bytes(b"\xef\xbb\xbf" + CUDA)
+    (tmp_path / "latin.py").write_bytes(b"# -*- coding: latin-1 -*-\n" + CUDA + b"s = '\xe9'\n")
+    (tmp_path / "crlf.py").write_bytes(CUDA.replace(b"\n", b"\r\n"))
+    (tmp_path / "tabs.py").write_bytes(b"import torch\nif True:\n\tx = torch.ones(1).cuda()\n")
+    ro = tmp_path / "readonly.py"
+    ro.write_bytes(CUDA)
+    ro.chmod(0o444)
+    (tmp_path / "loop.py").symlink_to(tmp_path / "loop.py")
+    good = tmp_path / "good.py"
+    good.write_bytes(CUDA)
+    r = run("convert", tmp_path)
+    assert r.exit_code == 2
+    text = r.output
+    assert "syntax.py:" in text and "XLA001 cannot parse" in text
+    assert "py2.py:1:" in text and text.count("cannot parse") == 2
+    assert "binary.py" in text and "binary" in text
+    assert "readonly.py" in text and "read-only" in text
+    assert "loop.py" in text and "symbolic link" in text
+    assert b"torch_xla.device()" in good.read_bytes()
+    assert (tmp_path / "empty.py").read_bytes() == b""
+    assert (tmp_path / "bom.py").read_bytes().startswith(b"\xef\xbb\xbfimport torch\n")
+    latin = (tmp_path / "latin.py").read_bytes()
+    assert latin.endswith(b"s = '\xe9'\n") and b"torch_xla.device()" in latin
+    crlf = (tmp_path / "crlf.py").read_bytes()
+    assert b"torch_xla.device()" in crlf and b"\n" not in crlf.replace(b"\r\n", b"")
+    assert b"\tx = torch.ones(1).to(torch_xla.device())" in (tmp_path / "tabs.py").read_bytes()
+    assert ro.read_bytes() == CUDA
+    assert stat.S_IMODE(ro.stat().st_mode) == 0o444
+    assert not list(tmp_path.glob("*.xlaport-tmp"))
+
+
+def test_permissions_kept(tmp_path):
+    f = tmp_path / "run.py"
+    f.write_bytes(CUDA)
+    f.chmod(0o755)
+    run("convert", f)
+    assert stat.S_IMODE(f.stat().st_mode) == 0o755
+
+
+def test_output_tree_mirrors_and_copies(tmp_path):
+    src = tmp_path / "repo"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "m.py").write_bytes(CUDA)
+    (src / "pkg" / "plain.py").write_text("x = 1\n")
+    (src / "data.json").write_text("{}")
+    out = tmp_path / "out"
+    r = run("convert", src, "-o", out)
+    assert r.exit_code == 0
+    assert b"torch_xla" in (out / "pkg" / "m.py").read_bytes()
+    assert (out / "pkg" / "plain.py").read_text() == "x = 1\n"
+    assert (out / "data.json").read_text() == "{}"
+    assert (src / "pkg" / "m.py").read_bytes() == CUDA  # input untouched
+    r = run("convert", src, "-o", src / "inside")
+    assert r.exit_code == 2 and "inside" in r.output
+
+
+def test_notebook_cells(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("uses cuda"),
+        nbformat.v4.new_code_cell("%matplotlib inline\nimport torch\nx = torch.ones(2).cuda()"),
+        nbformat.v4.new_code_cell("def broken(:\n  x.cuda()"),
+    ]
+    f = tmp_path / "n.ipynb"
+    f.write_text(nbformat.writes(nb))
+    r = run("convert", f)
+    assert r.exit_code == 2 and "cell 3" in r.output
+    out = nbformat.read(str(f), as_version=4)
+    assert "\n%matplotlib inline\n" in out.cells[1].source
+    assert "x = torch.ones(2).to(torch_xla.device())" in out.cells[1].source
+    assert out.cells[2].source == "def broken(:\n  x.cuda()"
+
+
+def test_rules_and_explain():
+    out = run("rules").output
+    assert "XLA101" in out and "XLA302" in out
+    out = run("explain", "xla302").output
+    assert "Why it matters" in out and "torch_xla.sync()" in out
+    assert run("explain", "XLA999").exit_code == 2
+
+
+def test_static_path_never_imports_torch(tmp_path):
+    f = tmp_path / "a.py"
+    f.write_bytes(CUDA)
+    code = (
+        "import sys\nfrom xlaport.cli import main\n"
+        "try:\n    main(['lint', sys.argv[1]])\nexcept SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\nprint('ok')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, str(f)], capture_output=True, text=True,
+                       cwd=Path(__file__).parent.parent)
+    assert r.stdout.strip().endswith("ok"), r.stderr
+
+
+def test_parallel_jobs_agree(tmp_path):
+    for i in range(12):
+        (tmp_path / f"m{i}.py").write_bytes(CUDA)
+    one = json.loads(run("lint", "--format", "json", "-j", "1", tmp_path).output)
+    two = json.loads(run("lint", "--format", "json", "-j", "2", tmp_path).output)
+    assert one == two and len(one) == 12

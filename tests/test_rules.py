@@ -1,0 +1,56 @@
+"""Every rule's own examples (its docs) run as tests, Fixit-style."""
+
+import libcst as cst
+import pytest
+
+from codemods import all_rules
+from tests.conftest import convert_text
+
+RULES = all_rules()
+
+
+def test_codes_are_unique_and_documented():
+    codes = [r.code for r in RULES]
+    assert len(codes) == len(set(codes))
+    for r in RULES:
+        assert r.code.startswith("XLA") and len(r.code) == 6
+        assert r.summary and r.why and r.before, r.code
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.code)
+def test_example_before_after(rule):
+    out, findings = convert_text(rule.before, select=[rule.code], options=dict(rule.example_options))
+    codes = [f.code for f in findings]
+    assert rule.code in codes, f"{rule.code} not reported on its own example"
+    if rule.fix:
+        assert out == rule.after
+        cst.parse_module(out)
+        again, again_findings = convert_text(out, select=[rule.code], options=dict(rule.example_options))
+        assert again == out, "second run changed the code"
+        assert not [f for f in again_findings if f.fix]
+    else:
+        assert out == rule.before
+        assert all(not f.fix for f in findings)
+
+
+@pytest.mark.parametrize(
+    "rule,source",
+    [(r, v) for r in RULES for v in r.valid],
+    ids=lambda x: x.code if hasattr(x, "code") else "",
+)
+def test_valid_examples_untouched(rule, source):
+    out, findings = convert_text(source, select=[rule.code])
+    assert out == source
+    assert rule.code not in [f.code for f in findings]
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.code)
+def test_suppression_comment(rule):
+    """`# xlaport: ignore[CODE]` on every line silences the rule."""
+    lines = rule.before.splitlines()
+    source = "\n".join(
+        line + f"  # xlaport: ignore[{rule.code}]" if line.strip() else line
+        for line in lines
+    ) + "\n"
+    out, findings = convert_text(source, select=[rule.code], options=dict(rule.example_options))
+    assert rule.code not in [f.code for f in findings]
