@@ -1,0 +1,31 @@
+# Everything a fresh machine needs: `make demo` (convert + verify the bundled
+# example on XLA's CPU backend) and `make test` (the test suite). Both create
+# the virtual environment on first use.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+export PJRT_DEVICE ?= CPU
+
+.PHONY: setup demo test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[verify,test]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	rm -rf build/demo
+	$(VENV)/bin/xlaport convert fixtures/train_mlp/input.py -o build/demo
+	$(VENV)/bin/xlaport verify fixtures/train_mlp/input.py --converted build/demo/input.py -- --epochs 2
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) benchmarks/bench_lint.py
+
+clean:
+	rm -rf $(VENV) build .pytest_cache

@@ -1,0 +1,1 @@
+"""`xlaport verify`: run the original and the converted program and compare."""
