@@ -113,7 +113,7 @@ class StepBarrier(LoopCodemod):
             def leave_IndentedBlock(self, original_node, updated_node):
                 out: List[cst.BaseStatement] = []
                 for s in updated_node.body:
-                    if _is_continue(s) and not (out and _is_barrier_stmt(out[-1], barrier)):
+                    if _is_continue(s) and not (out and out[-1].deep_equals(barrier)):
                         out.append(barrier)
                     out.append(s)
                 return updated_node.with_changes(body=out)
@@ -138,7 +138,3 @@ def _ends_flow(stmt: cst.CSTNode) -> bool:
     return isinstance(stmt, cst.SimpleStatementLine) and any(
         isinstance(s, (cst.Continue, cst.Break, cst.Return, cst.Raise)) for s in stmt.body
     )
-
-
-def _is_barrier_stmt(stmt: cst.CSTNode, barrier: cst.CSTNode) -> bool:
-    return stmt.deep_equals(barrier)

@@ -59,16 +59,12 @@ class DeviceLoader(LoopCodemod):
             return updated
         self.add_imports(self.target.loader_imports)
         wrapped = cst.parse_expression(self.target.loader.format(loader="__XLAPORT_LOADER__"))
-        wrapped = wrapped.visit(_Replace(updated_inner(updated)))
+        wrapped = wrapped.visit(_Replace(loop_iterable(updated)))
         if isinstance(updated.iter, cst.Call) and call_name(updated.iter) == "enumerate" and updated.iter.args:
             args = list(updated.iter.args)
             args[0] = args[0].with_changes(value=wrapped)
             return updated.with_changes(iter=updated.iter.with_changes(args=args))
         return updated.with_changes(iter=wrapped)
-
-
-def updated_inner(loop: cst.For) -> cst.BaseExpression:
-    return loop_iterable(loop)
 
 
 class _Replace(cst.CSTTransformer):
