@@ -18,7 +18,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Set, Union
 
 import libcst as cst
 
-from codemods.base import call_name, dotted, find_all
+from codemods.base import TreeCache, call_name, dotted, find_all
 
 Loop = Union[cst.For, cst.While]
 _NESTED = (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)
@@ -252,6 +252,75 @@ def reads_tensor_value(node: cst.CSTNode, tensors: Set[str], qualnames: QualName
     return hit
 
 
+# ------------------------------------------------------------------ pre-check
+
+
+class ModuleFacts:
+    """What a cheap read-only walk of a module can tell about its loops,
+    computed once per tree and shared by every loop codemod's pre-check.
+
+    It over-approximates: a loop counted here may still turn out not to be a
+    step or loader loop once names are resolved, never the other way round.
+    """
+
+    def __init__(self, module: cst.Module, source: bytes = b"") -> None:
+        steps = step_functions(module, lambda n: set())
+        loops = find_all(module, (cst.For, cst.While))
+        self.step_loops: List[cst.CSTNode] = [
+            lp for lp in loops if is_step_loop(lp, steps, lambda n: set())  # type: ignore[arg-type]
+        ]
+        any_loader = b"DataLoader" in source
+        self.loader_loops: List[cst.CSTNode] = [
+            lp for lp in loops if isinstance(lp, cst.For) and (any_loader or _mentions_loader(lp.iter))
+        ]
+        self.step_methods: List[cst.CSTNode] = [
+            fn for cls in find_all(module, cst.ClassDef) for fn in hot_methods(cls).values()  # type: ignore[arg-type]
+        ]
+
+    @property
+    def hot_loops(self) -> List[cst.CSTNode]:
+        return self.step_loops + self.loader_loops
+
+
+def module_facts(tree: TreeCache) -> ModuleFacts:
+    facts = tree.memo.get("facts")
+    if not isinstance(facts, ModuleFacts):
+        facts = tree.memo["facts"] = ModuleFacts(tree.module, tree.source)
+    return facts
+
+
+def hot_methods(cls: cst.ClassDef) -> Dict[str, cst.FunctionDef]:
+    """Methods of a class that run once per step: ``step`` (a scheduler's or
+    an optimizer's), ``*_step``, and every method they call through ``self``."""
+    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
+    methods: Dict[str, cst.FunctionDef] = {s.name.value: s for s in body if isinstance(s, cst.FunctionDef)}
+    calls: Dict[str, Set[str]] = {}
+    for name, fn in methods.items():
+        calls[name] = {
+            c.func.attr.value  # type: ignore[attr-defined]
+            for c in find_all(fn, cst.Call)
+            if isinstance(c.func, cst.Attribute)  # type: ignore[attr-defined]
+            and isinstance(c.func.value, cst.Name)  # type: ignore[attr-defined]
+            and c.func.value.value == "self"  # type: ignore[attr-defined]
+        } & set(methods)
+    hot: Dict[str, cst.FunctionDef] = {}
+    todo = [m for m in methods if m == "step" or (m.endswith("_step") and not m.startswith("set_"))]
+    while todo:
+        m = todo.pop()
+        if m not in hot:
+            hot[m] = methods[m]
+            todo.extend(calls.get(m, ()))
+    return hot
+
+
+def _mentions_loader(node: cst.CSTNode) -> bool:
+    return any(
+        (isinstance(n, cst.Name) and LOADER_NAME_RE.search(n.value))
+        or (isinstance(n, cst.Attribute) and LOADER_NAME_RE.search(n.attr.value))
+        for n in find_all(node, (cst.Name, cst.Attribute))
+    )
+
+
 # ------------------------------------------------------------------ base class
 
 from libcst.metadata import Assignment, ScopeProvider  # noqa: E402
@@ -278,11 +347,22 @@ class LoopCodemod(XlaCodemod):
 
     # -- walking state -------------------------------------------------------
     def visit_Module(self, node: cst.Module) -> None:
-        self.steps = step_functions(node, self.qualnames)
-        self.tensor_stack.append(tensor_names(node, self.qualnames, self._loader_loops(node)))
+        self.steps = self._memo("steps", node, lambda: step_functions(node, self.qualnames))
+        self.tensor_stack.append(self._tensor_names(node))
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.tensor_stack.append(tensor_names(node.body, self.qualnames, self._loader_loops(node.body)))
+        self.tensor_stack.append(self._tensor_names(node.body))
+
+    def _memo(self, kind: str, node: cst.CSTNode, compute: Callable[[], object]):  # type: ignore[no-untyped-def]
+        """Per-tree memo shared by the loop codemods that run on one tree."""
+        key = f"{kind}:{id(node)}"
+        memo = self.tree.memo
+        if key not in memo:
+            memo[key] = compute()
+        return memo[key]
+
+    def _tensor_names(self, node: cst.CSTNode) -> Set[str]:
+        return self._memo("tensors", node, lambda: tensor_names(node, self.qualnames, self._loader_loops(node)))
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.CSTNode:
         self.tensor_stack.pop()
@@ -336,10 +416,7 @@ class LoopCodemod(XlaCodemod):
 
     def assigned_values(self, name: cst.Name) -> List[cst.CSTNode]:
         """Values assigned to ``name`` in its scope (simple assignments only)."""
-        try:
-            scope = self.get_metadata(ScopeProvider, name)
-        except KeyError:
-            return []
+        scope = self.meta(ScopeProvider, name)
         if scope is None:
             return []
         values: List[cst.CSTNode] = []
@@ -365,6 +442,8 @@ class LoopCodemod(XlaCodemod):
                 return True
             return call_name(node) == "DataLoader"
         if isinstance(node, cst.Name):
+            if not LOADER_NAME_RE.search(node.value) and b"DataLoader" not in self.tree.source:
+                return False  # nothing in this file could bind it to a DataLoader
             values = self.assigned_values(node)
             for v in values:
                 if isinstance(v, cst.Param):

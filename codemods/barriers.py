@@ -20,6 +20,7 @@ from codemods.analysis import (
     has_barrier,
     is_device_loader_expr,
     is_step_loop,
+    module_facts,
 )
 from codemods.base import Rule, statement
 
@@ -57,6 +58,13 @@ class StepBarrier(LoopCodemod):
     DESCRIPTION = "Insert the XLA step barrier at the end of each step loop."
     RULES = (STEP_BARRIER,)
     TRIGGERS = (b"backward", b".step(", b"step", b"sampl", b"denois")
+
+    @classmethod
+    def wanted(cls, tree, options):
+        return bool(module_facts(tree).step_loops)
+
+    def regions(self, tree):
+        return module_facts(tree).step_loops
 
     def rewrite_loop(self, original: Loop, updated: Loop) -> Union[Loop, cst.CSTNode]:
         if self.target.sync is None or not self.enabled(STEP_BARRIER.code):

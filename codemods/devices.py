@@ -11,12 +11,12 @@ Mentions of "cuda" that are not a device (comparisons, defaults of parameters,
 from __future__ import annotations
 
 import re
-from typing import Optional, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
 import libcst as cst
 import libcst.matchers as m
 
-from codemods.base import Rule, XlaCodemod, call_name, find_all, string_value
+from codemods.base import Rule, TreeCache, XlaCodemod, call_name, find_all, string_value, walk
 
 _CUDA_RE = re.compile(r"^cuda(:\d+)?$")
 _HOST_DEVICES = {"cpu", "mps"}
@@ -170,6 +170,14 @@ class DeviceSwap(XlaCodemod):
         CUDA_GENERATOR,
     )
     TRIGGERS = (b"cuda",)
+
+    def regions(self, tree):
+        """Statements that mention CUDA: a "cuda..." string, or a name such as
+        ``cuda``, ``is_available``'s module or a ``use_cuda`` flag."""
+        return _mention_statements(tree, lambda n: (
+            (isinstance(n, cst.Name) and "cuda" in n.value)
+            or (isinstance(n, (cst.SimpleString, cst.FormattedStringText)) and "cuda" in n.value)
+        ))
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -437,6 +445,10 @@ class DeviceSwap(XlaCodemod):
     def _device(self) -> cst.BaseExpression:
         self.add_imports(self.target.device_imports)
         return self.target.device_node()
+
+
+def _mention_statements(tree: TreeCache, pred) -> List[cst.CSTNode]:
+    return list({id(st): st for st in (tree.statement_of(n) for n in walk(tree.module) if pred(n))}.values())
 
 
 def _single_assign(body: cst.BaseSuite, pred) -> Optional[cst.BaseAssignTargetExpression]:

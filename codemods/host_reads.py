@@ -14,8 +14,8 @@ from typing import Dict, List, Optional, Set
 
 import libcst as cst
 
-from codemods.analysis import LoopCodemod, is_tensor_expr, loop_iterable
-from codemods.base import Rule, call_name, find_all
+from codemods.analysis import LoopCodemod, hot_methods, is_tensor_expr, loop_iterable, module_facts
+from codemods.base import Rule, TreeCache, call_name, find_all
 
 ITEM = Rule(
     code="XLA401",
@@ -110,6 +110,18 @@ class HostReads(LoopCodemod):
     TRIGGERS = (b".item(", b".tolist(", b".numpy(", b".cpu(", b"float(", b"int(", b"bool(", b"if ", b"while ",
                 b"nonzero", b"masked_select", b"unique", b"where(", b"[", b"for ")
 
+    @classmethod
+    def wanted(cls, tree, options):
+        return bool(options.get("include_cold")) or bool(cls.hot_regions(tree))
+
+    @staticmethod
+    def hot_regions(tree: TreeCache) -> List[cst.CSTNode]:
+        facts = module_facts(tree)
+        return facts.hot_loops + facts.step_methods
+
+    def regions(self, tree):
+        return None if self.include_cold else self.hot_regions(tree)
+
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.include_cold = bool(self.option("include_cold", False))
@@ -118,26 +130,7 @@ class HostReads(LoopCodemod):
 
     # --------------------------------------------------------------- where
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        methods: Dict[str, cst.FunctionDef] = {
-            s.name.value: s for s in node.body.body if isinstance(s, cst.FunctionDef)  # type: ignore[union-attr]
-        }
-        calls: Dict[str, Set[str]] = {}
-        for name, fn in methods.items():
-            calls[name] = {
-                c.func.attr.value  # type: ignore[union-attr]
-                for c in find_all(fn, cst.Call)
-                if isinstance(c.func, cst.Attribute)  # type: ignore[attr-defined]
-                and isinstance(c.func.value, cst.Name)  # type: ignore[attr-defined]
-                and c.func.value.value == "self"  # type: ignore[attr-defined]
-            } & set(methods)
-        hot: Set[str] = set()
-        todo = [m for m in methods if m == "step" or m.endswith("_step") and not m.startswith("set_")]
-        while todo:
-            m = todo.pop()
-            if m not in hot:
-                hot.add(m)
-                todo.extend(calls.get(m, ()))
-        self.hot_methods.append(hot)
+        self.hot_methods.append(set(hot_methods(node)))
 
     def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
         self.hot_methods.pop()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from codemods.analysis import LoopCodemod, is_device_loader_expr, loop_iterable
+from codemods.analysis import LoopCodemod, is_device_loader_expr, loop_iterable, module_facts
 from codemods.base import Rule, call_name
 
 DEVICE_LOADER = Rule(
@@ -46,6 +46,13 @@ class DeviceLoader(LoopCodemod):
     DESCRIPTION = "Wrap DataLoaders iterated by a loop in MpDeviceLoader."
     RULES = (DEVICE_LOADER,)
     TRIGGERS = (b"oader", b"_dl")
+
+    @classmethod
+    def wanted(cls, tree, options):
+        return bool(module_facts(tree).loader_loops)
+
+    def regions(self, tree):
+        return module_facts(tree).loader_loops
 
     def rewrite_loop(self, original, updated):
         if not isinstance(original, cst.For) or self.target.loader is None:

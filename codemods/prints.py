@@ -17,7 +17,7 @@ from typing import List
 import libcst as cst
 from libcst.metadata import Assignment, ScopeProvider
 
-from codemods.analysis import LoopCodemod, reads_tensor_value
+from codemods.analysis import LoopCodemod, module_facts, reads_tensor_value
 from codemods.base import Rule, call_name, dotted
 
 _LOG_METHODS = {"debug", "info", "warning", "warn", "error", "critical", "log", "exception"}
@@ -56,6 +56,13 @@ class HotPrints(LoopCodemod):
     DESCRIPTION = "Defer (or delete) prints and logs that read tensors inside hot loops."
     RULES = (HOT_PRINT,)
     TRIGGERS = (b"print", b"log", b"add_scalar")
+
+    @classmethod
+    def wanted(cls, tree, options):
+        return bool(module_facts(tree).hot_loops)
+
+    def regions(self, tree):
+        return module_facts(tree).hot_loops
 
     def _is_output_call(self, call: cst.Call) -> bool:
         if isinstance(call.func, cst.Name):
@@ -129,10 +136,7 @@ class HotPrints(LoopCodemod):
             def visit_Name(self, node: cst.Name) -> None:
                 if node.value in names:
                     return
-                try:
-                    scope = outer.get_metadata(ScopeProvider, node)
-                except KeyError:
-                    return
+                scope = outer.meta(ScopeProvider, node)
                 if scope is None:
                     return
                 for a in scope[node.value]:

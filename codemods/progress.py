@@ -15,8 +15,8 @@ from typing import Optional, Set, Union
 import libcst as cst
 from libcst.codemod.visitors import RemoveImportsVisitor
 
-from codemods.analysis import tensor_names, reads_tensor_value
-from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all
+from codemods.analysis import reads_tensor_value, tensor_names
+from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all, walk
 
 TQDM = {"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.autonotebook.tqdm",
         "tqdm.rich.tqdm", "tqdm.asyncio.tqdm"}
@@ -91,6 +91,23 @@ class ProgressBars(XlaCodemod):
     RULES = (BAR_ITERABLE, BAR_BLOCK, BAR_POSTFIX)
     TRIGGERS = (b"tqdm", b"trange", b"progress_bar")
 
+    def regions(self, tree):
+        """Statements that mention a bar: ``tqdm``/``trange``/``progress_bar``
+        or a name bound to one (``with tqdm(...) as pbar``, ``pbar = tqdm(x)``)."""
+        names = {"tqdm", "trange", "progress_bar"}
+        nodes = list(walk(tree.module))
+        for n in nodes:
+            if isinstance(n, cst.WithItem) and n.asname is not None:
+                bound, value = n.asname.name, n.item
+            elif isinstance(n, cst.Assign) and len(n.targets) == 1:
+                bound, value = n.targets[0].target, n.value
+            else:
+                continue
+            if isinstance(bound, cst.Name) and any(isinstance(x, cst.Name) and x.value in names for x in walk(value)):
+                names.add(bound.value)
+        found = {id(st): st for st in (tree.statement_of(n) for n in nodes if isinstance(n, cst.Name) and n.value in names)}
+        return list(found.values())
+
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.keep = bool(self.option("keep_progress", False))
@@ -104,6 +121,10 @@ class ProgressBars(XlaCodemod):
         """'tqdm', 'trange', 'progress_bar' for a call that makes a bar."""
         if not isinstance(node, cst.Call):
             return None
+        if call_name(node) == "progress_bar" and isinstance(node.func, cst.Attribute):
+            return "progress_bar"
+        if not self._tqdm_imported():
+            return None  # no need for the (costly) scope analysis
         q = self.qualnames(node.func)
         if q & TQDM:
             return "tqdm"
@@ -111,14 +132,13 @@ class ProgressBars(XlaCodemod):
             return "trange"
         if not q and isinstance(node.func, cst.Name) and node.func.value in {"tqdm", "trange"}:
             return node.func.value  # imported in a way we cannot resolve
-        if call_name(node) == "progress_bar" and isinstance(node.func, cst.Attribute):
-            return "progress_bar"
         return None
 
     def visit_Module(self, node: cst.Module) -> None:
-        self.tensors = tensor_names(node, self.qualnames)
-        for fn in find_all(node, cst.FunctionDef):
-            self.tensors |= tensor_names(fn.body, self.qualnames)  # type: ignore[attr-defined]
+        if self.keep:  # only postfixes that read tensors go then
+            self.tensors = tensor_names(node, self.qualnames)
+            for fn in find_all(node, cst.FunctionDef):
+                self.tensors |= tensor_names(fn.body, self.qualnames)  # type: ignore[attr-defined]
         for with_ in find_all(node, cst.With):
             for item in with_.items:  # type: ignore[attr-defined]
                 if self._bar_kind(item.item) and item.asname is not None and isinstance(item.asname.name, cst.Name):
@@ -230,7 +250,13 @@ class ProgressBars(XlaCodemod):
             return cst.RemoveFromParent()
         return updated_node
 
+    def _tqdm_imported(self) -> bool:
+        imports = self.tree.imports
+        return "tqdm" in imports or "trange" in imports or any(v.startswith("tqdm") for v in imports.values())
+
     def _drop_import(self) -> None:
+        if not self._tqdm_imported():
+            return
         for name in ("tqdm", "trange"):
             for module in ("tqdm", "tqdm.auto", "tqdm.notebook", "tqdm.autonotebook"):
                 RemoveImportsVisitor.remove_unused_import(self.context, module, name)

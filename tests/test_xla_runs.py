@@ -20,6 +20,8 @@ def _verify(name, *args):
     assert report.error is None, report.error
     assert report.verdict == "pass", [o for o in report.outputs if not o.ok]
     assert all(o.max_rel_err <= 1e-3 or o.max_abs_err <= 1e-5 for o in report.outputs)
+    assert report.metrics["compiles_after_warmup"] == 0
+    assert not [e for e in report.events if e["kind"] in ("recompile", "fallback")]
     return report
 
 

@@ -23,8 +23,11 @@ from codemods.base import (
     SELECT_KEY,
     SOURCE_KEY,
     TARGET_KEY,
+    TREE_KEY,
     Finding,
+    TreeCache,
     code_matches,
+    unique,
 )
 from codemods.target import DEFAULT_TARGET
 
@@ -105,6 +108,35 @@ def parse(source: bytes) -> cst.Module:
         raise SourceError(f"cannot parse: {exc}") from None
 
 
+def _add_imports(context: CodemodContext, tree: cst.Module) -> cst.Module:
+    """Run LibCST's AddImportsVisitor on the only part of the module it reads
+    and writes -- the docstring and the block of imports at the top, plus one
+    statement -- and put the rest of the body back untouched.  Running it on a
+    4,000-line module would rebuild every node of it to change two lines."""
+    body = list(tree.body)
+    k = 0
+    while k < len(body) and (_is_import_line(body[k]) or (k == 0 and _is_docstring(body[k]))):
+        k += 1
+    head = tree.with_changes(body=body[: k + 1], footer=())
+    new_head = Codemod.transform_module(AddImportsVisitor(context), head)
+    return tree.with_changes(header=new_head.header, body=[*new_head.body, *body[k + 1 :]])
+
+
+def _is_import_line(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and all(
+        isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body
+    )
+
+
+def _is_docstring(stmt: cst.CSTNode) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Expr)
+        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+
+
 def transform(source: bytes, settings: Settings, filename: str = "") -> Outcome:
     """Convert one source text. Raises SourceError for code it cannot parse."""
     codes = settings.selected_codes()
@@ -125,27 +157,36 @@ def transform(source: bytes, settings: Settings, filename: str = "") -> Outcome:
     maps: List[Callable[[int], int]] = []  # maps[k]: lines after rule k -> before
     findings: List[Finding] = []
     text = original_text
+    context.scratch[TREE_KEY] = TreeCache(tree, source)
     for cls in codemods:
+        # One TreeCache per tree holds the metadata and analyses that every
+        # codemod running on it shares; a codemod that changes the tree starts
+        # a new one.
+        cache: TreeCache = context.scratch[TREE_KEY]  # type: ignore[assignment]
+        if not cls.wanted(cache, context.scratch[OPTIONS_KEY]):
+            continue
         context.scratch[SOURCE_KEY] = text
         context.scratch[FINDINGS_KEY] = []
-        codemod = cls(context)
-        tree = Codemod.transform_module(codemod, tree)
+        new_tree = cls(context).transform_module_impl(tree)
         new = context.scratch[FINDINGS_KEY]
         for f in new:
             for back in reversed(maps):
                 f.line = back(f.line)
         findings.extend(new)
+        # A codemod changes the tree only where it records a fix; without
+        # one, the rebuilt tree equals the old one and the old tree (with its
+        # metadata) is kept.
         if any(f.fix for f in new):
-            new_text = tree.code
+            new_text = new_tree.code
             if new_text != text:
                 maps.append(_line_map(text, new_text))
                 text = new_text
-    for key, visitor in (
-        (AddImportsVisitor.CONTEXT_KEY, AddImportsVisitor),
-        (RemoveImportsVisitor.CONTEXT_KEY, RemoveImportsVisitor),
-    ):
-        if context.scratch.get(key):
-            tree = Codemod.transform_module(visitor(context), tree)
+                tree = unique(new_tree)
+                context.scratch[TREE_KEY] = TreeCache(tree, source)
+    if context.scratch.get(AddImportsVisitor.CONTEXT_KEY):
+        tree = _add_imports(context, tree)
+    if context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY):
+        tree = Codemod.transform_module(RemoveImportsVisitor(context), tree)
     out = tree.bytes if tree.code != original_text else source
     findings.sort(key=lambda f: (f.line, f.col, f.code))
     return Outcome(out, findings)

@@ -14,27 +14,41 @@ import click
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--converted", type=click.Path(exists=True, dir_okay=False), default=None,
               help="The converted script (default: convert SCRIPT into a temporary directory).")
+@click.option("--device", type=click.Choice(["cpu", "tpu"]), default="cpu", show_default=True,
+              help="PJRT device for the XLA run.")
+@click.option("--reference", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Run the original on CUDA (auto: when there is a GPU) or retargeted to the CPU.")
 @click.option("--rtol", type=float, default=1e-3, show_default=True)
 @click.option("--atol", type=float, default=1e-5, show_default=True)
+@click.option("--warmup-steps", type=int, default=2, show_default=True,
+              help="Steps per sync site allowed to compile; compiles after them fail the run.")
 @click.option("--max-host-reads-per-step", type=float, default=None, help="Fail above this (default: report only).")
 @click.option("--timeout", type=float, default=600, show_default=True, help="Seconds per run.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the report as JSON here.")
-def verify(script, script_args, converted, rtol, atol, max_host_reads_per_step, timeout, json_out):
-    """Run SCRIPT on eager CPU and its conversion on XLA; compare outputs and compile behaviour."""
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Write a per-step compiles/executions/transfers plot to this PNG (needs matplotlib).")
+def verify(script, script_args, converted, device, reference, rtol, atol, warmup_steps, max_host_reads_per_step,
+           timeout, json_out, plot):
+    """Run SCRIPT as the reference and its XLA conversion; compare outputs and compile behaviour.
+
+    Exit 0: pass; 1: outputs differ or a budget is exceeded; 2: could not verify.
+    """
     from xlaport.verify.core import verify as run_verify
+    from xlaport.verify.report import plot_steps, render
 
     report = run_verify(Path(script), Path(converted) if converted else None, script_args, rtol, atol, timeout,
-                        max_host_reads_per_step)
+                        max_host_reads_per_step, warmup_steps=warmup_steps, reference=reference, device=device)
     if json_out:
         Path(json_out).write_text(json.dumps(report.as_dict(), indent=2))
     if report.error:
         click.echo(f"verify: could not verify: {report.error}", err=True)
         sys.exit(2)
-    for o in report.outputs:
-        mark = click.style("ok  ", fg="green") if o.ok else click.style("DIFF", fg="red")
-        click.echo(f"{mark} {o.name:60s} max abs {o.max_abs_err:.3g}  max rel {o.max_rel_err:.3g}")
-    m = report.metrics
-    click.echo(f"XLA: {m['compiles']} compile(s) ({m['compile_seconds']:.2f}s), {m['executions']} execution(s), "
-               f"{m['steps']} sync(s), {m['host_reads']} host transfer(s), fallbacks: {m['fallbacks'] or 'none'}")
-    click.echo(f"verdict: {report.verdict}")
+    render(report)
+    if plot:
+        try:
+            plot_steps(report, Path(plot))
+            click.echo(f"plot: {plot}")
+        except ImportError:
+            click.echo("verify: --plot needs matplotlib: pip install matplotlib", err=True)
+            sys.exit(2)
     sys.exit(0 if report.verdict == "pass" else 1)

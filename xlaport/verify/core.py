@@ -33,6 +33,7 @@ class Run:
     files: Dict[str, Path]
     error: Optional[str]
     workdir: Path
+    data: Dict[str, object] = field(default_factory=dict)  # everything the harness recorded
 
 
 def convert_file(script: Path, target: str, out_dir: Path, settings: Optional[Settings] = None) -> Path:
@@ -45,16 +46,20 @@ def convert_file(script: Path, target: str, out_dir: Path, settings: Optional[Se
     return out
 
 
-def run_script(script: Path, mode: str, args: Sequence[str], timeout: float, python: str = sys.executable) -> Run:
+def run_script(script: Path, mode: str, args: Sequence[str], timeout: float, python: str = sys.executable,
+               extra_env: Optional[Dict[str, str]] = None) -> Run:
+    """Run ``script`` under the harness in a child process with its own scratch
+    directory; ``mode`` is cpu, cuda (reference) or xla (candidate)."""
     workdir = Path(tempfile.mkdtemp(prefix=f"xlaport-{mode}-"))
     shutil.copy2(script, workdir / script.name)
     result_path = workdir / ".xlaport-result.json"
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(script.parent), env.get("PYTHONPATH", "")])
     if mode == "xla":
         env.setdefault("PJRT_DEVICE", "CPU")
-    else:
-        env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "")
+    elif mode == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    env.update(extra_env or {})
     cmd = [python, "-m", "xlaport.verify.harness", mode, str(result_path), str(workdir / script.name), *args]
     proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
@@ -75,7 +80,7 @@ def run_script(script: Path, mode: str, args: Sequence[str], timeout: float, pyt
     if not data["ok"]:
         raise VerifyError(f"{script.name} ({mode} run) failed:\n{data['error'][-4000:]}")
     files = {p.name: p for p in workdir.iterdir() if p.suffix in {".pt", ".pth", ".bin"}}
-    return Run(True, data["stdout"], data.get("metrics", {}), files, None, workdir)
+    return Run(True, data["stdout"], data.get("metrics", {}), files, None, workdir, data)
 
 
 @dataclass
@@ -151,6 +156,7 @@ class Report:
     metrics: Dict[str, object] = field(default_factory=dict)
     events: List[Dict[str, object]] = field(default_factory=list)
     error: Optional[str] = None
+    failures: List[str] = field(default_factory=list)
 
     def as_dict(self) -> Dict[str, object]:
         return {
@@ -158,13 +164,25 @@ class Report:
             "outputs": [o.__dict__ for o in self.outputs],
             "metrics": self.metrics,
             "events": self.events,
+            "failures": self.failures,
             "error": self.error,
         }
 
 
+def _cuda_available(python: str) -> bool:
+    if not any(Path("/dev").glob("nvidia*")):
+        return False
+    probe = subprocess.run([python, "-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"],
+                           capture_output=True, env={**os.environ, "PJRT_DEVICE": ""})
+    return probe.returncode == 0
+
+
 def verify(script: Path, converted: Optional[Path] = None, args: Sequence[str] = (), rtol: float = 1e-3,
            atol: float = 1e-5, timeout: float = 600, max_host_reads_per_step: Optional[float] = None,
-           python: str = sys.executable) -> Report:
+           python: str = sys.executable, warmup_steps: int = 2, reference: str = "auto",
+           device: str = "cpu") -> Report:
+    """Run the reference and the candidate, compare, and judge (see the README)."""
+    script = Path(script).resolve()
     try:
         import importlib.util
 
@@ -174,28 +192,177 @@ def verify(script: Path, converted: Optional[Path] = None, args: Sequence[str] =
         scratch = Path(tempfile.mkdtemp(prefix="xlaport-verify-"))
         (scratch / "ref").mkdir()
         (scratch / "xla").mkdir()
-        ref_script = convert_file(script, "cpu", scratch / "ref")
-        cand_script = converted or convert_file(script, "torch_xla-2.9", scratch / "xla")
-        ref = run_script(ref_script, "cpu", args, timeout, python)
-        cand = run_script(Path(cand_script), "xla", args, timeout, python)
+        if reference == "cuda" and not _cuda_available(python):
+            raise VerifyError("--reference cuda: no CUDA device here (use --reference auto or cpu)")
+        use_cuda = reference == "cuda" or (reference == "auto" and _cuda_available(python))
+        if use_cuda:  # the original, unchanged, on the GPU
+            ref_script = scratch / "ref" / script.name
+            shutil.copy2(script, ref_script)
+        else:
+            ref_script = convert_file(script, "cpu", scratch / "ref")
+        cand_script = Path(converted).resolve() if converted else convert_file(script, "torch_xla-2.9", scratch / "xla")
+        ref = run_script(ref_script, "cuda" if use_cuda else "cpu", args, timeout, python)
+        graphs = scratch / "graphs.txt"
+        xla_env = {"PJRT_DEVICE": device.upper(), "XLA_IR_DEBUG": "1",
+                   "XLA_SAVE_TENSORS_FILE": str(graphs), "XLA_SAVE_TENSORS_FMT": "text"}
+        cand = run_script(cand_script, "xla", args, timeout, python, xla_env)
+        fallback_sites: List[Dict[str, object]] = []
+        if cand.metrics.get("fallbacks"):
+            # a second run ties each fallback to the line that called the op
+            traced = run_script(cand_script, "xla", args, timeout, python,
+                                {"PJRT_DEVICE": device.upper(), "XLAPORT_TRACE_FALLBACKS": "1"})
+            fallback_sites = list(traced.data.get("fallback_sites", []))  # type: ignore[arg-type]
     except VerifyError as exc:
         return Report("error", error=str(exc))
     outputs = compare_stdout(ref.stdout, cand.stdout, rtol, atol) + compare_files(ref.files, cand.files, rtol, atol)
+    steps = list(cand.data.get("steps", []))  # type: ignore[arg-type]
+    judged = judge_steps(steps, warmup_steps)
     m = cand.metrics
-    syncs = int(m.get("syncs", 0) or 0)
-    metrics = {
-        "steps": syncs,
+    metrics: Dict[str, object] = {
+        "steps": len(steps),
         "compiles": m.get("compiles", 0),
-        "compile_seconds": m.get("compile_seconds", 0.0),
+        "compiles_after_warmup": judged["compiles_after_warmup"],
         "cached_compiles": m.get("cached_compiles", 0),
         "executions": m.get("executions", 0),
         "host_reads": m.get("transfers_from_device", 0),
+        "host_reads_per_step": judged["host_reads_per_step"],
         "scalar_reads": m.get("scalar_reads", 0),
         "fallbacks": m.get("fallbacks", {}),
+        "compile_seconds": m.get("compile_seconds", 0.0),
+        "seconds": m.get("seconds", 0.0),
+        "warmup_steps": warmup_steps,
+        "reference": "cuda" if use_cuda else "cpu",
+        "per_step": judged["per_step"],
     }
-    events = [{"kind": "fallback", "path": str(cand_script), "line": None, "original_line": None,
-               "count": n, "detail": op} for op, n in dict(metrics["fallbacks"]).items()]  # type: ignore[arg-type]
-    verdict = "pass" if all(o.ok for o in outputs) else "fail"
-    if max_host_reads_per_step is not None and syncs and metrics["host_reads"] / syncs > max_host_reads_per_step:  # type: ignore[operator]
-        verdict = "fail"
-    return Report(verdict, outputs, metrics, events)
+    lines = LineMapper(script, cand_script)
+    events: List[Dict[str, object]] = []
+    for site in judged["recompile_sites"]:
+        where = locate_recompile(graphs.parent, cand_script, site)
+        events.append(lines.event("recompile", where or site["where"], site["count"], where_detail(where, site)))
+    for read in cand.data.get("host_reads", []):  # type: ignore[union-attr]
+        events.append(lines.event("host_read", (read["path"], read["line"]), read["count"], read["detail"]))
+    for fb in fallback_sites:
+        events.append(lines.event("fallback", (fb["path"], fb["line"]), fb["count"], fb["detail"]))
+    if m.get("fallbacks") and not fallback_sites:
+        for op, n in dict(m["fallbacks"]).items():  # type: ignore[arg-type]
+            events.append({"kind": "fallback", "path": str(cand_script), "line": None, "original_line": None,
+                           "count": n, "detail": op})
+    failures = [o.name for o in outputs if not o.ok]
+    if judged["compiles_after_warmup"]:
+        failures.append(f"{judged['compiles_after_warmup']} compilation(s) after {warmup_steps} warm-up step(s)")
+    if m.get("fallbacks"):
+        ops = ", ".join(f"{op} x{n}" for op, n in dict(m["fallbacks"]).items())  # type: ignore[arg-type]
+        failures.append(f"CPU fallbacks: {ops}")
+    per_step = judged["host_reads_per_step"]
+    if max_host_reads_per_step is not None and per_step is not None and per_step > max_host_reads_per_step:
+        failures.append(f"{per_step:g} host read(s) per step > --max-host-reads-per-step {max_host_reads_per_step:g}")
+    report = Report("fail" if failures else "pass", outputs, metrics, events)
+    report.failures = failures
+    return report
+
+
+def judge_steps(steps: List[Dict[str, object]], warmup: int) -> Dict[str, object]:
+    """Per-step deltas from the harness's cumulative snapshots, and the
+    compilations that happen after each sync site's first ``warmup`` steps."""
+    per_step: List[Dict[str, object]] = []
+    seen: Dict[tuple, int] = {}
+    after = 0
+    sites: Dict[tuple, Dict[str, object]] = {}
+    prev: Dict[str, object] = {"compiles": 0, "executions": 0, "transfers": 0, "time": 0.0}
+    for i, snap in enumerate(steps):
+        site = (snap.get("path"), snap.get("line"))
+        seen[site] = seen.get(site, 0) + 1
+        delta = {k: snap[k] - prev[k] for k in ("compiles", "executions", "transfers")}  # type: ignore[operator]
+        per_step.append({"step": i + 1, "line": snap.get("line"), **delta,
+                         "seconds": round(float(snap["time"]) - float(prev["time"]), 6)})  # type: ignore[arg-type]
+        if seen[site] > warmup and delta["compiles"]:
+            after += int(delta["compiles"])
+            entry = sites.setdefault(site, {"where": site, "count": 0, "steps": []})
+            entry["count"] = int(entry["count"]) + int(delta["compiles"])  # type: ignore[call-overload]
+            entry["steps"].append(i)  # type: ignore[union-attr]
+        prev = snap
+    loop = [s for s in per_step[1:]]  # the first step also carries set-up transfers
+    reads = (sum(int(s["transfers"]) for s in loop) / len(loop)) if loop else None  # type: ignore[call-overload]
+    return {"per_step": per_step, "compiles_after_warmup": after, "recompile_sites": list(sites.values()),
+            "host_reads_per_step": reads}
+
+
+# ----------------------------------------------------------------- recompiles
+
+_LOCATION = re.compile(r"location=(?:[^@,]*@)?([^,:]+):(\d+)")
+_IR_ID = re.compile(r"%\d+")
+
+
+def _read_graphs(directory: Path) -> List[Dict[str, object]]:
+    """The graphs torch_xla dumped (XLA_SAVE_TENSORS_FILE, text format), in
+    order: their sync site frames, hash and IR lines."""
+    graphs: List[Dict[str, object]] = []
+    for dump in sorted(directory.glob("graphs.txt*")):
+        text = dump.read_text(errors="replace")
+        for chunk in text.split("[ScheduleSyncTensorsGraph]")[1:]:
+            frames = re.findall(r"^\s+(\S+) \((.+):(\d+)\)$", chunk.split("## BEGIN_GRAPH")[0], re.M)
+            body = chunk.split("## BEGIN_GRAPH", 1)[1] if "## BEGIN_GRAPH" in chunk else ""
+            ir = [l.strip() for l in body.split("\n}", 1)[0].splitlines() if l.strip().startswith("%")]
+            h = re.search(r"Graph Hash: (\w+)", body)
+            graphs.append({"frames": frames, "hash": h.group(1) if h else None, "ir": ir})
+    return graphs
+
+
+def locate_recompile(directory: Path, script: Path, site: Dict[str, object]) -> Optional[tuple]:
+    """Diff the IR of the last two different graphs cut at the recompiling
+    sync site; return (path, line, detail) of the first node that differs and
+    comes from user code."""
+    _, line = site["where"]  # type: ignore[misc]
+    graphs = [g for g in _read_graphs(directory) if any(int(f[2]) == line for f in g["frames"])]  # type: ignore[union-attr]
+    distinct: List[Dict[str, object]] = []
+    for g in graphs:
+        if not distinct or g["hash"] != distinct[-1]["hash"]:
+            distinct.append(g)
+    if len(distinct) < 2:
+        return None
+    old, new = distinct[-2], distinct[-1]
+
+    def norm(l: str) -> str:
+        return _IR_ID.sub("%", l)
+
+    old_set = {norm(l) for l in old["ir"]}  # type: ignore[union-attr]
+    lines: List[int] = []
+    for l in new["ir"]:  # type: ignore[union-attr]
+        if norm(l) in old_set:
+            continue
+        loc = _LOCATION.search(l)
+        if loc and Path(loc.group(1)).name == script.name:
+            lines.append(int(loc.group(2)))
+    if not lines:
+        return None
+    others = sorted(set(lines) - {lines[0]})
+    detail = "the graph differs from the previous step's here"
+    if others:
+        detail += f" (also lines {', '.join(map(str, others[:5]))})"
+    return str(script), lines[0], detail
+
+
+def where_detail(where: Optional[tuple], site: Dict[str, object]) -> str:
+    if where:
+        return f"{where[2]}; graph cut at line {site['where'][1]}"  # type: ignore[index]
+    return f"new graph compiled at this sync after warm-up (steps {site['steps']})"
+
+
+class LineMapper:
+    """Converted-file lines -> original-file lines (for events)."""
+
+    def __init__(self, original: Path, converted: Path) -> None:
+        from xlaport.engine import _line_map
+
+        self.converted = converted.resolve()
+        try:
+            self.back = _line_map(original.read_text(errors="replace"), converted.read_text(errors="replace"))
+        except OSError:
+            self.back = None
+
+    def event(self, kind: str, where: tuple, count: object, detail: object) -> Dict[str, object]:
+        path, line = where[0], where[1]
+        same = path is not None and Path(path).name == self.converted.name
+        return {"kind": kind, "path": str(self.converted) if same else path, "line": line,
+                "original_line": self.back(line) if (same and self.back and line) else None,
+                "count": count, "detail": detail}

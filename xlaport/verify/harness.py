@@ -1,17 +1,40 @@
-"""Runs one script in this (child) process and records what it produced.
+"""Runs one script in this (child) process and records what it did.
 
 Usage: python -m xlaport.verify.harness MODE RESULT_JSON SCRIPT [ARGS...]
-MODE is "xla" (read torch_xla's metrics afterwards) or "cpu".
+
+MODE is ``cpu`` or ``cuda`` (a reference run: output only) or ``xla`` (the
+candidate).  For ``xla`` the harness also records, from torch_xla's own
+metrics:
+
+* one snapshot per step, a step being one barrier (every sync goes through
+  ``torch_xla._XLAC._xla_step_marker``, which is wrapped): cumulative
+  compiles, executions, host transfers, scalar reads and CPU fallbacks, with
+  the source line of the barrier;
+* host reads: the tensor methods that copy to the host (``item``, ``tolist``,
+  ``__bool__`` ...) are wrapped, and when one makes a device-to-host transfer
+  the innermost frame of user code is recorded;
+* CPU fallbacks: a ``TorchFunctionMode`` notes which user line called the op
+  whenever an ``aten::*`` fallback counter moves;
+* with ``XLA_SAVE_TENSORS_FILE`` set by the caller, torch_xla itself dumps the
+  IR of every graph (with ``XLA_IR_DEBUG=1`` each node carries file:line),
+  which the parent diffs to locate recompilations.
+
+"User code" is any frame outside the Python installation and outside this
+package: the script, and a converted package it imports.
 """
 
 from __future__ import annotations
 
+import collections
 import io
 import json
 import os
 import runpy
 import sys
+import sysconfig
+import time
 import traceback
+from typing import Dict, List, Optional, Tuple
 
 
 class _Tee(io.TextIOBase):
@@ -27,34 +50,186 @@ class _Tee(io.TextIOBase):
         self.stream.flush()
 
 
-def _metrics():
-    import torch_xla.debug.metrics as met
+_SYSTEM = tuple(
+    {os.path.realpath(p) for p in (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
+                                   sysconfig.get_paths()["platlib"], os.path.dirname(__file__))}
+)
 
-    def samples(name):
-        data = met.metric_data(name)
+
+def _is_user_file(filename: str) -> bool:
+    if filename.startswith("<"):
+        return False
+    path = os.path.realpath(filename)
+    return not path.startswith(_SYSTEM)
+
+
+def user_frame() -> Optional[Tuple[str, int]]:
+    """(file, line) of the innermost frame of user code on the stack."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if _is_user_file(frame.f_code.co_filename):
+            return frame.f_code.co_filename, frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+class XlaRecorder:
+    """Snapshots torch_xla's metrics per step and ties reads/fallbacks to lines."""
+
+    def __init__(self) -> None:
+        import torch
+        import torch_xla
+        import torch_xla.debug.metrics as met
+
+        self.torch, self.torch_xla, self.met = torch, torch_xla, met
+        self.steps: List[Dict[str, object]] = []
+        self.host_reads: Dict[Tuple[str, int], collections.Counter] = collections.defaultdict(collections.Counter)
+        self.fallbacks: Dict[Tuple[str, int], collections.Counter] = collections.defaultdict(collections.Counter)
+        self._busy = False
+        self._mode = None
+        self._last_fallbacks: Dict[str, int] = {}
+        self.t0 = time.perf_counter()
+
+    # ------------------------------------------------------------- counters
+    def _samples(self, name: str) -> int:
+        data = self.met.metric_data(name)
         return int(data[0]) if data else 0
 
-    counters = {name: met.counter_value(name) or 0 for name in met.counter_names()}
-    return {
-        "compiles": samples("CompileTime"),
-        "compile_seconds": (met.metric_data("CompileTime") or (0, 0))[1] / 1e9,
-        "executions": samples("ExecuteTime"),
-        "transfers_from_device": samples("TransferFromDeviceTime"),
-        "uncached_compiles": counters.get("UncachedCompile", 0),
-        "cached_compiles": counters.get("CachedCompile", 0),
-        "syncs": counters.get("MarkStep", 0),
-        "scalar_reads": counters.get("aten::_local_scalar_dense", 0),
-        "fallbacks": {k: v for k, v in counters.items() if k.startswith("aten::") and k != "aten::_local_scalar_dense"},
-    }
+    def _fallback_counts(self) -> Dict[str, int]:
+        met = self.met
+        return {n: met.counter_value(n) or 0 for n in met.counter_names()
+                if n.startswith("aten::") and n != "aten::_local_scalar_dense"}
+
+    def snapshot(self) -> Dict[str, object]:
+        met = self.met
+        compile_data = met.metric_data("CompileTime")
+        return {
+            "compiles": self._samples("CompileTime"),
+            "compile_seconds": (compile_data[1] / 1e9) if compile_data else 0.0,
+            "executions": self._samples("ExecuteTime"),
+            "transfers": self._samples("TransferFromDeviceTime"),
+            "uncached_compiles": met.counter_value("UncachedCompile") or 0,
+            "cached_compiles": met.counter_value("CachedCompile") or 0,
+            "scalar_reads": met.counter_value("aten::_local_scalar_dense") or 0,
+            "fallbacks": self._fallback_counts(),
+            "time": time.perf_counter() - self.t0,
+        }
+
+    # ------------------------------------------------------------- patches
+    def install(self) -> None:
+        xlac = self.torch_xla._XLAC
+        marker = xlac._xla_step_marker
+        recorder = self
+
+        def step_marker(device, devices, wait=False, reset_scope=True):
+            where = user_frame()
+            # wait=True: the step's execution is finished (and counted) when
+            # the snapshot is taken
+            result = marker(device, devices, wait=True, reset_scope=reset_scope)
+            snap = recorder.snapshot()
+            snap["path"], snap["line"] = where if where else (None, None)
+            recorder.steps.append(snap)
+            return result
+
+        xlac._xla_step_marker = step_marker
+
+        tensor = self.torch.Tensor
+        for name in ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__",
+                     "__format__", "__repr__", "cpu"):
+            original = getattr(tensor, name, None)
+            if original is not None:
+                setattr(tensor, name, self._reader(name, original))
+
+        if os.environ.get("XLAPORT_TRACE_FALLBACKS") != "1":
+            # The mode's own frame would stand in for the user's in the IR
+            # locations (XLA_IR_DEBUG): fallbacks are traced in a second run.
+            return
+
+        from torch.overrides import TorchFunctionMode
+
+        class _Fallbacks(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                if not recorder._busy:
+                    recorder._busy = True
+                    try:
+                        recorder._check_fallbacks(getattr(func, "__name__", str(func)))
+                    finally:
+                        recorder._busy = False
+                return out
+
+        self._mode = _Fallbacks()
+        self._mode.__enter__()
+
+    def _reader(self, name, original):
+        recorder = self
+
+        def read(self, *args, **kwargs):
+            if recorder._busy:
+                return original(self, *args, **kwargs)
+            before = recorder._samples("TransferFromDeviceTime")
+            recorder._busy = True
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                recorder._busy = False
+                if recorder._samples("TransferFromDeviceTime") > before:
+                    where = user_frame()
+                    if where:
+                        recorder.host_reads[where][name.strip("_")] += 1
+
+        read.__name__ = name
+        return read
+
+    def _check_fallbacks(self, op: str) -> None:
+        counts = self._fallback_counts()
+        moved = {n: v - self._last_fallbacks.get(n, 0) for n, v in counts.items() if v != self._last_fallbacks.get(n, 0)}
+        if moved:
+            self._last_fallbacks = counts
+            where = user_frame()
+            if where:
+                for n, k in moved.items():
+                    self.fallbacks[where][n] += k
+
+    def uninstall(self) -> None:
+        if self._mode is not None:
+            self._mode.__exit__(None, None, None)
+
+    def result(self) -> Dict[str, object]:
+        final = self.snapshot()
+        return {
+            "metrics": {
+                "compiles": final["compiles"],
+                "compile_seconds": final["compile_seconds"],
+                "executions": final["executions"],
+                "transfers_from_device": final["transfers"],
+                "uncached_compiles": final["uncached_compiles"],
+                "cached_compiles": final["cached_compiles"],
+                "syncs": len(self.steps),
+                "scalar_reads": final["scalar_reads"],
+                "fallbacks": final["fallbacks"],
+                "seconds": final["time"],
+            },
+            "steps": self.steps,
+            "host_reads": [{"path": p, "line": l, "count": sum(c.values()), "detail": ", ".join(sorted(c))}
+                           for (p, l), c in self.host_reads.items()],
+            "fallback_sites": [{"path": p, "line": l, "count": sum(c.values()), "detail": ", ".join(sorted(c))}
+                               for (p, l), c in self.fallbacks.items()],
+        }
 
 
 def main() -> int:
     mode, result_path, script, *args = sys.argv[1:]
+    recorder = None
+    if mode == "xla":
+        recorder = XlaRecorder()  # imports torch_xla before the clock starts
+        recorder.install()
     tee = _Tee(sys.stdout)
     sys.stdout = tee
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    result = {"mode": mode, "ok": True, "error": None}
+    result: Dict[str, object] = {"mode": mode, "ok": True, "error": None}
+    start = time.perf_counter()
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
@@ -62,17 +237,19 @@ def main() -> int:
             result.update(ok=False, error=f"exited with status {exc.code}")
     except BaseException:
         result.update(ok=False, error=traceback.format_exc())
+    result["seconds"] = time.perf_counter() - start
     sys.stdout = tee.stream
     result["stdout"] = "".join(tee.parts)
-    if mode == "xla":
+    if recorder is not None:
+        recorder.uninstall()
         try:
-            result["metrics"] = _metrics()
+            result.update(recorder.result())
         except Exception as exc:  # metrics unavailable: report, do not hide
             result["metrics_error"] = repr(exc)
     with open(result_path, "w") as fh:
         json.dump(result, fh)
     if not result["ok"]:
-        sys.stderr.write(result["error"] or "")
+        sys.stderr.write(str(result["error"] or ""))
         return 1
     return 0
 

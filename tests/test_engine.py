@@ -1,0 +1,93 @@
+"""The engine's shortcuts must not change results: import insertion on the
+module head only, import-table name resolution, and pruned passes."""
+
+import libcst as cst
+import pytest
+
+from codemods.base import TreeCache
+from tests.conftest import convert_text
+
+# (input, expected) pairs for where the new import goes.
+IMPORT_PLACEMENT = [
+    # after the leading import block
+    (
+        "import torch\nimport os\n\nx = torch.zeros(3).cuda()\n",
+        "import torch\nimport os\nimport torch_xla\n\nx = torch.zeros(3).to(torch_xla.device())\n",
+    ),
+    # after the docstring and __future__ import
+    (
+        '"""Doc."""\nfrom __future__ import annotations\nimport torch\n\nx = torch.ones(2).cuda()\n',
+        '"""Doc."""\nfrom __future__ import annotations\nimport torch\nimport torch_xla\n\n'
+        "x = torch.ones(2).to(torch_xla.device())\n",
+    ),
+    # code before the first import: the new import goes first (LibCST adds
+    # the blank line that separates an import block from code)
+    (
+        "x = 1\nimport torch\ny = torch.ones(2).cuda()\n",
+        "import torch_xla\n\nx = 1\nimport torch\ny = torch.ones(2).to(torch_xla.device())\n",
+    ),
+    # the rewritten line is far below the head; everything in between is kept
+    (
+        "import torch\n\n\ndef f():\n    return 1\n\n\nclass A:\n    pass\n\n\nz = torch.ones(1).cuda()\n# end\n",
+        "import torch\nimport torch_xla\n\n\ndef f():\n    return 1\n\n\nclass A:\n    pass\n\n\n"
+        "z = torch.ones(1).to(torch_xla.device())\n# end\n",
+    ),
+]
+
+
+@pytest.mark.parametrize("before,after", IMPORT_PLACEMENT)
+def test_import_placement(before, after):
+    out, _ = convert_text(before)
+    assert out == after
+    again, _ = convert_text(out)
+    assert again == out
+
+
+def test_import_not_duplicated_when_present():
+    src = "import torch\nimport torch_xla\n\nx = torch.zeros(3).cuda()\n"
+    out, _ = convert_text(src)
+    assert out.count("import torch_xla\n") == 1
+
+
+def _table(src):
+    return TreeCache(cst.parse_module(src))
+
+
+def test_import_table_resolves_aliases():
+    t = _table("import torch as T\nfrom torch import cuda\nfrom torch.utils.data import DataLoader as DL\n")
+    attr = cst.parse_expression("T.cuda.is_available")
+    assert t.import_qualnames(attr) == {"torch.cuda.is_available"}
+    assert t.import_qualnames(cst.parse_expression("cuda.is_available")) == {"torch.cuda.is_available"}
+    assert t.import_qualnames(cst.parse_expression("DL")) == {"torch.utils.data.DataLoader"}
+    assert t.import_qualnames(cst.parse_expression("model.cuda")) == set()
+
+
+def test_import_table_defers_to_scope_analysis_when_rebound():
+    t = _table("import torch\n\ndef f(torch):\n    return torch.device('cuda')\n")
+    assert t.import_qualnames(cst.parse_expression("torch.device")) is None  # unsure: ask LibCST
+    other = _table("import numpy as np\nnp = None\n")
+    # a package no rule looks at needs no scope analysis even when rebound
+    assert other.import_qualnames(cst.parse_expression("np.zeros")) == {"numpy.zeros"}
+
+
+def test_shadowed_torch_is_not_a_torch_call():
+    # `torch` here is a parameter, not the module: LibCST's scope analysis
+    # (used because the name is rebound) says torch.device is not torch's.
+    src = "import torch\n\n\ndef f(torch):\n    return torch.device('cuda')\n"
+    _, findings = convert_text(src, select=["XLA102"])
+    assert not [f for f in findings if f.fix and f.line == 5 and "torch.device" in f.message]
+    plain = "import torch\n\n\ndef f():\n    return torch.device('cuda')\n"
+    out, _ = convert_text(plain, select=["XLA102"])
+    assert "torch_xla.device()" in out
+
+
+def test_pruned_pass_equals_whole_pass():
+    """A large file where only one statement matters converts exactly as the
+    same statement alone does (the rest is skipped, not lost)."""
+    filler = "".join(f"def helper_{i}(a, b):\n    return [a + b for _ in range({i})]\n\n\n" for i in range(200))
+    src = "import torch\n\n\n" + filler + "x = torch.zeros(3).cuda()\n"
+    out, findings = convert_text(src)
+    assert out == src.replace("import torch\n", "import torch\nimport torch_xla\n", 1).replace(
+        ".cuda()", ".to(torch_xla.device())"
+    )
+    assert [f.line for f in findings] == [src.count("\n")]

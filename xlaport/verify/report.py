@@ -1,0 +1,59 @@
+"""Human-readable output of a verification: a table (rich) and a PNG plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from xlaport.verify.core import Report
+
+
+def render(report: Report) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    outputs = Table(title="Outputs (reference vs XLA)")
+    for col in ("", "output", "max abs err", "max rel err"):
+        outputs.add_column(col)
+    for o in report.outputs:
+        outputs.add_row("[green]ok[/]" if o.ok else "[red]DIFF[/]", o.name, f"{o.max_abs_err:.3g}", f"{o.max_rel_err:.3g}")
+    console.print(outputs)
+    m = report.metrics
+    console.print(
+        f"XLA ({m['reference']} reference): {m['steps']} step(s), {m['compiles']} compile(s) "
+        f"({m['compile_seconds']:.2f}s), {m['compiles_after_warmup']} after {m['warmup_steps']} warm-up step(s), "
+        f"{m['cached_compiles']} cache hit(s), {m['executions']} execution(s), {m['host_reads']} host read(s)"
+        + (f" ({m['host_reads_per_step']:.2f}/step)" if m.get("host_reads_per_step") is not None else "")
+        + f", fallbacks: {m['fallbacks'] or 'none'}"
+    )
+    if report.events:
+        events = Table(title="Where")
+        for col in ("kind", "line", "original line", "count", "detail"):
+            events.add_column(col)
+        for e in report.events:
+            events.add_row(str(e["kind"]), f"{Path(str(e['path'])).name}:{e['line']}", str(e["original_line"] or "-"),
+                           str(e["count"]), str(e["detail"]))
+        console.print(events)
+    for f in report.failures:
+        console.print(f"[red]fail:[/] {f}")
+    console.print(f"verdict: [bold]{report.verdict}[/]")
+
+
+def plot_steps(report: Report, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = report.metrics.get("per_step") or []
+    xs = [s["step"] for s in steps]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for key in ("compiles", "executions", "transfers"):
+        ax.plot(xs, [s[key] for s in steps], marker="o", label=key)
+    ax.set_xlabel("step (one barrier)")
+    ax.set_ylabel("per step")
+    ax.set_title(f"xlaport verify: {report.verdict}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
