@@ -207,3 +207,19 @@ def test_parallel_jobs_agree(tmp_path):
     one = json.loads(run("lint", "--format", "json", "-j", "1", tmp_path).output)
     two = json.loads(run("lint", "--format", "json", "-j", "2", tmp_path).output)
     assert one == two and len(one) == 12
+
+
+def test_lint_include_cold_says_which_reads_run_every_step(tmp_path):
+    sched = tmp_path / "sched.py"
+    sched.write_text(
+        "import torch\n\n\nclass Scheduler:\n"
+        "    def set_timesteps(self, n):\n        self.sigma_max = self.sigmas.max().item()\n\n"
+        "    def index_for_timestep(self, t):\n        return (self.timesteps == t).nonzero()[0].item()\n\n"
+        "    def step(self, out, t, sample):\n        i = self.index_for_timestep(t)\n        return sample - out\n"
+    )
+    hot_only = run("lint", "--format", "json", "--select", "XLA4", sched)
+    assert {(f["line"], f["code"]) for f in json.loads(hot_only.output)} == {(9, "XLA401"), (9, "XLA405")}
+    both = json.loads(run("lint", "--format", "json", "--select", "XLA4", "--include-cold", sched).output)
+    by_line = {(f["line"], f["code"]): f["message"] for f in both}
+    assert "once per call (in `set_timesteps()`)" in by_line[(6, "XLA401")]
+    assert "runs every step" in by_line[(9, "XLA401")] and "reached from `step()`" in by_line[(9, "XLA401")]

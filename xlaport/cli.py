@@ -234,11 +234,15 @@ def _write(results: List[FileResult], paths: Sequence[str], out_root: Optional[P
 @click.argument("paths", nargs=-1, type=click.Path())
 @click.option("--diff", "show_diff", is_flag=True, help="Also print the diff `convert` would apply.")
 @click.option("--statistics", is_flag=True, help="Print counts per rule instead of each finding.")
+@click.option("--include-cold", is_flag=True,
+              help="Also report host reads (XLA4xx) that run once per call, not every step.")
 @common_options
-def lint(paths, show_diff, statistics, select, ignore, fmt, jobs, target, exclude, keep_progress, prints,
-         config_path):
+def lint(paths, show_diff, statistics, include_cold, select, ignore, fmt, jobs, target, exclude, keep_progress,
+         prints, config_path):
     """Report what `convert` would change and which host reads remain. Writes nothing."""
     settings, excludes = _settings(paths, select, ignore, target, exclude, keep_progress, prints, config_path)
+    if include_cold:
+        settings.options = {**settings.options, "include_cold": True}
     if not paths:
         if fmt == "json":
             click.echo("[]")

@@ -218,6 +218,31 @@ class XlaRecorder:
         }
 
 
+LEFTOVERS = "xlaport-leftovers.pt"
+
+
+def _save_leftovers(namespace: Dict[str, object], path: str) -> None:
+    """The tensors and modules the script leaves in its globals, on the CPU,
+    so that they are compared like the files it saves."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    found: Dict[str, object] = {}
+    for name, value in namespace.items():
+        if name.startswith("_"):
+            continue
+        try:
+            if isinstance(value, torch.Tensor) and value.dtype.is_floating_point:
+                found[name] = value.detach().cpu()
+            elif isinstance(value, torch.nn.Module):
+                found[name] = {k: v.detach().cpu() for k, v in value.state_dict().items()
+                               if isinstance(v, torch.Tensor) and v.dtype.is_floating_point}
+        except Exception:  # a value that cannot be read back is simply not compared
+            continue
+    if found:
+        torch.save(found, path)
+
+
 def main() -> int:
     mode, result_path, script, *args = sys.argv[1:]
     recorder = None
@@ -230,8 +255,9 @@ def main() -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     result: Dict[str, object] = {"mode": mode, "ok": True, "error": None}
     start = time.perf_counter()
+    namespace: Dict[str, object] = {}
     try:
-        runpy.run_path(script, run_name="__main__")
+        namespace = runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         if exc.code not in (None, 0):
             result.update(ok=False, error=f"exited with status {exc.code}")
@@ -246,6 +272,8 @@ def main() -> int:
             result.update(recorder.result())
         except Exception as exc:  # metrics unavailable: report, do not hide
             result["metrics_error"] = repr(exc)
+    if result["ok"]:  # after the metrics: reading these back is not the script's doing
+        _save_leftovers(namespace, os.path.join(os.path.dirname(result_path), LEFTOVERS))
     with open(result_path, "w") as fh:
         json.dump(result, fh)
     if not result["ok"]:

@@ -9,6 +9,7 @@ from xlaport.verify.core import Report
 
 def render(report: Report) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console(highlight=False)
@@ -16,7 +17,7 @@ def render(report: Report) -> None:
     for col in ("", "output", "max abs err", "max rel err"):
         outputs.add_column(col)
     for o in report.outputs:
-        outputs.add_row("[green]ok[/]" if o.ok else "[red]DIFF[/]", o.name, f"{o.max_abs_err:.3g}", f"{o.max_rel_err:.3g}")
+        outputs.add_row("[green]ok[/]" if o.ok else "[red]DIFF[/]", escape(o.name), f"{o.max_abs_err:.3g}", f"{o.max_rel_err:.3g}")
     console.print(outputs)
     m = report.metrics
     console.print(
@@ -32,10 +33,10 @@ def render(report: Report) -> None:
             events.add_column(col)
         for e in report.events:
             events.add_row(str(e["kind"]), f"{Path(str(e['path'])).name}:{e['line']}", str(e["original_line"] or "-"),
-                           str(e["count"]), str(e["detail"]))
+                           str(e["count"]), escape(str(e["detail"])))
         console.print(events)
     for f in report.failures:
-        console.print(f"[red]fail:[/] {f}")
+        console.print(f"[red]fail:[/] {escape(f)}")
     console.print(f"verdict: [bold]{report.verdict}[/]")
 
 
