@@ -26,7 +26,8 @@ _DEFS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
 _OPTIMIZER_RE = re.compile(r"(optim|^opt$|_opt$|^opt_|scaler)", re.IGNORECASE)
 _SAMPLER_RE = re.compile(r"(scheduler|sampler|solver)", re.IGNORECASE)
-_FEEDBACK_CALL_RE = re.compile(r"(step|sampl|denois|model|unet|forward|generate|predict)", re.IGNORECASE)
+# (up/down-samplers are layers, not samplers)
+_FEEDBACK_CALL_RE = re.compile(r"(step|(?<!up)(?<!down)sampl|denois|model|unet|forward|generate|predict)", re.IGNORECASE)
 _MODEL_RE = re.compile(
     r"(^|_|\.)(model|net|criterion|loss_fn|loss_func|lossfn|unet|vae|encoder|decoder|"
     r"transformer|classifier|head|backbone|generator|discriminator)s?(\.|$|_)",
@@ -79,15 +80,18 @@ def is_step_call(call: cst.Call, step_functions: Set[str], qualnames: QualNames)
     return False
 
 
-def _feeds_back(stmt: cst.CSTNode) -> bool:
-    """``x = f(x, ...)``-like assignments: an output fed to the next step."""
+def _feeds_back(stmt: cst.CSTNode, layers: Set[str] = frozenset()) -> bool:  # type: ignore[assignment]
+    """``x = f(x, ...)``-like assignments: an output fed to the next step.
+
+    A call of the loop's own target (``for block in self.blocks: x = block(x)``)
+    is a model's layer loop, not a step, and does not count."""
     for assign in find_all(stmt, cst.Assign, stop=_NESTED):
         targets: Set[str] = set()
         for t in assign.targets:  # type: ignore[attr-defined]
             targets |= {n.value for n in find_all(t.target, cst.Name)}
         for call in find_all(assign.value, cst.Call, stop=_DEFS):  # type: ignore[attr-defined]
             callee = dotted(call.func) or ""
-            if not _FEEDBACK_CALL_RE.search(callee):
+            if not _FEEDBACK_CALL_RE.search(callee) or callee.split(".")[0] in layers:
                 continue
             arg_names = {n.value for a in call.args for n in find_all(a.value, cst.Name)}
             if targets & arg_names:
@@ -109,11 +113,12 @@ def step_functions(module: cst.Module, qualnames: QualNames) -> Set[str]:
 
 
 def is_step_loop(loop: Loop, steps: Set[str], qualnames: QualNames) -> bool:
+    layers = {n.value for n in find_all(loop.target, cst.Name)} if isinstance(loop, cst.For) else set()
     for stmt in body_statements(loop):
         for call in own_nodes(stmt, cst.Call):
             if is_step_call(call, steps, qualnames):  # type: ignore[arg-type]
                 return True
-        if _feeds_back(stmt):
+        if _feeds_back(stmt, layers):
             return True
     return False
 

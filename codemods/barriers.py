@@ -50,6 +50,11 @@ STEP_BARRIER = Rule(
         "    optimizer.step()\n    xm.mark_step()\n",
         # the epoch loop around a step loop gets nothing
         "for x in batches:\n    total = total + x\n",
+        # a model's layer loops are not step loops (no barrier inside forward)
+        "class Down:\n    def forward(self, hidden_states):\n"
+        "        for downsampler in self.downsamplers:\n            hidden_states = downsampler(hidden_states)\n"
+        "        for block in self.blocks:\n            sample, res = block(hidden_states=sample)\n"
+        "        return hidden_states\n",
     ),
 )
 
