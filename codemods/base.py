@@ -18,8 +18,8 @@ import dataclasses
 import io
 import re
 import tokenize
-from dataclasses import dataclass, field
-from typing import Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
+from dataclasses import dataclass
+from typing import Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
@@ -29,7 +29,6 @@ from libcst.metadata import (
     MetadataWrapper,
     PositionProvider,
     QualifiedNameProvider,
-    ScopeProvider,
 )
 
 from codemods.target import DEFAULT_TARGET, Import, Target, get_target
@@ -512,6 +511,12 @@ class TreeCache:
                 keep.add(id(cur))
                 cur = parents.get(id(cur))
         return keep
+
+    def statements_where(self, pred: Callable[[cst.CSTNode], bool]) -> List[cst.CSTNode]:
+        """The innermost statements holding a node for which ``pred`` is true
+        (each once): the usual ``regions`` of a codemod."""
+        found = {id(st): st for st in (self.statement_of(n) for n in walk(self.module) if pred(n))}
+        return list(found.values())
 
     def statement_of(self, node: cst.CSTNode) -> cst.CSTNode:
         """The innermost statement holding ``node`` (``node`` if it is one)."""

@@ -11,12 +11,11 @@ Mentions of "cuda" that are not a device (comparisons, defaults of parameters,
 from __future__ import annotations
 
 import re
-from typing import List, Optional, Sequence, Union
+from typing import Optional, Union
 
 import libcst as cst
-import libcst.matchers as m
 
-from codemods.base import Rule, TreeCache, XlaCodemod, call_name, find_all, string_value, walk
+from codemods.base import Rule, XlaCodemod, find_all, string_value
 
 _CUDA_RE = re.compile(r"^cuda(:\d+)?$")
 _HOST_DEVICES = {"cpu", "mps"}
@@ -174,7 +173,7 @@ class DeviceSwap(XlaCodemod):
     def regions(self, tree):
         """Statements that mention CUDA: a "cuda..." string, or a name such as
         ``cuda``, ``is_available``'s module or a ``use_cuda`` flag."""
-        return _mention_statements(tree, lambda n: (
+        return tree.statements_where(lambda n: (
             (isinstance(n, cst.Name) and "cuda" in n.value)
             or (isinstance(n, (cst.SimpleString, cst.FormattedStringText)) and "cuda" in n.value)
         ))
@@ -445,10 +444,6 @@ class DeviceSwap(XlaCodemod):
     def _device(self) -> cst.BaseExpression:
         self.add_imports(self.target.device_imports)
         return self.target.device_node()
-
-
-def _mention_statements(tree: TreeCache, pred) -> List[cst.CSTNode]:
-    return list({id(st): st for st in (tree.statement_of(n) for n in walk(tree.module) if pred(n))}.values())
 
 
 def _single_assign(body: cst.BaseSuite, pred) -> Optional[cst.BaseAssignTargetExpression]:

@@ -10,7 +10,7 @@ call (``hot`` is then false).
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set
+from typing import List, Optional, Set
 
 import libcst as cst
 

@@ -95,8 +95,7 @@ class ProgressBars(XlaCodemod):
         """Statements that mention a bar: ``tqdm``/``trange``/``progress_bar``
         or a name bound to one (``with tqdm(...) as pbar``, ``pbar = tqdm(x)``)."""
         names = {"tqdm", "trange", "progress_bar"}
-        nodes = list(walk(tree.module))
-        for n in nodes:
+        for n in walk(tree.module):
             if isinstance(n, cst.WithItem) and n.asname is not None:
                 bound, value = n.asname.name, n.item
             elif isinstance(n, cst.Assign) and len(n.targets) == 1:
@@ -105,8 +104,7 @@ class ProgressBars(XlaCodemod):
                 continue
             if isinstance(bound, cst.Name) and any(isinstance(x, cst.Name) and x.value in names for x in walk(value)):
                 names.add(bound.value)
-        found = {id(st): st for st in (tree.statement_of(n) for n in nodes if isinstance(n, cst.Name) and n.value in names)}
-        return list(found.values())
+        return tree.statements_where(lambda n: isinstance(n, cst.Name) and n.value in names)
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
