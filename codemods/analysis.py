@@ -28,6 +28,11 @@ _OPTIMIZER_RE = re.compile(r"(optim|^opt$|_opt$|^opt_|scaler)", re.IGNORECASE)
 _SAMPLER_RE = re.compile(r"(scheduler|sampler|solver)", re.IGNORECASE)
 # (up/down-samplers are layers, not samplers)
 _FEEDBACK_CALL_RE = re.compile(r"(step|(?<!up)(?<!down)sampl|denois|model|unet|forward|generate|predict)", re.IGNORECASE)
+# calls that fetch, wrap or unwrap a model rather than run it (``m = unwrap_model(m)``)
+_NOT_FEEDBACK_RE = re.compile(
+    r"^_*(unwrap|wrap|get|load|build|make|create|prepare|init|setup|save|copy|compile|convert|register|to)_",
+    re.IGNORECASE,
+)
 _MODEL_RE = re.compile(
     r"(^|_|\.)(model|net|criterion|loss_fn|loss_func|lossfn|unet|vae|encoder|decoder|"
     r"transformer|classifier|head|backbone|generator|discriminator)s?(\.|$|_)",
@@ -80,6 +85,30 @@ def is_step_call(call: cst.Call, step_functions: Set[str], qualnames: QualNames)
     return False
 
 
+_CONTAINER_METHODS = {"pop", "get", "setdefault", "items", "keys", "values", "copy", "update", "append",
+                      "extend", "index", "count", "join", "format", "split", "strip", "replace"}
+
+
+def _bound_roots(target: cst.CSTNode) -> Set[str]:
+    """Names an assignment target rebinds or mutates: ``x``, ``a, b``, the
+    ``d`` of ``d[k]`` and the ``self`` of ``self.x`` (not the index ``k``)."""
+    if isinstance(target, cst.Name):
+        return {target.value}
+    if isinstance(target, (cst.Tuple, cst.List)):
+        out: Set[str] = set()
+        for e in target.elements:
+            out |= _bound_roots(e.value)
+        return out
+    if isinstance(target, cst.StarredElement):
+        return _bound_roots(target.value)
+    if isinstance(target, (cst.Subscript, cst.Attribute)):
+        node: cst.CSTNode = target
+        while isinstance(node, (cst.Subscript, cst.Attribute)):
+            node = node.value
+        return _bound_roots(node)
+    return set()
+
+
 def _feeds_back(stmt: cst.CSTNode, layers: Set[str] = frozenset()) -> bool:  # type: ignore[assignment]
     """``x = f(x, ...)``-like assignments: an output fed to the next step.
 
@@ -88,10 +117,13 @@ def _feeds_back(stmt: cst.CSTNode, layers: Set[str] = frozenset()) -> bool:  # t
     for assign in find_all(stmt, cst.Assign, stop=_NESTED):
         targets: Set[str] = set()
         for t in assign.targets:  # type: ignore[attr-defined]
-            targets |= {n.value for n in find_all(t.target, cst.Name)}
+            targets |= _bound_roots(t.target)
+        targets -= layers  # the loop's own target is rebound by the loop, not fed back
         for call in find_all(assign.value, cst.Call, stop=_DEFS):  # type: ignore[attr-defined]
             callee = dotted(call.func) or ""
             if not _FEEDBACK_CALL_RE.search(callee) or callee.split(".")[0] in layers:
+                continue
+            if _NOT_FEEDBACK_RE.search(callee.split(".")[-1]) or callee.split(".")[-1] in _CONTAINER_METHODS:
                 continue
             arg_names = {n.value for a in call.args for n in find_all(a.value, cst.Name)}
             if targets & arg_names:
@@ -112,9 +144,29 @@ def step_functions(module: cst.Module, qualnames: QualNames) -> Set[str]:
     return found
 
 
+def _state_moves_to_host(loop: Loop) -> bool:
+    """``x = x.numpy()`` (or ``x.cpu().numpy()``) in the loop's own body: the
+    state the loop carries lives on the host (an ONNX or NumPy pipeline)."""
+    for assign in find_all(loop.body, cst.Assign, stop=_NESTED):
+        value = assign.value  # type: ignore[attr-defined]
+        if not (isinstance(value, cst.Call) and call_name(value) == "numpy"):
+            continue
+        node: cst.CSTNode = value
+        while isinstance(node, (cst.Call, cst.Attribute, cst.Subscript)):
+            node = node.func if isinstance(node, cst.Call) else node.value
+        targets = {t.target.value for t in assign.targets if isinstance(t.target, cst.Name)}  # type: ignore[attr-defined]
+        if isinstance(node, cst.Name) and node.value in targets:
+            return True
+    return False
+
+
 def is_step_loop(loop: Loop, steps: Set[str], qualnames: QualNames) -> bool:
     layers = {n.value for n in find_all(loop.target, cst.Name)} if isinstance(loop, cst.For) else set()
+    if _state_moves_to_host(loop):
+        return False
     for stmt in body_statements(loop):
+        if isinstance(stmt, _NESTED):
+            continue  # a nested loop's steps are its own (the epoch loop is not a step loop)
         for call in own_nodes(stmt, cst.Call):
             if is_step_call(call, steps, qualnames):  # type: ignore[arg-type]
                 return True

@@ -5,7 +5,9 @@ to one growing graph.  ``torch_xla.sync()`` at the end of the *step* loop cuts
 one graph per step, compiled once and reused.  Only the step loop gets it: not
 the epoch loop around it, not helper loops inside it, and never a loop that
 already syncs (an existing barrier, ``xm.optimizer_step(..., barrier=True)``,
-or a loop over an ``MpDeviceLoader``, which syncs after every batch).
+or a loop over an ``MpDeviceLoader``, which syncs after every batch).  A
+module that already syncs by hand somewhere (code ported by its authors, like
+diffusers >= 0.31) gets no new barrier: its other step loops are reported.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ from codemods.analysis import (
     Loop,
     LoopCodemod,
     has_barrier,
+    is_barrier_call,
     is_device_loader_expr,
     is_step_loop,
     module_facts,
 )
-from codemods.base import Rule, statement
+from codemods.base import Rule, find_all, statement
 
 STEP_BARRIER = Rule(
     code="XLA302",
@@ -55,8 +58,30 @@ STEP_BARRIER = Rule(
         "        for downsampler in self.downsamplers:\n            hidden_states = downsampler(hidden_states)\n"
         "        for block in self.blocks:\n            sample, res = block(hidden_states=sample)\n"
         "        return hidden_states\n",
+        # fetching or unwrapping a model is not running it
+        "for name in components:  # before each step\n    sub_model = _unwrap_model(getattr(self, name))\n    sub_model = _unwrap_model(sub_model)\n    save(sub_model)\n",
+        # the loop's state lives on the host (an ONNX/NumPy pipeline)
+        "for t in timesteps:\n    noise = unet(sample=latents, timestep=t)\n"
+        "    latents = scheduler.step(torch.from_numpy(noise), t, torch.from_numpy(latents)).prev_sample\n"
+        "    latents = latents.numpy()\n",
+        # moving entries between dicts is not feeding a model's output back
+        "for field_name in list(denoiser_fields):\n    if field_name in args:\n"
+        "        kwargs[field_name] = denoiser_fields.pop(field_name)\n",
+        # a Flax module: its loops are JAX's
+        "import jax\nfor i in range(n):\n    latents, state = loop_body(i, (latents, state))\n"
+        "    latents = scheduler.step(state, noise, t, latents)\n",
     ),
 )
+
+
+_OTHER_FRAMEWORKS = ("jax", "flax", "tensorflow")
+
+
+def _other_framework(tree) -> bool:
+    """A JAX/Flax or TensorFlow module that never imports torch: its loops are
+    not PyTorch steps (diffusers ships Flax pipelines beside the torch ones)."""
+    roots = {full.lstrip(".").split(".")[0] for full in tree.imports.values()}
+    return bool(roots & set(_OTHER_FRAMEWORKS)) and "torch" not in roots
 
 
 class StepBarrier(LoopCodemod):
@@ -66,7 +91,7 @@ class StepBarrier(LoopCodemod):
 
     @classmethod
     def wanted(cls, tree, options):
-        return bool(module_facts(tree).step_loops)
+        return bool(module_facts(tree).step_loops) and not _other_framework(tree)
 
     def regions(self, tree):
         return module_facts(tree).step_loops
@@ -85,6 +110,13 @@ class StepBarrier(LoopCodemod):
         body = updated.body
         if not isinstance(body, cst.IndentedBlock) or not body.body:
             return updated
+        if self._syncs_by_hand():
+            # ported by hand already (diffusers >= 0.31): its authors chose where
+            # to sync; point at the loop, change nothing
+            self.flag(original, STEP_BARRIER.code,
+                      "step loop without a barrier in a module that already syncs by hand: "
+                      "add one here if this loop runs on the device", fix=False)
+            return updated
         if not self.flag(
             original,
             STEP_BARRIER.code,
@@ -102,6 +134,17 @@ class StepBarrier(LoopCodemod):
         else:
             new_body.append(self._barrier())
         return updated.with_changes(body=body.with_changes(body=new_body))
+
+    def _syncs_by_hand(self) -> bool:
+        """The module already calls a barrier somewhere (``xm.mark_step()``,
+        ``torch_xla.sync()``, ``xm.optimizer_step(..., barrier=True)``)."""
+        def scan() -> bool:
+            src = self.tree.source
+            if src and not any(k in src for k in (b"mark_step", b"sync", b"barrier")):
+                return False
+            return any(is_barrier_call(c, self.target.barrier_names, self.qualnames)  # type: ignore[arg-type]
+                       for c in find_all(self.tree.module, cst.Call))
+        return bool(self._memo("syncs_by_hand", self.tree.module, scan))
 
     def _barrier(self) -> cst.SimpleStatementLine:
         return statement(self.target.sync_node())

@@ -50,6 +50,7 @@ def test_changing_shapes_fail_on_the_line_that_changes():
     assert result.exit_code == 1 and report["verdict"] == "fail"
     m = report["metrics"]
     assert m["compiles_after_warmup"] >= 3 and m["steps"] == 6
+    assert m["steady_state_recompiles"] >= 3  # the same ops with other shapes: churn
     recompiles = [e for e in report["events"] if e["kind"] == "recompile"]
     assert recompiles and recompiles[0]["original_line"] == _line_of("changing_shapes.py", "data[: 4 + step]")
     png = Path("/tmp/xlaport-test-plot.png")
@@ -60,6 +61,8 @@ def test_cpu_fallback_fails_on_the_op_line():
     result, report = _verify("cpu_fallback.py")
     assert result.exit_code == 1 and report["verdict"] == "fail"
     assert report["metrics"]["fallbacks"] == {"aten::nonzero": 4}
+    # no barrier in this loop, so no steps to tell the hot loop apart: every fallback counts
+    assert report["metrics"]["fallbacks_after_warmup"] == {"aten::nonzero": 4}
     fallbacks = [e for e in report["events"] if e["kind"] == "fallback"]
     assert [(e["original_line"], e["count"]) for e in fallbacks] == [(_line_of("cpu_fallback.py", "torch.nonzero(x > 0)"), 4)]
 
@@ -82,3 +85,12 @@ def test_reference_cuda_without_gpu_is_an_error(tmp_path):
         pytest.skip("a GPU is present")
     result = CliRunner().invoke(main, ["verify", str(BAD / "item_in_loop.py"), "--reference", "cuda"])
     assert result.exit_code == 2 and "no CUDA device" in result.output
+
+
+def test_graph_that_grows_with_the_step_fails_even_with_new_ops_each_time():
+    """Each step unrolls one more inner iteration: new ops every step, which a
+    one-off branch (a solver's last step) never has."""
+    result, report = _verify("unrolled_loop.py")
+    assert result.exit_code == 1 and report["verdict"] == "fail"
+    assert report["metrics"]["steady_state_recompiles"] >= 3
+    assert [e for e in report["events"] if e["kind"] == "recompile"]

@@ -22,10 +22,12 @@ def render(report: Report) -> None:
     m = report.metrics
     console.print(
         f"XLA ({m['reference']} reference): {m['steps']} step(s), {m['compiles']} compile(s) "
-        f"({m['compile_seconds']:.2f}s), {m['compiles_after_warmup']} after {m['warmup_steps']} warm-up step(s), "
+        f"({m['compile_seconds']:.2f}s), {m['compiles_after_warmup']} after {m['warmup_steps']} warm-up step(s) "
+        f"({m.get('steady_state_recompiles', 0)} recompiling the same graph), "
         f"{m['cached_compiles']} cache hit(s), {m['executions']} execution(s), {m['host_reads']} host read(s)"
         + (f" ({m['host_reads_per_step']:.2f}/step)" if m.get("host_reads_per_step") is not None else "")
         + f", fallbacks: {m['fallbacks'] or 'none'}"
+        + (f" ({m['fallbacks_after_warmup']} after warm-up)" if m.get("fallbacks_after_warmup") else "")
     )
     if report.events:
         events = Table(title="Where")
