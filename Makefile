@@ -8,13 +8,19 @@ export PJRT_DEVICE ?= CPU
 
 .PHONY: setup demo test bench clean
 
+WHEEL_042 := .cache/wheels/diffusers-0.42.1-py3-none-any.whl
+
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[verify,test]'
+	$(PY) -m pip install --quiet -e '.[verify,test,diffusers]'
 	touch $@
 
-setup: $(VENV)/.installed
+# diffusers 0.42.1 (already ported by hand) is read from its wheel, not installed
+$(WHEEL_042): | $(VENV)/.installed
+	$(PY) -m pip download --quiet --no-deps --dest .cache/wheels diffusers==0.42.1
+
+setup: $(VENV)/.installed $(WHEEL_042)
 
 demo: setup
 	rm -rf build/demo
@@ -26,6 +32,8 @@ test: setup
 
 bench: setup
 	$(PY) benchmarks/bench_lint.py
+	$(PY) benchmarks/bench_fixtures.py
+	$(PY) benchmarks/bench_diffusers.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache

@@ -346,16 +346,42 @@ def module_facts(tree: TreeCache) -> ModuleFacts:
     return facts
 
 
+def _is_lazy_init(node: cst.If) -> bool:
+    """``if self.step_index is None:`` -- a body that runs on the first step
+    only (diffusers' schedulers find their index this way since 0.2x)."""
+    test = node.test
+    return (isinstance(test, cst.Comparison) and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, cst.Is)
+            and isinstance(test.comparisons[0].comparator, cst.Name)
+            and test.comparisons[0].comparator.value == "None"
+            and isinstance(test.left, cst.Attribute))
+
+
+def _calls_outside_lazy_init(fn: cst.FunctionDef) -> List[cst.Call]:
+    calls: List[cst.Call] = []
+    stack: List[cst.CSTNode] = [fn.body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.If) and _is_lazy_init(node):
+            stack.extend([node.test] + ([node.orelse] if node.orelse is not None else []))
+            continue
+        if isinstance(node, cst.Call):
+            calls.append(node)
+        stack.extend(node.children)
+    return calls
+
+
 def hot_methods(cls: cst.ClassDef) -> Dict[str, cst.FunctionDef]:
     """Methods of a class that run once per step: ``step`` (a scheduler's or
-    an optimizer's), ``*_step``, and every method they call through ``self``."""
+    an optimizer's), ``*_step``, and every method they call through ``self``
+    (except under a first-step-only ``if self.x is None:`` guard)."""
     body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
     methods: Dict[str, cst.FunctionDef] = {s.name.value: s for s in body if isinstance(s, cst.FunctionDef)}
     calls: Dict[str, Set[str]] = {}
     for name, fn in methods.items():
         calls[name] = {
             c.func.attr.value  # type: ignore[attr-defined]
-            for c in find_all(fn, cst.Call)
+            for c in _calls_outside_lazy_init(fn)
             if isinstance(c.func, cst.Attribute)  # type: ignore[attr-defined]
             and isinstance(c.func.value, cst.Name)  # type: ignore[attr-defined]
             and c.func.value.value == "self"  # type: ignore[attr-defined]

@@ -223,3 +223,23 @@ def test_lint_include_cold_says_which_reads_run_every_step(tmp_path):
     by_line = {(f["line"], f["code"]): f["message"] for f in both}
     assert "once per call (in `set_timesteps()`)" in by_line[(6, "XLA401")]
     assert "runs every step" in by_line[(9, "XLA401")] and "reached from `step()`" in by_line[(9, "XLA401")]
+
+
+def test_lint_first_step_only_lookup_is_once_per_call(tmp_path):
+    """diffusers >= 0.2x finds the step index once, under `if self.step_index
+    is None:` (verify sees one `aten::nonzero` in an 8-step run): not every step."""
+    sched = tmp_path / "sched.py"
+    sched.write_text(
+        "import torch\n\n\nclass Scheduler:\n"
+        "    def index_for_timestep(self, t):\n        return (self.timesteps == t).nonzero()[0].item()\n\n"
+        "    def step(self, out, t, sample):\n"
+        "        if self.step_index is None:\n            self._step_index = self.index_for_timestep(t)\n"
+        "        else:\n            self.other(t)\n"
+        "        return sample - out\n\n"
+        "    def other(self, t):\n        return t.item()\n"
+    )
+    hot_only = json.loads(run("lint", "--format", "json", "--select", "XLA4", sched).output)
+    assert {(f["line"], f["code"]) for f in hot_only} == {(16, "XLA401")}  # the else branch is every step
+    both = json.loads(run("lint", "--format", "json", "--select", "XLA4", "--include-cold", sched).output)
+    by_line = {(f["line"], f["code"]): f["message"] for f in both}
+    assert "once per call (in `index_for_timestep()`)" in by_line[(6, "XLA401")]

@@ -286,16 +286,18 @@ def judge_steps(steps: List[Dict[str, object]], warmup: int) -> Dict[str, object
     seen: Dict[tuple, int] = {}
     after = 0
     sites: Dict[tuple, Dict[str, object]] = {}
-    prev: Dict[str, object] = {"compiles": 0, "executions": 0, "transfers": 0, "time": 0.0, "fallbacks": {}}
+    prev: Dict[str, object] = {"compiles": 0, "cached_compiles": 0, "executions": 0, "transfers": 0, "time": 0.0,
+                               "fallbacks": {}}
     hot_fallbacks: Dict[str, int] = {}
     for i, snap in enumerate(steps):
         site = (snap.get("path"), snap.get("line"))
         seen[site] = seen.get(site, 0) + 1
-        delta = {k: snap[k] - prev[k] for k in ("compiles", "executions", "transfers")}  # type: ignore[operator]
+        delta = {k: snap.get(k, 0) - prev.get(k, 0)  # type: ignore[operator]
+                 for k in ("compiles", "cached_compiles", "executions", "transfers")}
         before = dict(prev.get("fallbacks") or {})  # type: ignore[call-overload]
         fell = {op: n - before.get(op, 0) for op, n in dict(snap.get("fallbacks") or {}).items()  # type: ignore[call-overload]
                 if n != before.get(op, 0)}
-        per_step.append({"step": i + 1, "line": snap.get("line"), **delta,
+        per_step.append({"step": i + 1, "path": snap.get("path"), "line": snap.get("line"), **delta,
                          "seconds": round(float(snap["time"]) - float(prev["time"]), 6),  # type: ignore[arg-type]
                          **({"fallbacks": fell} if fell else {})})
         if seen[site] > warmup and delta["compiles"]:
