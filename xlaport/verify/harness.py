@@ -196,6 +196,12 @@ class XlaRecorder:
             self._mode.__exit__(None, None, None)
 
     def result(self) -> Dict[str, object]:
+        try:  # let asynchronous executions finish so that they are counted
+            import torch_xla.core.xla_model as xm
+
+            xm.wait_device_ops()
+        except Exception:  # noqa: BLE001 -- counting must never fail the run
+            pass
         final = self.snapshot()
         return {
             "metrics": {
