@@ -102,11 +102,18 @@ def _bound_roots(target: cst.CSTNode) -> Set[str]:
     if isinstance(target, cst.StarredElement):
         return _bound_roots(target.value)
     if isinstance(target, (cst.Subscript, cst.Attribute)):
-        node: cst.CSTNode = target
-        while isinstance(node, (cst.Subscript, cst.Attribute)):
-            node = node.value
-        return _bound_roots(node)
+        root = _root(target, through_calls=False)
+        return {root.value} if isinstance(root, cst.Name) else set()
     return set()
+
+
+def _root(node: cst.CSTNode, through_calls: bool = True) -> cst.CSTNode:
+    """The leftmost part of ``a.b[c].d(e).f``: ``a`` (``d(e)`` itself when not
+    ``through_calls``)."""
+    kinds = (cst.Call, cst.Attribute, cst.Subscript) if through_calls else (cst.Attribute, cst.Subscript)
+    while isinstance(node, kinds):
+        node = node.func if isinstance(node, cst.Call) else node.value
+    return node
 
 
 def _feeds_back(stmt: cst.CSTNode, layers: Set[str] = frozenset()) -> bool:  # type: ignore[assignment]
@@ -151,9 +158,7 @@ def _state_moves_to_host(loop: Loop) -> bool:
         value = assign.value  # type: ignore[attr-defined]
         if not (isinstance(value, cst.Call) and call_name(value) == "numpy"):
             continue
-        node: cst.CSTNode = value
-        while isinstance(node, (cst.Call, cst.Attribute, cst.Subscript)):
-            node = node.func if isinstance(node, cst.Call) else node.value
+        node = _root(value)
         targets = {t.target.value for t in assign.targets if isinstance(t.target, cst.Name)}  # type: ignore[attr-defined]
         if isinstance(node, cst.Name) and node.value in targets:
             return True

@@ -19,6 +19,7 @@ import libcst as cst
 import pytest
 from click.testing import CliRunner
 
+from codemods.base import find_all
 from xlaport.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,8 +70,8 @@ def test_whole_package_converts_without_failures_and_is_stable(converted):
 def test_denoising_loop_ends_with_the_barrier(converted):
     out, _ = converted
     module = cst.parse_module((out / "diffusers" / SD_PIPELINE).read_text())
-    loops = [n for n in _walk(module) if isinstance(n, cst.For)
-             and module.code_for_node(n).startswith("for i, t in enumerate(timesteps)")]
+    loops = [n for n in find_all(module, cst.For)
+             if module.code_for_node(n).startswith("for i, t in enumerate(timesteps)")]
     assert len(loops) == 1
     body = loops[0].body.body
     assert module.code_for_node(body[-1]).strip() == "torch_xla.sync()"
@@ -80,12 +81,6 @@ def test_denoising_loop_ends_with_the_barrier(converted):
     # the flax and onnx pipelines beside it are not torch step loops
     for other in ("pipeline_flax_stable_diffusion.py", "pipeline_onnx_stable_diffusion.py"):
         assert "torch_xla.sync()" not in (out / "diffusers" / SD_PIPELINE.parent / other).read_text()
-
-
-def _walk(node):
-    yield node
-    for child in node.children:
-        yield from _walk(child)
 
 
 @pytest.mark.skipif(not WHEEL_042.exists(), reason="diffusers 0.42.1 wheel not fetched (make setup)")

@@ -237,15 +237,17 @@ def verify(script: Path, converted: Optional[Path] = None, args: Sequence[str] =
     lines = LineMapper(script, cand_script)
     events: List[Dict[str, object]] = []
     steady_recompiles = 0
+    dumped = _read_graphs(graphs.parent) if judged["recompile_sites"] else []
     for site in judged["recompile_sites"]:
-        kinds = classify_recompiles(graphs.parent, site)
+        at_site = _at_site(dumped, site)
+        kinds = classify_recompiles(at_site, site)
         # one graph with new ops after warm-up (a last step that takes another
         # branch) is compiled once and does not grow with the steps; the same
         # graph with new shapes or constants, or new ops again and again, does
         bad = len(kinds["churn"]) + (len(kinds["new_path"]) if len(kinds["new_path"]) > 1 else 0)
         steady_recompiles += bad
         if bad:
-            where = locate_recompile(graphs.parent, cand_script, site)
+            where = locate_recompile(at_site, cand_script)
             events.append(lines.event("recompile", where or site["where"], bad, where_detail(where, site)))
         else:
             steps_at = ", ".join(str(n + 1) for n in kinds["new_path"])
@@ -352,14 +354,20 @@ def _signature(ir: List[str]) -> tuple:
     return tuple(sorted(ops.items()))
 
 
-def classify_recompiles(directory: Path, site: Dict[str, object]) -> Dict[str, List[int]]:
+def _at_site(graphs: List[Dict[str, object]], site: Dict[str, object]) -> List[Dict[str, object]]:
+    """The dumped graphs cut at one sync site, in order."""
+    _, line = site["where"]  # type: ignore[misc]
+    return [g for g in graphs if any(int(f[2]) == line for f in g["frames"])]  # type: ignore[union-attr]
+
+
+def classify_recompiles(graphs: List[Dict[str, object]], site: Dict[str, object]) -> Dict[str, List[int]]:
     """Split the compilations after warm-up at one sync site into ``churn``
     (the graph of an earlier step again, with other shapes or constants) and
     ``new_path`` (ops no earlier step at this site ran: another branch, such as
     a solver's last step).  Values are the site's 0-based step numbers.  Each
-    sync at the site dumps one graph, so the site's n-th graph is its n-th step."""
-    _, line = site["where"]  # type: ignore[misc]
-    graphs = [g for g in _read_graphs(directory) if any(int(f[2]) == line for f in g["frames"])]  # type: ignore[union-attr]
+    sync at the site dumps one graph, so the site's n-th graph is its n-th step;
+    ``graphs`` are the site's graphs (:func:`_at_site`)."""
+    signatures = [_signature(g["ir"]) for g in graphs]  # type: ignore[arg-type]
     out: Dict[str, List[int]] = {"churn": [], "new_path": []}
     for n in site.get("site_steps", []):  # type: ignore[union-attr]
         if n >= len(graphs):
@@ -368,18 +376,14 @@ def classify_recompiles(directory: Path, site: Dict[str, object]) -> Dict[str, L
         earlier = graphs[:n]
         if any(g["hash"] == graphs[n]["hash"] for g in earlier):
             continue  # not a compilation of this graph (the count came from elsewhere)
-        sig = _signature(graphs[n]["ir"])  # type: ignore[arg-type]
-        same = any(_signature(g["ir"]) == sig for g in earlier)  # type: ignore[arg-type]
-        out["churn" if same else "new_path"].append(n)
+        out["churn" if signatures[n] in signatures[:n] else "new_path"].append(n)
     return out
 
 
-def locate_recompile(directory: Path, script: Path, site: Dict[str, object]) -> Optional[tuple]:
+def locate_recompile(graphs: List[Dict[str, object]], script: Path) -> Optional[tuple]:
     """Diff the IR of the last two different graphs cut at the recompiling
-    sync site; return (path, line, detail) of the first node that differs and
-    comes from user code."""
-    _, line = site["where"]  # type: ignore[misc]
-    graphs = [g for g in _read_graphs(directory) if any(int(f[2]) == line for f in g["frames"])]  # type: ignore[union-attr]
+    sync site (``graphs``: :func:`_at_site`); return (path, line, detail) of
+    the first node that differs and comes from user code."""
     distinct: List[Dict[str, object]] = []
     for g in graphs:
         if not distinct or g["hash"] != distinct[-1]["hash"]:
