@@ -1,7 +1,9 @@
 """xlaport's LibCST codemods, one module per concern.
 
-``CODEMODS`` is the order they run in: devices first, then the structural
-loop rewrites, then the report-only analyses.  Each codemod works on its own
+``CODEMODS`` is the order they run in: the CUDA surface first (device
+strings, devices, ``torch.cuda.*``, mixed precision, checkpoints,
+distributed), then the structural loop rewrites, then the report-only
+analyses, and last the catch-all that reports any CUDA construct left.  Each codemod works on its own
 through LibCST's runner, e.g.::
 
     python -m libcst.tool codemod devices.DeviceSwap train.py
@@ -12,20 +14,32 @@ from __future__ import annotations
 from typing import Dict, List, Tuple, Type
 
 from codemods.base import Finding, Rule, XlaCodemod
+from codemods.amp import MixedPrecision
 from codemods.barriers import StepBarrier
+from codemods.checkpoints import Checkpoints
+from codemods.coverage import CudaCatchAll
+from codemods.cuda_api import CudaApi
+from codemods.device_strings import DeviceStrings
 from codemods.devices import DeviceSwap
+from codemods.distributed import Distributed
 from codemods.host_reads import HostReads
 from codemods.loaders import DeviceLoader
 from codemods.prints import HotPrints
 from codemods.progress import ProgressBars
 
 CODEMODS: Tuple[Type[XlaCodemod], ...] = (
+    DeviceStrings,
     DeviceSwap,
+    CudaApi,
+    MixedPrecision,
+    Checkpoints,
+    Distributed,
     ProgressBars,
     HotPrints,
     DeviceLoader,
     StepBarrier,
     HostReads,
+    CudaCatchAll,
 )
 
 

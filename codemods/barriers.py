@@ -141,8 +141,12 @@ class StepBarrier(LoopCodemod):
         """The module already calls a barrier somewhere (``xm.mark_step()``,
         ``torch_xla.sync()``, ``xm.optimizer_step(..., barrier=True)``)."""
         def scan() -> bool:
-            src = self.tree.source
+            src = self.tree.source  # the original file, before any rule ran
             if src and not any(k in src for k in (b"mark_step", b"sync", b"barrier")):
+                return False
+            if src and b"torch_xla" not in src:
+                # the barriers in the tree were put there by xlaport itself (a
+                # converted `torch.cuda.synchronize()`), not by its authors
                 return False
             return any(is_barrier_call(c, self.target.barrier_names, self.qualnames)  # type: ignore[arg-type]
                        for c in find_all(self.tree.module, cst.Call))

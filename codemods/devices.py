@@ -4,8 +4,9 @@ Only *hard-coded* CUDA targets are rewritten (``.cuda()``, ``"cuda"`` used as a
 device, ``torch.device("cuda")``, the ``cuda if available else cpu`` idiom).
 Code that takes its device from the caller (``x.to(device)``) is device-generic
 and stays as it is, so a whole library can be converted and still work.
-Mentions of "cuda" that are not a device (comparisons, defaults of parameters,
-``torch.cuda.is_available()`` tests) are reported, not rewritten.
+Mentions of "cuda" that are not a device (comparisons, defaults of parameters)
+are reported, not rewritten.  A device kept in a string is XLA109
+(``device_strings.py``); ``torch.cuda.*`` calls are ``cuda_api.py``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Optional, Union
 
 import libcst as cst
 
-from codemods.base import Rule, XlaCodemod, find_all, string_value
+from codemods.analysis.cuda import cuda_facts
+from codemods.base import Rule, XlaCodemod, dotted, find_all, string_value
 
 _CUDA_RE = re.compile(r"^cuda(:\d+)?$")
 _HOST_DEVICES = {"cpu", "mps"}
@@ -98,20 +100,6 @@ CUDA_COMPARE = Rule(
     valid=('if x.device.type == "xla":\n    pass\n',),
 )
 
-CUDA_AVAILABLE = Rule(
-    code="XLA105",
-    name="cuda-is-available",
-    summary="`torch.cuda.is_available()` is False on an XLA host (reported)",
-    why=(
-        "Code guarded by `torch.cuda.is_available()` does not run on a TPU host. "
-        "xlaport rewrites the device-choice idioms itself (XLA103); any other test is "
-        "reported so that you can decide what the XLA program should do."
-    ),
-    before="import torch\n\nif torch.cuda.is_available():\n    torch.backends.cudnn.benchmark = True\n",
-    after=None,
-    valid=("import torch\n\ndevice = torch.device(\"cuda\" if torch.cuda.is_available() else \"cpu\")\n",),
-)
-
 CUDA_DEFAULT = Rule(
     code="XLA106",
     name="cuda-parameter-default",
@@ -164,7 +152,6 @@ class DeviceSwap(XlaCodemod):
         CUDA_LITERAL,
         CUDA_IDIOM,
         CUDA_COMPARE,
-        CUDA_AVAILABLE,
         CUDA_DEFAULT,
         CUDA_GENERATOR,
     )
@@ -188,15 +175,12 @@ class DeviceSwap(XlaCodemod):
     def _is_torch_device(self, node: cst.CSTNode) -> bool:
         return isinstance(node, cst.Call) and self.is_qualname(node.func, "torch.device")
 
-    def _is_available_call(self, node: cst.CSTNode) -> bool:
-        return isinstance(node, cst.Call) and self.is_qualname(
-            node.func, "torch.cuda.is_available"
-        )
-
     def _cuda_device_expr(self, node: cst.CSTNode) -> bool:
         """A hard-coded CUDA device: "cuda", torch.device("cuda"...), or the
         device expression the target already uses (after an inner rewrite)."""
         if is_cuda_literal(node):
+            return True
+        if isinstance(node, cst.Call) and self.is_qualname(node.func, "torch.accelerator.current_accelerator"):
             return True
         if self._is_torch_device(node):
             args = node.args  # type: ignore[attr-defined]
@@ -206,6 +190,8 @@ class DeviceSwap(XlaCodemod):
     def _host_device_expr(self, node: cst.CSTNode) -> bool:
         if _is_host_literal(node):
             return True
+        if isinstance(node, cst.IfExp):  # "mps" if use_mps else "cpu"
+            return self._host_device_expr(node.body) and self._host_device_expr(node.orelse)
         if self._is_torch_device(node):
             args = node.args  # type: ignore[attr-defined]
             return bool(args) and _is_host_literal(args[0].value)
@@ -220,12 +206,13 @@ class DeviceSwap(XlaCodemod):
         )
 
     def _mentions_availability(self, test: cst.BaseExpression) -> bool:
-        """The test calls torch.cuda.is_available(), directly or via a flag."""
-        for call in find_all(test, cst.Call):
-            if self._is_available_call(call):
-                return True
+        """The test calls an availability predicate, directly or through a
+        flag assigned from one (dataflow); a flag named for CUDA as a last
+        resort (one set by a caller or a config file)."""
+        if cuda_facts(self.tree, self.qualnames).tests_availability(test):
+            return True
         for name in find_all(test, cst.Name):
-            if name.value in {"use_cuda", "cuda", "has_cuda", "cuda_available", "on_gpu", "use_gpu"}:
+            if name.value in {"use_cuda", "cuda", "has_cuda", "cuda_available", "on_gpu", "use_gpu", "use_accel"}:
                 return True
         return False
 
@@ -296,8 +283,20 @@ class DeviceSwap(XlaCodemod):
         return updated_node
 
     def _cuda_method_to(self, call: cst.Call) -> cst.Call:
+        """``.cuda()`` -> ``.to(<XLA device>)``; ``.cuda(device)`` with a
+        device from the caller -> ``.to(device)``: the caller decides."""
         func = call.func
         assert isinstance(func, cst.Attribute)
+        first = call.args[0].value if call.args and call.args[0].keyword is None else None
+        for a in call.args:
+            if a.keyword is not None and a.keyword.value == "device":
+                first = a.value
+        if first is not None and _names_a_device(first):
+            args = [a.with_changes(keyword=None, equal=cst.MaybeSentinel.DEFAULT) if a.value is first else a
+                    for a in call.args]
+            args = [args[[a.value for a in call.args].index(first)]] + [a for a in args if a.value is not first]
+            args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+            return call.with_changes(func=func.with_changes(attr=cst.Name("to")), args=args)
         kept = [
             a
             for i, a in enumerate(call.args)
@@ -392,8 +391,6 @@ class DeviceSwap(XlaCodemod):
             for stmt in find_all(node, cst.Assign):
                 self._handled.add(stmt.value)  # type: ignore[attr-defined]
             self._if_idioms.add(node)
-            return
-        self._report_availability(node.test)
 
     def _if_idiom_target(self, node: cst.If) -> Optional[cst.BaseAssignTargetExpression]:
         if not self._mentions_availability(node.test):
@@ -402,29 +399,16 @@ class DeviceSwap(XlaCodemod):
         if body_target is None:
             return None
         orelse = node.orelse
-        if orelse is not None:
-            if not isinstance(orelse, cst.Else):
+        while isinstance(orelse, cst.If):  # elif use_mps: device = "mps"
+            elif_target = _single_assign(orelse.body, self._host_device_expr)
+            if elif_target is None or not elif_target.deep_equals(body_target):
                 return None
+            orelse = orelse.orelse
+        if orelse is not None:
             else_target = _single_assign(orelse.body, self._host_device_expr)
             if else_target is None or not else_target.deep_equals(body_target):
                 return None
         return body_target
-
-    def visit_While(self, node: cst.While) -> None:
-        self._report_availability(node.test)
-
-    def _report_availability(self, test: cst.BaseExpression) -> None:
-        if not self.enabled(CUDA_AVAILABLE.code):
-            return
-        for call in find_all(test, cst.Call):
-            if self._is_available_call(call):
-                self.flag(
-                    call,
-                    CUDA_AVAILABLE.code,
-                    "`torch.cuda.is_available()` is False on an XLA host; the guarded code "
-                    "will not run there",
-                    fix=False,
-                )
 
     # ------------------------------------------------------------ XLA104
     def visit_Comparison(self, node: cst.Comparison) -> None:
@@ -444,6 +428,16 @@ class DeviceSwap(XlaCodemod):
     def _device(self) -> cst.BaseExpression:
         self.add_imports(self.target.device_imports)
         return self.target.device_node()
+
+
+_DEVICE_ARG_RE = re.compile(r"(^|_)device$|^dev$")
+
+
+def _names_a_device(node: cst.CSTNode) -> bool:
+    """A name that holds a device handed in (``device``, ``self.device``,
+    ``target_device``), not a GPU index (``args.gpu``, ``local_rank``, ``0``)."""
+    text = dotted(node)
+    return bool(text) and bool(_DEVICE_ARG_RE.search(text.rsplit(".", 1)[-1]))  # type: ignore[union-attr]
 
 
 def _single_assign(body: cst.BaseSuite, pred) -> Optional[cst.BaseAssignTargetExpression]:

@@ -10,12 +10,95 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Dict, FrozenSet, Optional, Tuple
+from typing import Dict, FrozenSet, Mapping, Optional, Tuple
 
 import libcst as cst
 
 # (module, obj, asname) as AddImportsVisitor.add_needed_import takes them.
 Import = Tuple[str, Optional[str], Optional[str]]
+
+
+@dataclass(frozen=True)
+class Move:
+    """What a CUDA API call becomes on a target.
+
+    ``kind`` is one of:
+
+    * ``"call"``: the same call with another callee (``code``), arguments kept;
+    * ``"expr"``: the whole call becomes the expression ``code``;
+    * ``"drop"``: the call means nothing there: a statement made of it goes,
+      elsewhere it becomes ``None``;
+    * ``"report"``: no counterpart; reported with ``why`` and left alone.
+    """
+
+    kind: str
+    code: str = ""
+    imports: Tuple[Import, ...] = ()
+    why: str = ""
+
+
+_XLA = (("torch_xla", None, None),)
+_XR = (("torch_xla.runtime", None, "xr"),)
+
+# torch.cuda.* (and torch.accelerator.*) on XLA.  Anything under torch.cuda
+# that is not in the table is reported by the CUDA catch-all (XLA199).
+_NO_MEANING = "no meaning on XLA: the runtime manages device memory and placement"
+_NO_COUNTERPART = "no XLA counterpart"
+XLA_CUDA_API: Dict[str, Move] = {
+    "torch.cuda.synchronize": Move("expr", "torch_xla.sync(wait=True)", _XLA),
+    "torch.accelerator.synchronize": Move("expr", "torch_xla.sync(wait=True)", _XLA),
+    "torch.cuda.empty_cache": Move("drop", why=_NO_MEANING),
+    "torch.cuda.set_device": Move("drop", why=_NO_MEANING),
+    "torch.accelerator.set_device_index": Move("drop", why=_NO_MEANING),
+    "torch.cuda.init": Move("drop", why=_NO_MEANING),
+    "torch.cuda.ipc_collect": Move("drop", why=_NO_MEANING),
+    "torch.cuda.reset_peak_memory_stats": Move("drop", why=_NO_MEANING),
+    "torch.cuda.reset_max_memory_allocated": Move("drop", why=_NO_MEANING),
+    "torch.cuda.reset_accumulated_memory_stats": Move("drop", why=_NO_MEANING),
+    "torch.cuda.manual_seed": Move("call", "torch_xla.manual_seed", _XLA),
+    "torch.cuda.manual_seed_all": Move("call", "torch_xla.manual_seed", _XLA),
+    "torch.cuda.is_available": Move("expr", "True"),
+    "torch.accelerator.is_available": Move("expr", "True"),
+    "torch.cuda.is_bf16_supported": Move("expr", "True"),
+    "torch.accelerator.current_accelerator": Move("expr", "torch_xla.device()", _XLA),
+    "torch.cuda.device_count": Move("expr", "xr.world_size()", _XR),
+    "torch.accelerator.device_count": Move("expr", "xr.world_size()", _XR),
+    "torch.cuda.current_device": Move("expr", "xr.local_ordinal()", _XR),
+    "torch.accelerator.current_device_index": Move("expr", "xr.local_ordinal()", _XR),
+    **{f"torch.cuda.{name}": Move("report", why=f"{_NO_COUNTERPART}; `xm.get_memory_info()` reports TPU memory")
+       for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+                    "memory_summary", "memory_stats", "mem_get_info", "memory_cached", "max_memory_cached")},
+    **{f"torch.cuda.{name}": Move("report", why=f"{_NO_COUNTERPART}: XLA orders work itself; remove it")
+       for name in ("Stream", "Event", "stream", "current_stream", "default_stream", "graph", "CUDAGraph",
+                    "graphs", "make_graphed_callables", "ExternalStream")},
+    **{f"torch.cuda.{name}": Move("report", why=f"{_NO_COUNTERPART}: describe the TPU with `xr.device_type()`")
+       for name in ("get_device_name", "get_device_properties", "get_device_capability", "get_arch_list")},
+    "torch.cuda.nvtx": Move("report", why="use `torch_xla.debug.profiler.Trace(name)` regions (never around a sync)"),
+}
+
+# The reference run of verify: the same program, on the host CPU, with the
+# CUDA-only calls neutralised so that it runs where there is no GPU.
+CPU_CUDA_API: Dict[str, Move] = {
+    **{name: Move("drop", why="the CPU reference runs eagerly") for name in
+       ("torch.cuda.synchronize", "torch.accelerator.synchronize")},
+    **{name: move for name, move in XLA_CUDA_API.items() if move.kind == "drop"},
+    "torch.cuda.manual_seed": Move("call", "torch.manual_seed"),
+    "torch.cuda.manual_seed_all": Move("call", "torch.manual_seed"),
+    "torch.cuda.is_available": Move("expr", "True"),
+    "torch.accelerator.is_available": Move("expr", "True"),
+    "torch.cuda.is_bf16_supported": Move("expr", "True"),
+    "torch.accelerator.current_accelerator": Move("expr", 'torch.device("cpu")'),
+    "torch.cuda.device_count": Move("expr", "1"),
+    "torch.accelerator.device_count": Move("expr", "1"),
+    "torch.cuda.current_device": Move("expr", "0"),
+    "torch.accelerator.current_device_index": Move("expr", "0"),
+    **{f"torch.cuda.{name}": Move("expr", "0") for name in (
+        "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved", "memory_cached",
+        "max_memory_cached")},
+    "torch.cuda.get_device_name": Move("expr", '"cpu"'),
+    **{name: move for name, move in XLA_CUDA_API.items() if move.kind == "report" and name not in (
+        "torch.cuda.get_device_name",)},
+}
 
 
 @dataclass(frozen=True)
@@ -36,6 +119,20 @@ class Target:
     barrier_names: FrozenSet[str] = field(default_factory=frozenset)
     loader_names: FrozenSet[str] = field(default_factory=frozenset)
     step_closure_names: FrozenSet[str] = field(default_factory=frozenset)
+    # The rest of the CUDA surface (see Move and the tables above).
+    cuda_api: Mapping[str, Move] = field(default_factory=dict)
+    device_string: str = "xla"  # what a "cuda" string becomes where it is used as a string
+    autocast_device: str = "xla"
+    autocast_dtype: str = "torch.bfloat16"
+    process_group_backend: str = "xla"
+    process_group_init: Optional[str] = 'init_method="xla://"'  # keyword kept, rank/world size dropped
+    process_group_imports: Tuple[Import, ...] = (("torch_xla.distributed.xla_backend", None, None),)
+    ddp_extra: Optional[str] = "gradient_as_bucket_view=True"
+    launch: Optional[str] = "torch_xla.launch"  # spawn(fn, args, nprocs) -> launch(fn, args=args); None: fn(0, *args)
+    launch_imports: Tuple[Import, ...] = _XLA
+    save: Optional[str] = "xm.save"  # torch.save of device state; None: left alone
+    save_imports: Tuple[Import, ...] = (("torch_xla.core.xla_model", None, "xm"),)
+    compile_backend: Optional[str] = "openxla"  # None: torch.compile(m) -> m (eager)
 
     def device_node(self) -> cst.BaseExpression:
         return _parse(self.device)
@@ -84,6 +181,7 @@ TORCH_XLA_2_9 = Target(
     barrier_names=KNOWN_BARRIERS,
     loader_names=KNOWN_LOADERS,
     step_closure_names=KNOWN_STEP_CLOSURES,
+    cuda_api=XLA_CUDA_API,
 )
 
 # The reference run of `xlaport verify`: the original program with its CUDA
@@ -96,6 +194,18 @@ CPU = Target(
     barrier_names=KNOWN_BARRIERS,
     loader_names=KNOWN_LOADERS,
     step_closure_names=KNOWN_STEP_CLOSURES,
+    cuda_api=CPU_CUDA_API,
+    device_string="cpu",
+    autocast_device="cpu",
+    process_group_backend="gloo",
+    process_group_init=None,
+    process_group_imports=(),
+    ddp_extra=None,
+    launch=None,
+    launch_imports=(),
+    save=None,
+    save_imports=(),
+    compile_backend=None,
 )
 
 TARGETS: Dict[str, Target] = {t.name: t for t in (TORCH_XLA_2_9, CPU)}

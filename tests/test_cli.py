@@ -49,7 +49,7 @@ def test_json_output_fields(tmp_path):
     f = tmp_path / "a.py"
     f.write_bytes(CUDA + b'if x.device.type == "cuda":\n    pass\n')
     result = run("lint", "--format", "json", f)
-    rows = json.loads(result.output)
+    rows = json.loads(result.output)["findings"]
     assert {r["code"] for r in rows} == {"XLA101", "XLA104"}
     row = [r for r in rows if r["code"] == "XLA101"][0]
     assert row["path"] == str(f) and row["line"] == 2 and row["col"] == 5 and row["fix"] is True
@@ -204,8 +204,8 @@ def test_static_path_never_imports_torch(tmp_path):
 def test_parallel_jobs_agree(tmp_path):
     for i in range(12):
         (tmp_path / f"m{i}.py").write_bytes(CUDA)
-    one = json.loads(run("lint", "--format", "json", "-j", "1", tmp_path).output)
-    two = json.loads(run("lint", "--format", "json", "-j", "2", tmp_path).output)
+    one = json.loads(run("lint", "--format", "json", "-j", "1", tmp_path).output)["findings"]
+    two = json.loads(run("lint", "--format", "json", "-j", "2", tmp_path).output)["findings"]
     assert one == two and len(one) == 12
 
 
@@ -218,8 +218,8 @@ def test_lint_include_cold_says_which_reads_run_every_step(tmp_path):
         "    def step(self, out, t, sample):\n        i = self.index_for_timestep(t)\n        return sample - out\n"
     )
     hot_only = run("lint", "--format", "json", "--select", "XLA4", sched)
-    assert {(f["line"], f["code"]) for f in json.loads(hot_only.output)} == {(9, "XLA401"), (9, "XLA405")}
-    both = json.loads(run("lint", "--format", "json", "--select", "XLA4", "--include-cold", sched).output)
+    assert {(f["line"], f["code"]) for f in json.loads(hot_only.output)["findings"]} == {(9, "XLA401"), (9, "XLA405")}
+    both = json.loads(run("lint", "--format", "json", "--select", "XLA4", "--include-cold", sched).output)["findings"]
     by_line = {(f["line"], f["code"]): f["message"] for f in both}
     assert "once per call (in `set_timesteps()`)" in by_line[(6, "XLA401")]
     assert "runs every step" in by_line[(9, "XLA401")] and "reached from `step()`" in by_line[(9, "XLA401")]
@@ -238,8 +238,8 @@ def test_lint_first_step_only_lookup_is_once_per_call(tmp_path):
         "        return sample - out\n\n"
         "    def other(self, t):\n        return t.item()\n"
     )
-    hot_only = json.loads(run("lint", "--format", "json", "--select", "XLA4", sched).output)
+    hot_only = json.loads(run("lint", "--format", "json", "--select", "XLA4", sched).output)["findings"]
     assert {(f["line"], f["code"]) for f in hot_only} == {(16, "XLA401")}  # the else branch is every step
-    both = json.loads(run("lint", "--format", "json", "--select", "XLA4", "--include-cold", sched).output)
+    both = json.loads(run("lint", "--format", "json", "--select", "XLA4", "--include-cold", sched).output)["findings"]
     by_line = {(f["line"], f["code"]): f["message"] for f in both}
     assert "once per call (in `index_for_timestep()`)" in by_line[(6, "XLA401")]

@@ -97,7 +97,7 @@ def _emit(results: List[FileResult], fmt: str, show_fixes: bool) -> None:
             rows.append(r.error_finding())
         rows.extend(f for f in r.findings if show_fixes or not f.fix)
     if fmt == "json":
-        click.echo(json.dumps([f.as_dict() for f in rows], indent=2))
+        click.echo(json.dumps({"findings": [f.as_dict() for f in rows], "cuda": _cuda_counts(results)}, indent=2))
         return
     for f in rows:
         path = f.path
@@ -127,6 +127,23 @@ def _diff(r: FileResult) -> str:
             tofile=f"b/{str(r.path).lstrip('/')}",
         )
     )
+
+
+def _cuda_counts(results: List[FileResult]) -> Dict[str, int]:
+    found = sum(r.cuda[0] for r in results)
+    left = sum(r.cuda[1] for r in results)
+    return {"found": found, "rewritten": max(found - left, 0), "left_for_review": left}
+
+
+def _coverage_line(results: List[FileResult], after: str) -> None:
+    """HIPIFY-style statistics: the CUDA references of the input, how many
+    the conversion removes, how many stay (each one reported above)."""
+    c = _cuda_counts(results)
+    if not c["found"]:
+        return
+    pct = 100.0 * c["rewritten"] / c["found"]
+    click.echo(f"CUDA references: {c['found']} found, {c['rewritten']} {after} ({pct:.0f}%), "
+               f"{c['left_for_review']} left for review (each reported above with its line).", err=True)
 
 
 def _notices(results: List[FileResult], fmt: str) -> None:
@@ -160,7 +177,7 @@ def convert(paths, output, show_diff, check, quiet, select, ignore, fmt, jobs, t
     settings, excludes = _settings(paths, select, ignore, target, exclude, keep_progress, prints, config_path)
     if not paths:
         if fmt == "json":
-            click.echo("[]")
+            click.echo(json.dumps({"findings": [], "cuda": _cuda_counts([])}))
         sys.exit(0)
     out_root = Path(output) if output else None
     if out_root is not None:
@@ -191,6 +208,7 @@ def convert(paths, output, show_diff, check, quiet, select, ignore, fmt, jobs, t
             f"{len(errors)} file(s) could not be processed, {len(results)} file(s) seen.",
             err=True,
         )
+        _coverage_line(results, "would be rewritten" if not write else "rewritten")
     if errors:
         sys.exit(2)
     if check and changed:
@@ -245,7 +263,7 @@ def lint(paths, show_diff, statistics, include_cold, select, ignore, fmt, jobs, 
         settings.options = {**settings.options, "include_cold": True}
     if not paths:
         if fmt == "json":
-            click.echo("[]")
+            click.echo(json.dumps({"findings": [], "cuda": _cuda_counts([])}))
         sys.exit(0)
     results = process(discover(paths, excludes), settings, jobs)
     if statistics and fmt == "text":
@@ -278,6 +296,7 @@ def lint(paths, show_diff, statistics, include_cold, select, ignore, fmt, jobs, 
             )
         else:
             click.echo(f"All checks passed ({len(results)} file(s)).", err=True)
+        _coverage_line(results, "would be rewritten by `xlaport convert`")
     if errors:
         sys.exit(2)
     if findings:

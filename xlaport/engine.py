@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import libcst as cst
 from libcst.codemod import Codemod, CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
 from codemods import CODEMODS, all_rules
+from codemods.analysis.cuda import count_references
+from codemods.coverage import CATCH_ALL, COVERAGE_KEY, CudaCatchAll
 from codemods.base import (
     FINDINGS_KEY,
     OPTIONS_KEY,
@@ -60,6 +62,7 @@ class Settings:
 class Outcome:
     code: bytes  # the converted source (== input when nothing changed)
     findings: List[Finding]
+    cuda: Tuple[int, int] = (0, 0)  # CUDA references (in the input, left in the output)
 
     def changed(self, original: bytes) -> bool:
         return self.code != original
@@ -158,6 +161,7 @@ def transform(source: bytes, settings: Settings, filename: str = "") -> Outcome:
     findings: List[Finding] = []
     text = original_text
     context.scratch[TREE_KEY] = TreeCache(tree, source)
+    found = count_references(context.scratch[TREE_KEY]) if CudaCatchAll in codemods else 0  # type: ignore[arg-type]
     for cls in codemods:
         # One TreeCache per tree holds the metadata and analyses that every
         # codemod running on it shares; a codemod that changes the tree starts
@@ -188,5 +192,13 @@ def transform(source: bytes, settings: Settings, filename: str = "") -> Outcome:
     if context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY):
         tree = Codemod.transform_module(RemoveImportsVisitor(context), tree)
     out = tree.bytes if tree.code != original_text else source
+    findings = _without_repeats(findings)
     findings.sort(key=lambda f: (f.line, f.col, f.code))
-    return Outcome(out, findings)
+    left = int(context.scratch.get(COVERAGE_KEY, 0))  # type: ignore[call-overload]
+    return Outcome(out, findings, (found, left))
+
+
+def _without_repeats(findings: List[Finding]) -> List[Finding]:
+    """The catch-all (XLA199) speaks only where no CUDA rule reported the line."""
+    reported = {f.line for f in findings if not f.fix and f.code.startswith("XLA1") and f.code != CATCH_ALL.code}
+    return [f for f in findings if f.code != CATCH_ALL.code or f.line not in reported]

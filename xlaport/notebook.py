@@ -38,8 +38,9 @@ def _unmask(source: str, saved: List[str]) -> str:
 
 def transform_notebook(
     data: bytes, settings: Settings, filename: str = ""
-) -> Tuple[bytes, List[Finding], List[str]]:
-    """Returns (new bytes, findings with ``cell`` set, per-cell problems)."""
+) -> Tuple[bytes, List[Finding], List[str], Tuple[int, int]]:
+    """Returns (new bytes, findings with ``cell`` set, per-cell problems,
+    CUDA references found and left)."""
     import nbformat  # imported here: only notebooks pay for it
 
     try:
@@ -49,6 +50,7 @@ def transform_notebook(
     findings: List[Finding] = []
     problems: List[str] = []
     changed = False
+    found = left = 0
     for index, cell in enumerate(nb.cells, start=1):
         if cell.get("cell_type") != "code":
             continue
@@ -60,6 +62,7 @@ def transform_notebook(
             where = f", line {exc.line}" if exc.line else ""
             problems.append(f"cell {index}{where}: {exc.message}")
             continue
+        found, left = found + outcome.cuda[0], left + outcome.cuda[1]
         for f in outcome.findings:
             f.cell = index
             findings.append(f)
@@ -68,11 +71,11 @@ def transform_notebook(
             cell.source = new
             changed = True
     if not changed:
-        return data, findings, problems
+        return data, findings, problems, (found, left)
     text = nbformat.writes(nb)
     # keep the file's own indentation style when it is the common 1-space one
     if not data.lstrip().startswith(b"{\n "):
         text = json.dumps(json.loads(text), ensure_ascii=False)
     if data.endswith(b"\n") and not text.endswith("\n"):
         text += "\n"
-    return text.encode("utf-8"), findings, problems
+    return text.encode("utf-8"), findings, problems, (found, left)

@@ -32,6 +32,7 @@ class FileResult:
     notice: Optional[str] = None
     parsed: bool = False
     partial: bool = False  # notebooks: some cells failed, the others converted
+    cuda: Tuple[int, int] = (0, 0)  # CUDA references: in the input, left in the output
 
     @property
     def writable(self) -> bool:
@@ -56,30 +57,33 @@ class FileResult:
         )
 
 
-def _convert_bytes(path: str, data: bytes, settings: Settings) -> Tuple[bytes, List[Finding], List[str]]:
+def _convert_bytes(path: str, data: bytes, settings: Settings) -> Tuple[bytes, List[Finding], List[str], Tuple[int, int]]:
     if path.endswith(".ipynb"):
         from xlaport.notebook import transform_notebook
 
         return transform_notebook(data, settings, path)
     outcome = transform(data, settings, path)
-    return outcome.code, outcome.findings, []
+    return outcome.code, outcome.findings, [], outcome.cuda
 
 
-def _work(args: Tuple[str, bytes, Settings]) -> Tuple[Optional[bytes], List[Finding], Optional[Tuple[str, Optional[int], Optional[int]]]]:
+Problem = Optional[Tuple[str, Optional[int], Optional[int]]]
+
+
+def _work(args: Tuple[str, bytes, Settings]) -> Tuple[Optional[bytes], List[Finding], Problem, Tuple[int, int]]:
     path, data, settings = args
     try:
-        out, findings, problems = _convert_bytes(path, data, settings)
+        out, findings, problems, cuda = _convert_bytes(path, data, settings)
     except SourceError as exc:
-        return None, [], (exc.message, exc.line, exc.col)
+        return None, [], (exc.message, exc.line, exc.col), (0, 0)
     except RecursionError:
-        return None, [], ("too deeply nested for the parser", None, None)
+        return None, [], ("too deeply nested for the parser", None, None), (0, 0)
     except Exception as exc:  # an xlaport bug must not abort the run
-        return None, [], (f"internal error in xlaport: {type(exc).__name__}: {exc}", None, None)
+        return None, [], (f"internal error in xlaport: {type(exc).__name__}: {exc}", None, None), (0, 0)
     for f in findings:
         f.path = path
     if problems:
-        return out, findings, ("; ".join(problems), None, None)
-    return out, findings, None
+        return out, findings, ("; ".join(problems), None, None), cuda
+    return out, findings, None, cuda
 
 
 def _needs_parse(data: bytes, settings: Settings) -> bool:
@@ -116,8 +120,9 @@ def process(entries: Sequence[Entry], settings: Settings, jobs: int = 0) -> List
 
 
 def _collect(work, outcomes) -> None:
-    for (result, _), (out, findings, error) in zip(work, outcomes):
+    for (result, _), (out, findings, error, cuda) in zip(work, outcomes):
         result.parsed = True
+        result.cuda = cuda
         if out is not None:
             result.output = out
         result.findings = findings

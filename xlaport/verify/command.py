@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -25,10 +26,12 @@ import click
 @click.option("--max-host-reads-per-step", type=float, default=None, help="Fail above this (default: report only).")
 @click.option("--timeout", type=float, default=600, show_default=True, help="Seconds per run.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the report as JSON here.")
+@click.option("--torchrun", is_flag=True,
+              help="Run both sides as `torchrun --nproc_per_node=1` would (RANK, WORLD_SIZE, MASTER_* set).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write a per-step compiles/executions/transfers plot to this PNG (needs matplotlib).")
 def verify(script, script_args, converted, device, reference, rtol, atol, warmup_steps, max_host_reads_per_step,
-           timeout, json_out, plot):
+           timeout, json_out, torchrun, plot):
     """Run SCRIPT as the reference and its XLA conversion; compare outputs and compile behaviour.
 
     Exit 0: pass; 1: outputs differ or a budget is exceeded; 2: could not verify.
@@ -36,6 +39,10 @@ def verify(script, script_args, converted, device, reference, rtol, atol, warmup
     from xlaport.verify.core import verify as run_verify
     from xlaport.verify.report import plot_steps, render
 
+    if json_out and not Path(json_out).resolve().parent.is_dir():
+        raise click.BadParameter(f"directory of {json_out} does not exist", param_hint="--json")
+    if torchrun:
+        os.environ["XLAPORT_TORCHRUN"] = "1"
     report = run_verify(Path(script), Path(converted) if converted else None, script_args, rtol, atol, timeout,
                         max_host_reads_per_step, warmup_steps=warmup_steps, reference=reference, device=device)
     if json_out:

@@ -249,12 +249,48 @@ def _save_leftovers(namespace: Dict[str, object], path: str) -> None:
         torch.save(found, path)
 
 
+def _launch_here() -> None:
+    """With one XLA device, ``torch_xla.launch``/``xmp.spawn`` would start one
+    worker process, out of this harness's sight.  One replica in this process
+    is the same computation (torch_xla's own ``debug_single_process``), so run
+    it here, where its output and metrics are recorded."""
+    if os.environ.get("CPU_NUM_DEVICES", "1") != "1" or os.environ.get("PJRT_DEVICE", "CPU") != "CPU":
+        return
+    import torch_xla
+    import torch_xla.distributed.xla_multiprocessing as xmp
+
+    launch, spawn = torch_xla.launch, xmp.spawn
+
+    def launch_here(fn, args=(), start_method="spawn", debug_single_process=False):
+        return launch(fn, args=args, start_method=start_method, debug_single_process=True)
+
+    def spawn_here(fn, args=(), nprocs=None, start_method="spawn"):
+        return spawn(fn, args=args, nprocs=1, start_method=start_method)
+
+    torch_xla.launch, xmp.spawn = launch_here, spawn_here
+
+
+def _emulate_torchrun() -> None:
+    """``--torchrun``: the environment ``torchrun --nproc_per_node=1`` gives."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1"),
+                       ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port))):
+        os.environ.setdefault(key, value)
+
+
 def main() -> int:
     mode, result_path, script, *args = sys.argv[1:]
     recorder = None
+    if os.environ.get("XLAPORT_TORCHRUN"):
+        _emulate_torchrun()
     if mode == "xla":
         recorder = XlaRecorder()  # imports torch_xla before the clock starts
         recorder.install()
+        _launch_here()
     tee = _Tee(sys.stdout)
     sys.stdout = tee
     sys.argv = [script, *args]

@@ -1,4 +1,4 @@
-"""Static facts about loops shared by the loop-aware codemods (no rules here).
+"""How xlaport recognises step loops, the hot region, tensors and loaders.
 
 * a **step loop** carries state from one iteration to the next: its own body
   (not a nested loop's) calls ``.backward()``, an optimizer step, a sampling

@@ -1,0 +1,214 @@
+"""The CUDA surface of a module: what is CUDA-specific in it, and what the
+names that carry CUDA choices hold.
+
+* :func:`cuda_references` lists every CUDA-specific construct (``torch.cuda.*``
+  in any import spelling, ``torch.backends.cudnn/cuda.*``, ``.cuda()``,
+  ``"cuda"``/``"cuda:N"`` strings, ``"nccl"``, ``device_ids=``/``output_device=``,
+  pinned memory, ``map_location=``, GradScalers, ``mp.spawn``).  ``convert`` and
+  ``lint`` count them in the input and in the output for the coverage line,
+  and the catch-all rule (XLA199) reports those left in the output.
+* :class:`CudaFacts` answers, from the module's assignments, which names hold
+  a device *string* (``device = "cuda"``: the program may test it as a string,
+  so it must stay one), which hold a GradScaler, and which scopes launch
+  worker processes (where the runtime must not start yet).
+
+Facts are keyed by the target's source text (``device``, ``args.device``,
+``self.scaler``) over the whole module: a name is what every assignment to
+it in the module says it is.  That is coarser than reaching definitions, and
+each rule that rewrites on it checks the use it rewrites.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Dict, List, Optional, Set, Tuple
+
+import libcst as cst
+
+from codemods.base import TreeCache, dotted, string_value, walk
+
+QualNames = Callable[[cst.CSTNode], Set[str]]
+
+CUDA_STRING_RE = re.compile(r"^cuda(:\d+)?$")
+HOST_DEVICES = {"cpu", "mps"}
+CUDA_MODULES = ("torch.cuda", "torch.backends.cudnn", "torch.backends.cuda")
+GRAD_SCALERS = {"torch.cuda.amp.GradScaler", "torch.amp.GradScaler", "torch.cuda.amp.grad_scaler.GradScaler",
+                "torch.amp.grad_scaler.GradScaler"}
+AUTOCASTS = {"torch.cuda.amp.autocast", "torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast",
+             "torch.cuda.amp.autocast_mode.autocast"}
+AVAILABILITY = {"torch.cuda.is_available", "torch.accelerator.is_available", "torch.backends.mps.is_available"}
+# what starts worker processes, before conversion and after (idempotence)
+LAUNCHERS = {"torch_xla.launch", "torch_xla.distributed.xla_multiprocessing.spawn"}
+SPAWNS = {"torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn", "torch.multiprocessing.start_processes"}
+
+
+def is_cuda_string(node: cst.CSTNode) -> bool:
+    """``"cuda"``, ``"cuda:1"`` or ``f"cuda:{rank}"``."""
+    value = string_value(node)
+    if value is not None:
+        return bool(CUDA_STRING_RE.match(value))
+    if isinstance(node, cst.FormattedString):
+        first = node.parts[0] if node.parts else None
+        return isinstance(first, cst.FormattedStringText) and first.value.startswith("cuda:")
+    return False
+
+
+def is_host_string(node: cst.CSTNode) -> bool:
+    return string_value(node) in HOST_DEVICES
+
+
+def is_device_string_choice(node: cst.CSTNode) -> bool:
+    """A CUDA string, or a conditional choosing between device strings with a
+    CUDA one among them (``"cuda" if ok else "mps" if mps else "cpu"``)."""
+    if isinstance(node, cst.IfExp):
+        branches = [node.body, node.orelse]
+        if not all(is_device_string_choice(b) or is_host_string(b) for b in branches):
+            return False
+        return any(is_device_string_choice(b) for b in branches)
+    return is_cuda_string(node)
+
+
+def in_cuda_module(names: Set[str]) -> Optional[str]:
+    for q in names:
+        if q == "torch.cuda" or q.startswith(tuple(m + "." for m in CUDA_MODULES)) or q in CUDA_MODULES:
+            return q
+    return None
+
+
+def cuda_references(tree: TreeCache, qualnames: QualNames) -> List[Tuple[cst.CSTNode, str]]:
+    """Every CUDA-specific construct of the module, with a short label."""
+    found: List[Tuple[cst.CSTNode, str]] = []
+    parents = tree.parents
+    source = tree.source
+    if source and not any(m in source for m in (b"cuda", b"nccl", b"pin_memory", b"map_location", b"device_ids",
+                                                b"output_device", b"GradScaler", b"spawn")):
+        return found
+    for n in walk(tree.module):
+        if isinstance(n, (cst.Attribute, cst.Name)):
+            parent = parents.get(id(n))
+            if isinstance(parent, cst.Attribute) and (parent.value is n or parent.attr is n):
+                continue  # only the whole chain counts
+            if isinstance(parent, (cst.ImportAlias, cst.ImportFrom)) or _in_import(n, parents):
+                continue
+            text = dotted(n)
+            if text and ("cuda" in text or "cudnn" in text or "GradScaler" in text or "spawn" in text):
+                q = qualnames(n)
+                hit = in_cuda_module(q)
+                if hit:
+                    found.append((n, hit))
+                elif q & (GRAD_SCALERS | SPAWNS):
+                    found.append((n, sorted(q & (GRAD_SCALERS | SPAWNS))[0]))
+        elif isinstance(n, cst.Call):
+            func = n.func
+            if isinstance(func, cst.Attribute) and func.attr.value in ("cuda", "pin_memory"):
+                if not in_cuda_module(qualnames(func)):
+                    found.append((n, f".{func.attr.value}()"))
+        elif isinstance(n, (cst.SimpleString, cst.FormattedString)):
+            if is_cuda_string(n):
+                found.append((n, '"cuda"'))
+            elif string_value(n) == "nccl":
+                found.append((n, '"nccl"'))
+        elif isinstance(n, cst.Arg) and n.keyword is not None:
+            key = n.keyword.value
+            if key in ("device_ids", "output_device"):
+                found.append((n, f"{key}="))
+            elif key == "pin_memory" and not _is_false(n.value):
+                found.append((n, "pin_memory="))
+            elif key == "map_location" and string_value(n.value) != "cpu":
+                found.append((n, "map_location="))
+        elif isinstance(n, cst.DictElement) and string_value(n.key) == "pin_memory" and not _is_false(n.value):
+            found.append((n, "pin_memory="))
+    return found
+
+
+def count_references(tree: TreeCache) -> int:
+    """How many CUDA references the module holds, reading names through its
+    imports only: the same count before and after conversion."""
+    return len(cuda_references(tree, lambda n: tree.import_qualnames(n) or set()))
+
+
+def _is_false(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.Name) and node.value == "False"
+
+
+def _in_import(node: cst.CSTNode, parents: Dict[int, cst.CSTNode]) -> bool:
+    cur: Optional[cst.CSTNode] = node
+    for _ in range(6):
+        cur = parents.get(id(cur)) if cur is not None else None
+        if cur is None or isinstance(cur, (cst.BaseStatement, cst.BaseSmallStatement)):
+            return isinstance(cur, (cst.Import, cst.ImportFrom))
+    return False
+
+
+class CudaFacts:
+    """What the module's assignments say about names carrying CUDA choices."""
+
+    def __init__(self, tree: TreeCache, qualnames: QualNames) -> None:
+        self.device_strings: Set[str] = set()
+        self.scalers: Set[str] = set()
+        self.launchers: Set[int] = set()  # id() of functions (or the module) that spawn workers
+        self.availability_flags: Set[str] = set()  # use_cuda = torch.cuda.is_available() and ...
+        self._qualnames = qualnames
+        self._assigned_other: Set[str] = set()
+        for node in walk(tree.module):
+            if isinstance(node, (cst.Assign, cst.AnnAssign)) and node.value is not None:
+                targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+                for target in targets:
+                    self._bind(target, node.value, qualnames)
+            elif isinstance(node, cst.Call) and qualnames(node.func) & (SPAWNS | LAUNCHERS):
+                self.launchers.add(id(scope_of(node, tree)))
+        self.device_strings -= self._assigned_other
+
+    def _bind(self, target: cst.CSTNode, value: cst.CSTNode, qualnames: QualNames) -> None:
+        text = dotted(target)
+        if text is None:
+            return
+        if is_device_string_choice(value):
+            self.device_strings.add(text)
+        elif not is_host_string(value):
+            self._assigned_other.add(text)
+        if isinstance(value, cst.Call) and qualnames(value.func) & GRAD_SCALERS:
+            self.scalers.add(text)
+        if isinstance(value, (cst.Call, cst.BooleanOperation, cst.UnaryOperation, cst.Name, cst.Attribute)) \
+                and self.tests_availability(value):
+            self.availability_flags.add(text)  # a flag, not a device chosen by one
+
+    def tests_availability(self, test: cst.CSTNode) -> bool:
+        """``test`` calls an accelerator availability predicate, or reads a
+        flag that was assigned from one."""
+        for n in walk(test):
+            if isinstance(n, cst.Call) and self._qualnames(n.func) & AVAILABILITY:
+                return True
+            if isinstance(n, (cst.Name, cst.Attribute)) and dotted(n) in self.availability_flags:
+                return True
+        return False
+
+    def is_device_string(self, node: cst.CSTNode) -> bool:
+        """``node`` reads a name that holds a device string (a CUDA one, before
+        conversion, or the target's after it)."""
+        text = dotted(node)
+        return text is not None and text in self.device_strings
+
+    def is_scaler(self, node: cst.CSTNode) -> bool:
+        text = dotted(node)
+        if text is None:
+            return False
+        if text in self.scalers:
+            return True
+        # last resort, for a scaler handed in by a caller: a name saying so
+        return text.split(".")[-1] in {"scaler", "grad_scaler", "loss_scaler", "amp_scaler"}
+
+
+def scope_of(node: cst.CSTNode, tree: TreeCache) -> cst.CSTNode:
+    """The function (or module) whose body holds ``node``."""
+    cur: Optional[cst.CSTNode] = tree.parents.get(id(node))
+    while cur is not None and not isinstance(cur, (cst.FunctionDef, cst.Module)):
+        cur = tree.parents.get(id(cur))
+    return cur or tree.module
+
+
+def cuda_facts(tree: TreeCache, qualnames: QualNames) -> CudaFacts:
+    facts = tree.memo.get("cuda_facts")
+    if not isinstance(facts, CudaFacts):
+        facts = tree.memo["cuda_facts"] = CudaFacts(tree, qualnames)
+    return facts

@@ -1,0 +1,118 @@
+"""XLA131, XLA132: checkpoints that load and save across devices.
+
+``torch.load(path, map_location=<an XLA device>)`` fails ("don't know how to
+restore data location ... tagged with xla:0"), and so does a CUDA
+``map_location`` on a TPU host.  Loading to ``"cpu"`` always works, and
+``load_state_dict`` (of a module or an optimizer) then moves each tensor to
+where its parameter lives.  Saving device state with ``torch.save`` writes
+XLA tensors that load back only onto XLA; ``xm.save`` moves them to the CPU
+first and writes once, from the master process.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import libcst as cst
+
+from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all, string_value
+
+MAP_LOCATION = Rule(
+    code="XLA131",
+    name="map-location",
+    summary='`torch.load(..., map_location=<device>)` -> `map_location="cpu"`',
+    why=(
+        "torch.load cannot restore tensors onto an XLA device, and a CUDA `map_location` (a "
+        "string, a device, or a lambda calling `.cuda()`) fails on a TPU host. Loading to the CPU "
+        "always works; `load_state_dict` then copies each tensor to its parameter's device."
+    ),
+    before=(
+        "import torch\n\nckpt = torch.load(path, map_location=device)\nmodel.load_state_dict(ckpt[\"model\"])\n"
+        "opt_state = torch.load(path, map_location=lambda storage, loc: storage.cuda())\n"
+    ),
+    after=(
+        "import torch\n\nckpt = torch.load(path, map_location=\"cpu\")\nmodel.load_state_dict(ckpt[\"model\"])\n"
+        "opt_state = torch.load(path, map_location=\"cpu\")\n"
+    ),
+    valid=("import torch\n\nckpt = torch.load(path, map_location=\"cpu\")\n",),
+)
+
+XM_SAVE = Rule(
+    code="XLA132",
+    name="xm-save",
+    summary="`torch.save` of model/optimizer state -> `xm.save`",
+    why=(
+        "`torch.save` of a state dict taken on the XLA device pickles XLA tensors, which load back "
+        "only where torch_xla runs, and every process writes the file. `xm.save` moves the tensors "
+        "to the CPU first and writes from the master process only. Only saves of state (a "
+        "`state_dict()`, directly or in a dict built in the same function) are rewritten."
+    ),
+    before=(
+        "import torch\n\ncheckpoint = {\"model\": model.state_dict(), \"step\": step}\n"
+        "torch.save(checkpoint, \"ckpt.pt\")\n"
+    ),
+    after=(
+        "import torch\nimport torch_xla.core.xla_model as xm\n\n"
+        "checkpoint = {\"model\": model.state_dict(), \"step\": step}\nxm.save(checkpoint, \"ckpt.pt\")\n"
+    ),
+    valid=("import torch\n\ntorch.save(stats, \"stats.pt\")\n",),
+)
+
+
+class Checkpoints(XlaCodemod):
+    DESCRIPTION = "Load checkpoints to the CPU; save device state with xm.save."
+    RULES = (MAP_LOCATION, XM_SAVE)
+    TRIGGERS = (b"torch.load", b"torch.save", b"map_location", b"load(", b"save(")
+
+    def regions(self, tree):
+        return tree.statements_where(lambda n: isinstance(n, cst.Name) and n.value in ("load", "save"))
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        q = self.qualnames(original_node.func)
+        if "torch.load" in q or "torch.serialization.load" in q:
+            return self._load(original_node, updated_node)
+        if ("torch.save" in q or "torch.serialization.save" in q) and self.target.save:
+            return self._save(original_node, updated_node)
+        return updated_node
+
+    def _load(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        for i, a in enumerate(original.args):
+            is_location = (a.keyword is not None and a.keyword.value == "map_location") or (
+                a.keyword is None and i == 1)
+            if not is_location or string_value(a.value) == "cpu":
+                continue
+            if self.flag(a.value, MAP_LOCATION.code, 'map_location -> "cpu" (load_state_dict moves the tensors)',
+                         fix=True):
+                args = list(updated.args)
+                args[i] = args[i].with_changes(value=cst.SimpleString('"cpu"'))
+                return updated.with_changes(args=args)
+        return updated
+
+    def _save(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        if not original.args or not self._is_state(original.args[0].value, original):
+            return updated
+        if not self.flag(original, XM_SAVE.code, "`torch.save` of device state -> `xm.save`", fix=True):
+            return updated
+        self.add_imports(self.target.save_imports)
+        return updated.with_changes(func=cst.parse_expression(self.target.save))  # type: ignore[arg-type]
+
+    def _is_state(self, value: cst.CSTNode, call: cst.Call) -> bool:
+        """The value holds a ``state_dict()``: directly, or through a name
+        assigned in the same function from something that does."""
+        if _has_state_dict(value):
+            return True
+        name = dotted(value)
+        if name is None:
+            return False
+        scope = next((a for a in self.ancestors(call) if isinstance(a, (cst.FunctionDef, cst.Module))), None)
+        if scope is None:
+            return False
+        for assign in find_all(scope, cst.Assign, stop=(cst.FunctionDef, cst.ClassDef)):
+            targets: List[str] = [dotted(t.target) or "" for t in assign.targets]  # type: ignore[attr-defined]
+            if name in targets and _has_state_dict(assign.value):  # type: ignore[attr-defined]
+                return True
+        return False
+
+
+def _has_state_dict(node: cst.CSTNode) -> bool:
+    return any(call_name(c) == "state_dict" for c in find_all(node, cst.Call))

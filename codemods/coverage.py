@@ -1,0 +1,94 @@
+"""XLA199: the CUDA catch-all -- nothing CUDA-specific is left unreported.
+
+This codemod runs last, on the converted program.  Every CUDA-specific
+construct still in it (:func:`codemods.analysis.cuda.cuda_references`) that
+no other rule reported on its line is reported here, with a hint, so that a
+conversion never "succeeds" while CUDA code silently remains.  The engine
+also counts the references before and after conversion for the coverage line
+(found / rewritten / left for review).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from codemods.analysis.cuda import count_references, cuda_references
+from codemods.base import SELECT_KEY, Rule, XlaCodemod
+from codemods.cuda_api import CudaApi
+
+COVERAGE_KEY = "xlaport.cuda_left"
+
+# The rule that converts each kind of reference: with that rule turned off
+# (--ignore, --select), what it would have converted is not reported here.
+_OWNERS = {'"cuda"': ("XLA102", "XLA109"), '"nccl"': ("XLA141",), ".cuda()": ("XLA101",),
+           ".pin_memory()": ("XLA108",), "pin_memory=": ("XLA108",), "device_ids=": ("XLA142",),
+           "output_device=": ("XLA142",), "map_location=": ("XLA131",)}
+
+
+def _owners(label: str) -> tuple:
+    if label in _OWNERS:
+        return _OWNERS[label]
+    if "GradScaler" in label:
+        return ("XLA122",)
+    if "autocast" in label:
+        return ("XLA121",)
+    if "spawn" in label or "start_processes" in label:
+        return ("XLA143",)
+    if label.startswith(("torch.backends.cudnn", "torch.backends.cuda")):
+        return ("XLA112", "XLA115")
+    return (CudaApi._rule_for(label), "XLA115")
+
+
+_HINTS = {
+    '"cuda"': 'a CUDA device string outside any device argument or device variable xlaport can see: '
+              'if it names the device, use "xla" (or torch_xla.device())',
+    '"nccl"': 'the NCCL backend needs CUDA: collectives on XLA use the "xla" process group',
+    ".cuda()": "`.cuda()` xlaport did not convert: move with `.to(torch_xla.device())`",
+    ".pin_memory()": "pinned memory needs CUDA: drop it",
+    "device_ids=": "CUDA device ids: XLA processes each own one device, drop them",
+    "output_device=": "a CUDA output device: drop it",
+    "pin_memory=": "pinned memory needs CUDA: set it False",
+    "map_location=": 'load checkpoints with map_location="cpu", then move them with load_state_dict',
+}
+
+CATCH_ALL = Rule(
+    code="XLA199",
+    name="cuda-left-over",
+    summary="a CUDA-specific construct no rule converted (reported, with a hint)",
+    why=(
+        "xlaport rewrites the CUDA idioms it understands and reports the ones it cannot convert "
+        "with their own rule. Anything CUDA-specific left after that (a `torch.cuda` API it has no "
+        "table entry for, a \"cuda\" string it cannot place, `.cuda()` it could not rewrite) is "
+        "reported here, so that every remaining CUDA reference has a line in the report and the "
+        "coverage line (found / rewritten / left) is exact."
+    ),
+    before="import torch\n\ntorch.cuda.jiterator._create_jit_fn(code)\n",
+    after=None,
+    valid=("import torch_xla\n\ndevice = torch_xla.device()\n",),
+)
+
+
+class CudaCatchAll(XlaCodemod):
+    DESCRIPTION = "Report every CUDA-specific construct left in the converted program."
+    RULES = (CATCH_ALL,)
+    TRIGGERS = (b"cuda", b"nccl", b"pin_memory", b"map_location", b"device_ids", b"output_device",
+                b"GradScaler", b"spawn")
+
+    def regions(self, tree):
+        return []  # reads only: nothing is rewritten
+
+    def visit_Module(self, node: cst.Module) -> None:
+        refs = cuda_references(self.tree, self.qualnames)
+        self.context.scratch[COVERAGE_KEY] = count_references(self.tree)
+        selected = set(self.context.scratch.get(SELECT_KEY) or ())  # type: ignore[arg-type]
+        for ref, label in refs:
+            owners = _owners(label)
+            if selected - {CATCH_ALL.code} and not selected & set(owners):
+                continue  # its own rule is turned off: the user chose not to hear about it
+            if any(self.is_suppressed(ref, code) for code in owners):
+                continue  # so is a suppression of its own rule on that line
+            if label.startswith("torch."):
+                hint = f"`{label.replace('torch.', '', 1)}` has no XLA conversion in xlaport: remove or replace it"
+            else:
+                hint = _HINTS.get(label, "CUDA-specific: review it")
+            self.flag(ref, CATCH_ALL.code, hint, fix=False)

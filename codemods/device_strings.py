@@ -1,0 +1,149 @@
+"""XLA109: a device held as a *string* stays a string.
+
+Programs keep their device in a string (``device = "cuda"``, an argparse
+``--device`` default, ``device_type = "cuda" if "cuda" in device else "cpu"``)
+and then test it as one: ``"cuda" in device``, ``device.startswith("cuda")``,
+``torch.autocast(device_type=device_type)``.  Putting a ``torch.device`` there
+crashes at start-up (``argument of type 'torch.device' is not iterable``,
+``Expected device_type of type str``).  So such a string becomes the target's
+device string (``"xla"``, which ``.to()``, ``device=`` and ``torch.device()``
+accept as well), and the string tests on it are rewritten to match, so the
+program takes the branches it took on the GPU.
+
+Which names hold a device string is :class:`codemods.analysis.cuda.CudaFacts`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Set
+
+import libcst as cst
+
+from codemods.analysis.cuda import cuda_facts, is_cuda_string, is_device_string_choice
+from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all, string_value
+
+_DEVICE_NAME_RE = re.compile(r"(^|_)(device|dev)(_|$)|device", re.IGNORECASE)
+
+DEVICE_STRING = Rule(
+    code="XLA109",
+    name="cuda-device-string",
+    summary='a device kept in a string (`device = "cuda"`) becomes `"xla"`, and tests on it follow',
+    why=(
+        "A program that keeps its device in a string also tests it as a string (`'cuda' in device`, "
+        "`device_type = ...` for autocast). Replacing the string with a `torch.device` crashes those "
+        "tests; leaving \"cuda\" crashes on a TPU host. The string becomes \"xla\" (valid wherever a "
+        "device is expected once torch_xla is imported), comparisons of that name with \"cuda\" compare "
+        "with \"xla\", and a `--device` option's CUDA default and choices become \"xla\"."
+    ),
+    before=(
+        "device = \"cuda\"\ndevice_type = \"cuda\" if \"cuda\" in device else \"cpu\"\n"
+        "parser.add_argument(\"--device\", default=\"cuda\", choices=[\"cpu\", \"cuda\"])\n"
+    ),
+    after=(
+        "import torch_xla\n\ndevice = \"xla\"\ndevice_type = \"xla\" if \"xla\" in device else \"cpu\"\n"
+        "parser.add_argument(\"--device\", default=\"xla\", choices=[\"cpu\", \"xla\"])\n"
+    ),
+    valid=(
+        'print("running on cuda")\n',
+        'backend_name = "cuda"\n',
+        'if x.device.type == "xla":\n    pass\n',
+    ),
+)
+
+
+class DeviceStrings(XlaCodemod):
+    DESCRIPTION = 'Keep devices held in strings as strings: "cuda" -> "xla", with the tests on them.'
+    RULES = (DEVICE_STRING,)
+    TRIGGERS = (b"cuda",)
+
+    def regions(self, tree):
+        return tree.statements_where(lambda n: isinstance(n, (cst.SimpleString, cst.FormattedStringText))
+                                     and "cuda" in n.value)
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._rewrite: Set[int] = set()  # id() of CUDA string nodes to replace
+        self._argparse_dests: Set[str] = set()
+
+    def visit_Module(self, node: cst.Module) -> None:
+        facts = cuda_facts(self.tree, self.qualnames)
+        self._facts = facts
+        names = {t for t in facts.device_strings if _DEVICE_NAME_RE.search(t.split(".")[-1])}
+        for call in find_all(node, cst.Call):
+            if call_name(call) == "add_argument":
+                self._argparse_device(call)  # type: ignore[arg-type]
+        self._names = names | {f"*.{d}" for d in self._argparse_dests}
+
+    def _is_device_name(self, node: cst.CSTNode) -> bool:
+        text = dotted(node)
+        if text is None:
+            return False
+        return text in self._names or (
+            "." in text and f"*.{text.rsplit('.', 1)[1]}" in self._names)
+
+    # ------------------------------------------------------------ argparse
+    def _argparse_device(self, call: cst.Call) -> None:
+        options = [string_value(a.value) for a in call.args if a.keyword is None]
+        dests = [o.lstrip("-").replace("-", "_") for o in options if o and o.startswith("--")]
+        if not any(_DEVICE_NAME_RE.search(d) for d in dests):
+            return
+        for a in call.args:
+            if a.keyword is not None and a.keyword.value == "default" and is_cuda_string(a.value):
+                self._argparse_dests.update(dests)
+                self._rewrite.add(id(a.value))
+                for b in call.args:
+                    if b.keyword is not None and b.keyword.value == "choices":
+                        self._rewrite.update(id(s) for s in find_all(b.value, cst.SimpleString) if is_cuda_string(s))
+
+    # ------------------------------------------------------------ what to rewrite
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if len(node.targets) == 1:
+            self._bound(node.targets[0].target, node.value)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None:
+            self._bound(node.target, node.value)
+
+    def _bound(self, target: cst.CSTNode, value: cst.CSTNode) -> None:
+        if not (self._is_device_name(target) and is_device_string_choice(value)):
+            return
+        if isinstance(value, cst.IfExp) and self._facts.tests_availability(value.test):
+            self._rewrite.add(id(value))  # the whole availability choice is the accelerator
+        else:
+            self._rewrite.update(id(s) for s in find_all(value, (cst.SimpleString, cst.FormattedString))
+                                 if is_cuda_string(s))
+
+    def visit_Comparison(self, node: cst.Comparison) -> None:
+        operands = [node.left] + [c.comparator for c in node.comparisons]
+        if any(self._is_device_name(o) for o in operands):
+            self._rewrite.update(id(o) for o in operands if is_cuda_string(o))
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if (isinstance(func, cst.Attribute) and func.attr.value in ("startswith", "endswith", "find", "index")
+                and self._is_device_name(func.value)):
+            self._rewrite.update(id(a.value) for a in node.args if is_cuda_string(a.value))
+
+    # ------------------------------------------------------------ rewriting
+    def leave_SimpleString(self, original_node: cst.SimpleString, updated_node: cst.SimpleString):
+        return self._replace(original_node, updated_node)
+
+    def leave_IfExp(self, original_node: cst.IfExp, updated_node: cst.IfExp):
+        return self._replace(original_node, updated_node)
+
+    def leave_FormattedString(self, original_node: cst.FormattedString, updated_node: cst.FormattedString):
+        return self._replace(original_node, updated_node)
+
+    def _replace(self, original: cst.BaseExpression, updated: cst.BaseExpression) -> cst.BaseExpression:
+        if id(original) not in self._rewrite:
+            return updated
+        device = self.target.device_string
+        what = "device choice" if isinstance(original, cst.IfExp) else 'device string "cuda"'
+        if not self.flag(original, DEVICE_STRING.code, f'{what} -> "{device}"', fix=True):
+            return updated
+        self.add_imports(self.target.device_imports)
+        quote = '"'
+        if isinstance(original, cst.SimpleString) and original.value.startswith("'"):
+            quote = "'"
+        return cst.SimpleString(f"{quote}{device}{quote}")

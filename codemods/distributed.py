@@ -1,0 +1,255 @@
+"""XLA141-XLA144: distributed training and ``torch.compile`` on XLA.
+
+* the process group: ``init_process_group("nccl", rank=..., world_size=...)``
+  -> ``init_process_group("xla", init_method="xla://")`` (with the import that
+  registers the backend); the XLA rendezvous knows rank and world size;
+* ``DistributedDataParallel(m, device_ids=[r], output_device=r)`` ->
+  ``DistributedDataParallel(m, gradient_as_bucket_view=True)``;
+* ``mp.spawn(fn, args=a, nprocs=n)`` -> ``torch_xla.launch(fn, args=a)``: one
+  process per XLA device, ``fn(index, *a)`` as before; a ``DistributedSampler``
+  in such a program takes its shard from ``torch_xla.runtime``, since
+  ``MpDeviceLoader`` does not shard;
+* ``torch.compile(m)`` -> ``torch.compile(m, backend="openxla")``: torch_xla's
+  dynamo backend (inference and training); inductor modes do not apply.
+
+The reference run of ``verify`` (the CPU target) gets gloo, no device ids,
+one process (``fn(0, *a)``) and eager code instead.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import libcst as cst
+
+from libcst.codemod.visitors import RemoveImportsVisitor
+
+from codemods.base import Rule, XlaCodemod, dotted, string_value
+
+PROCESS_GROUP = Rule(
+    code="XLA141",
+    name="xla-process-group",
+    summary='`init_process_group("nccl", ...)` -> `init_process_group("xla", init_method="xla://")`',
+    why=(
+        "NCCL needs CUDA. On XLA the collectives go through the `xla` backend, registered by "
+        "`import torch_xla.distributed.xla_backend`, with the `xla://` rendezvous, which takes rank "
+        "and world size from the XLA runtime (passing them as well is an error there). A `gloo` "
+        "group (CPU collectives) is left alone."
+    ),
+    before=(
+        "import torch.distributed as dist\n\n"
+        "dist.init_process_group(\"nccl\", rank=rank, world_size=world_size)\n"
+    ),
+    after=(
+        "import torch.distributed as dist\nimport torch_xla.distributed.xla_backend\n\n"
+        "dist.init_process_group(\"xla\", init_method=\"xla://\")\n"
+    ),
+    valid=("import torch.distributed as dist\n\ndist.init_process_group(\"gloo\")\n",),
+)
+
+DDP = Rule(
+    code="XLA142",
+    name="ddp-device-ids",
+    summary="`DistributedDataParallel(m, device_ids=...)`: no device ids; `gradient_as_bucket_view=True`",
+    why=(
+        "`device_ids`/`output_device` name CUDA devices. On XLA DDP wraps the module on its own "
+        "device, and torch_xla's guide adds `gradient_as_bucket_view=True` so gradients are not "
+        "copied into the all-reduce buckets."
+    ),
+    before=(
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n\n"
+        "model = DDP(model, device_ids=[rank], output_device=rank)\n"
+    ),
+    after=(
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n\n"
+        "model = DDP(model, gradient_as_bucket_view=True)\n"
+    ),
+)
+
+LAUNCH = Rule(
+    code="XLA143",
+    name="xla-launch",
+    summary="`mp.spawn(fn, args, nprocs=n)` -> `torch_xla.launch(fn, args=args)`; samplers shard by the runtime",
+    why=(
+        "torch_xla starts one process per XLA device itself and calls `fn(index, *args)`, like "
+        "`mp.spawn`; `nprocs` is not yours to choose (the runtime refuses other counts). "
+        "`MpDeviceLoader` does not shard data, so a `DistributedSampler`'s `num_replicas`/`rank` "
+        "come from `xr.world_size()`/`xr.global_ordinal()`."
+    ),
+    before=(
+        "import torch.multiprocessing as mp\nfrom torch.utils.data import DistributedSampler\n\n"
+        "def main(rank, world_size):\n"
+        "    sampler = DistributedSampler(ds, num_replicas=world_size, rank=rank)\n\n"
+        "mp.spawn(main, args=(world_size,), nprocs=world_size, join=True)\n"
+    ),
+    after=(
+        "from torch.utils.data import DistributedSampler\n"
+        "import torch_xla\nimport torch_xla.runtime as xr\n\n"
+        "def main(rank, world_size):\n"
+        "    sampler = DistributedSampler(ds, num_replicas=xr.world_size(), rank=xr.global_ordinal())\n\n"
+        "torch_xla.launch(main, args=(world_size,))\n"
+    ),
+)
+
+COMPILE = Rule(
+    code="XLA144",
+    name="compile-openxla",
+    summary='`torch.compile(m)` -> `torch.compile(m, backend="openxla")`',
+    why=(
+        "Inductor generates CUDA/CPU kernels and cannot take XLA tensors. torch_xla 2.9's dynamo "
+        "backend is `openxla` (training and inference); inductor's `mode=`/`options=` do not apply "
+        "to it and are dropped."
+    ),
+    before="import torch\n\nmodel = torch.compile(model, mode=\"max-autotune\")\n",
+    after="import torch\n\nmodel = torch.compile(model, backend=\"openxla\")\n",
+)
+
+_PG = {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"}
+_DDP = {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel",
+        "torch.nn.DistributedDataParallel"}
+_SPAWN = {"torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn"}
+_SAMPLER = {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
+_COMPILE = {"torch.compile"}
+
+
+def _arg(name: str, value: str) -> cst.Arg:
+    return cst.Arg(cst.parse_expression(value), keyword=cst.Name(name),
+                   equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+
+
+def _join(args: List[cst.Arg]) -> List[cst.Arg]:
+    """Arguments separated by ", " with no trailing comma."""
+    if not args:
+        return args
+    sep = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    return [a.with_changes(comma=sep) for a in args[:-1]] + [args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)]
+
+
+def _find(call: cst.Call, keyword: str, position: Optional[int]) -> Optional[int]:
+    for i, a in enumerate(call.args):
+        if a.keyword is not None and a.keyword.value == keyword:
+            return i
+        if a.keyword is None and position is not None and i == position:
+            return i
+    return None
+
+
+class Distributed(XlaCodemod):
+    DESCRIPTION = "Move process groups, DDP, process launch and torch.compile to their XLA forms."
+    RULES = (PROCESS_GROUP, DDP, LAUNCH, COMPILE)
+    TRIGGERS = (b"init_process_group", b"DistributedDataParallel", b"DDP", b"spawn", b"compile",
+                b"DistributedSampler")
+
+    def regions(self, tree):
+        return tree.statements_where(lambda n: isinstance(n, cst.Name) and n.value in (
+            "init_process_group", "DistributedDataParallel", "DDP", "spawn", "compile", "DistributedSampler"))
+
+    def visit_Module(self, node: cst.Module) -> None:
+        source = self.tree.source
+        self._spawns = b"spawn" in source
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        q = self.qualnames(original_node.func)
+        if q & _PG:
+            return self._process_group(original_node, updated_node)
+        if q & _DDP:
+            return self._ddp(original_node, updated_node)
+        if q & _SPAWN:
+            return self._spawn(original_node, updated_node)
+        if q & _SAMPLER and self._spawns and self.target.launch:
+            return self._sampler(original_node, updated_node)
+        if q & _COMPILE:
+            return self._compile(original_node, updated_node)
+        return updated_node
+
+    def _process_group(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        i = _find(original, "backend", 0)
+        if i is not None and string_value(original.args[i].value) in ("gloo", "mpi", self.target.process_group_backend):
+            return updated
+        if not self.flag(original, PROCESS_GROUP.code, f'process group -> "{self.target.process_group_backend}"',
+                         fix=True):
+            return updated
+        self.add_imports(self.target.process_group_imports)
+        backend = cst.Arg(cst.SimpleString(f'"{self.target.process_group_backend}"'))
+        if self.target.process_group_init is None:  # keep the caller's rendezvous, change the backend
+            rest = [a for k, a in enumerate(updated.args) if k != i]
+            return updated.with_changes(args=_join([backend] + rest))
+        kept = [a for k, a in enumerate(updated.args)
+                if k != i and a.keyword is not None and a.keyword.value in ("timeout", "pg_options")]
+        init_key, _, init_value = self.target.process_group_init.partition("=")
+        return updated.with_changes(args=_join([backend, _arg(init_key, init_value)] + kept))
+
+    def _ddp(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        drop = {k for k, a in enumerate(original.args)
+                if (a.keyword is not None and a.keyword.value in ("device_ids", "output_device"))
+                or (a.keyword is None and k in (1, 2))}
+        has_extra = self.target.ddp_extra is not None and any(
+            a.keyword is not None and a.keyword.value == self.target.ddp_extra.split("=")[0] for a in original.args)
+        if not drop and (self.target.ddp_extra is None or has_extra):
+            return updated
+        if not self.flag(original, DDP.code, "DDP: device_ids/output_device dropped", fix=True):
+            return updated
+        args = [a for k, a in enumerate(updated.args) if k not in drop]
+        if self.target.ddp_extra and not has_extra:
+            key, _, value = self.target.ddp_extra.partition("=")
+            args.append(_arg(key, value))
+        return updated.with_changes(args=_join(args))
+
+    def _spawn(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        if not original.args:
+            return updated
+        fn = updated.args[0].value
+        root = (dotted(original.func) or "").split(".")[0]
+        if self.tree.imports.get(root) == "torch.multiprocessing":  # import torch.multiprocessing as mp
+            RemoveImportsVisitor.remove_unused_import(self.context, "torch.multiprocessing", asname=root)
+        i = _find(original, "args", 1)
+        spawn_args = updated.args[i].value if i is not None else None
+        if self.target.launch is None:  # one process, here: fn(0, *args)
+            if not self.flag(original, LAUNCH.code, "spawn -> one process", fix=True):
+                return updated
+            args = [cst.Arg(cst.Integer("0"))]
+            if spawn_args is not None:
+                args.append(cst.Arg(spawn_args, star="*"))
+            return cst.Call(func=fn, args=_join(args))
+        if not self.flag(original, LAUNCH.code, f"spawn -> `{self.target.launch}` (one process per XLA device)",
+                         fix=True):
+            return updated
+        self.add_imports(self.target.launch_imports)
+        args = [cst.Arg(fn)]
+        if spawn_args is not None:
+            args.append(cst.Arg(spawn_args, keyword=cst.Name("args"),
+                                equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))))
+        return cst.Call(func=cst.parse_expression(self.target.launch), args=_join(args))
+
+    def _sampler(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        values = {"num_replicas": "xr.world_size()", "rank": "xr.global_ordinal()"}
+        args = list(updated.args)
+        changed = False
+        for k, a in enumerate(original.args):
+            if a.keyword is not None and a.keyword.value in values:
+                new = values[a.keyword.value]
+                if cst.Module([]).code_for_node(a.value) != new:
+                    args[k] = args[k].with_changes(value=cst.parse_expression(new))
+                    changed = True
+        if changed and self.flag(original, LAUNCH.code, "DistributedSampler shards by the XLA runtime", fix=True):
+            self.add_imports((("torch_xla.runtime", None, "xr"),))
+            return updated.with_changes(args=args)
+        return updated
+
+    def _compile(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        if not original.args or original.args[0].keyword is not None:
+            return updated
+        backend = self.target.compile_backend
+        i = _find(original, "backend", None)
+        if backend is None:  # the eager reference: torch.compile(m) -> m
+            if self.flag(original, COMPILE.code, "torch.compile dropped (eager reference)", fix=True):
+                return updated.args[0].value
+            return updated
+        if i is not None and string_value(original.args[i].value) == backend:
+            return updated
+        if not self.flag(original, COMPILE.code, f'torch.compile -> backend="{backend}"', fix=True):
+            return updated
+        args = [a for k, a in enumerate(updated.args)
+                if k != i and not (a.keyword is not None and a.keyword.value in ("mode", "options"))]
+        args.insert(1, _arg("backend", f'"{backend}"'))
+        return updated.with_changes(args=_join(args))
