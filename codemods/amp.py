@@ -71,6 +71,7 @@ _VALUES = {"state_dict": "{}", "get_scale": "1.0", "is_enabled": "False"}
 
 class MixedPrecision(DropsStatements, XlaCodemod):
     DESCRIPTION = "Convert CUDA autocast to the target's bf16 autocast; remove GradScaler."
+    RESPECTS_HAND_PORTS = True
     RULES = (AUTOCAST, GRAD_SCALER)
     TRIGGERS = (b"autocast", b"GradScaler", b"scaler")
 
@@ -164,6 +165,11 @@ class MixedPrecision(DropsStatements, XlaCodemod):
         for module in ("torch.cuda.amp", "torch.amp", "torch.cuda.amp.grad_scaler"):
             RemoveImportsVisitor.remove_unused_import(self.context, module, "GradScaler")
 
+    def _known(self, call: cst.Call) -> bool:
+        """The receiver is bound to a GradScaler in this module (not only
+        named like one): only then are its state methods ours to replace."""
+        return (dotted(call.func.value) or "") in self._facts.scalers  # type: ignore[attr-defined]
+
     def _scaler_call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         name = call_name(original) or ""
         receiver = dotted(original.func.value) or "scaler"  # type: ignore[attr-defined]
@@ -173,10 +179,10 @@ class MixedPrecision(DropsStatements, XlaCodemod):
         elif name == "step" and original.args and original.args[0].keyword is None:
             if self.flag(original, GRAD_SCALER.code, f"`{receiver}.step(opt)` -> `opt.step()`", fix=True):
                 return cst.Call(func=cst.Attribute(value=updated.args[0].value, attr=cst.Name("step")))
-        elif name in _DROPPED:
+        elif name in _DROPPED and (name != "load_state_dict" or self._known(original)):
             if self.flag(original, GRAD_SCALER.code, f"`{receiver}.{name}()` removed", fix=True):
                 return self.drop_call(updated, self.parent(original))
-        elif name in _VALUES:
+        elif name in _VALUES and self._known(original):
             if self.flag(original, GRAD_SCALER.code, f"`{receiver}.{name}()` -> `{_VALUES[name]}`", fix=True):
                 return cst.parse_expression(_VALUES[name])
         return updated

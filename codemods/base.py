@@ -152,6 +152,9 @@ class XlaCodemod(VisitorBasedCodemodCommand):
     DESCRIPTION: str = ""
     RULES: Tuple[Rule, ...] = ()
     TRIGGERS: Tuple[bytes, ...] = ()
+    # Report instead of rewriting in a module that already supports XLA
+    # (``TreeCache.knows_xla``): for rules whose CUDA branches may be deliberate.
+    RESPECTS_HAND_PORTS: bool = False
 
     @classmethod
     def wanted(cls, tree: "TreeCache", options: Dict[str, object]) -> bool:
@@ -275,10 +278,17 @@ class XlaCodemod(VisitorBasedCodemodCommand):
         """
         if not self.enabled(code) or self.is_suppressed(node, code):
             return False
+        if fix and self.RESPECTS_HAND_PORTS and self.tree.knows_xla:
+            # code its authors already made work on XLA: their CUDA branches are
+            # deliberate alternatives, so say what would change and leave it
+            fix, message = False, f"{message} (not rewritten: this module already supports XLA)"
+            ok = False
+        else:
+            ok = True
         line, col, _ = self.position(node)
         findings: List[Finding] = self.context.scratch.setdefault(FINDINGS_KEY, [])  # type: ignore[assignment]
         findings.append(Finding(code, message, line, col, fix, hot))
-        return True
+        return ok
 
     def add_imports(self, imports: Iterable[Import]) -> None:
         for module, obj, asname in imports:
@@ -432,6 +442,14 @@ class TreeCache:
                             stack.append(k)
             self._parents = parents
         return self._parents
+
+    @property
+    def knows_xla(self) -> bool:
+        """The original file already supports XLA: it imports torch_xla or
+        tests for it (``is_torch_xla_available``, ``XLA_AVAILABLE``)."""
+        src = self.source
+        return bool(src) and any(k in src for k in (b"torch_xla", b"is_torch_xla_available", b"XLA_AVAILABLE",
+                                                    b"is_tpu_available"))
 
     @property
     def imports(self) -> Dict[str, str]:

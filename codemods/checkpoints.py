@@ -61,6 +61,7 @@ XM_SAVE = Rule(
 
 class Checkpoints(XlaCodemod):
     DESCRIPTION = "Load checkpoints to the CPU; save device state with xm.save."
+    RESPECTS_HAND_PORTS = True
     RULES = (MAP_LOCATION, XM_SAVE)
     TRIGGERS = (b"torch.load", b"torch.save", b"map_location", b"load(", b"save(")
 

@@ -114,13 +114,13 @@ DEVICE_QUERY = Rule(
     why=(
         "`torch.cuda.device_count()` is 0 on a TPU host, so code sized by it (world size, "
         "sampler shards, learning-rate scaling) silently breaks. `xr.world_size()` is the number "
-        "of XLA processes and `xr.local_ordinal()` this one's index; "
-        "`torch.accelerator.current_accelerator()` is the XLA device. In a function that launches "
-        "worker processes the runtime must not start yet (torch_xla refuses to launch), so "
-        "there the count is reported instead: `torch_xla.launch` picks the number of processes."
+        "of XLA processes; `torch.accelerator.current_accelerator()` is the XLA device. The runtime "
+        "must not start on import or in a function that launches worker processes (torch_xla refuses "
+        "to launch then), so there the count is reported instead: `torch_xla.launch` picks the "
+        "number of processes. `current_device()` is reported: an int index means a CUDA device to torch."
     ),
-    before="import torch\n\nn_gpus = torch.cuda.device_count()\n",
-    after="import torch\nimport torch_xla.runtime as xr\n\nn_gpus = xr.world_size()\n",
+    before="import torch\n\ndef main(args):\n    n_gpus = torch.cuda.device_count()\n",
+    after="import torch\nimport torch_xla.runtime as xr\n\ndef main(args):\n    n_gpus = xr.world_size()\n",
 )
 
 UNSUPPORTED = Rule(
@@ -141,6 +141,7 @@ _SETTINGS = ("torch.backends.cudnn.", "torch.backends.cuda.")
 
 class CudaApi(DropsStatements, XlaCodemod):
     DESCRIPTION = "Convert torch.cuda.* calls, accelerator tests, cuDNN/TF32 flags and pinned memory."
+    RESPECTS_HAND_PORTS = True
     RULES = (AVAILABLE, PIN_MEMORY, SYNCHRONIZE, NO_OP, SEED, DEVICE_QUERY, UNSUPPORTED)
     TRIGGERS = (b"cuda", b"accelerator", b"pin_memory", b"cudnn")
 
@@ -192,11 +193,21 @@ class CudaApi(DropsStatements, XlaCodemod):
             self.flag(original, UNSUPPORTED.code, f"`{short}`: {move.why}", fix=False)
             return updated
         code = self._rule_for(name)
+        if code == AVAILABLE.code and self._requires_cuda(original):
+            self.flag(original, AVAILABLE.code, f"`{short}()` asserts that CUDA exists (for CUDA-only code such "
+                      "as apex or bitsandbytes): left as it is; check what it protects", fix=False)
+            return updated
         if code == AVAILABLE.code and self._guards_unsupported(original):
             self.flag(original, AVAILABLE.code, f"`{short}()` guards a CUDA API with no XLA counterpart: "
                       "left as it is (False on XLA); convert the guarded code by hand", fix=False)
             return updated
-        if code == DEVICE_QUERY.code and "xr." in move.code and id(scope_of(original, self.tree)) in \
+        scope = scope_of(original, self.tree)
+        if code == DEVICE_QUERY.code and "xr." in move.code and isinstance(scope, cst.Module):
+            self.flag(original, DEVICE_QUERY.code, f"`{short}()` at import time (a module-level value or a "
+                      "decorator): the XLA runtime must not start on import; count devices inside a function "
+                      "(`xr.world_size()`)", fix=False)
+            return updated
+        if code == DEVICE_QUERY.code and "xr." in move.code and id(scope) in \
                 cuda_facts(self.tree, self.qualnames).launchers:
             self.flag(original, DEVICE_QUERY.code, f"`{short}()` before the processes are launched: the XLA "
                       "runtime must not start here; `torch_xla.launch` picks the process count "
@@ -238,6 +249,18 @@ class CudaApi(DropsStatements, XlaCodemod):
         self.flag(original, UNSUPPORTED.code, f"`{name.replace('torch.', '', 1)}`: a CUDA library setting with "
                   "no XLA counterpart", fix=False)
         return updated
+
+    def _requires_cuda(self, call: cst.Call) -> bool:
+        """``assert torch.cuda.is_available()`` or ``if not ...: raise``: a
+        check that CUDA exists for CUDA-only code (apex, bitsandbytes)."""
+        for anc in self.ancestors(call):
+            if isinstance(anc, cst.Assert):
+                return True
+            if isinstance(anc, cst.If):
+                return bool(find_all(anc.body, cst.Raise, stop=(cst.FunctionDef, cst.ClassDef)))
+            if isinstance(anc, (cst.BaseStatement, cst.BaseSmallStatement)):
+                return False
+        return False
 
     def _guards_unsupported(self, call: cst.Call) -> bool:
         """The availability test (directly, or through the flag it is

@@ -54,6 +54,7 @@ DEVICE_STRING = Rule(
 
 class DeviceStrings(XlaCodemod):
     DESCRIPTION = 'Keep devices held in strings as strings: "cuda" -> "xla", with the tests on them.'
+    RESPECTS_HAND_PORTS = True
     RULES = (DEVICE_STRING,)
     TRIGGERS = (b"cuda",)
 

@@ -147,6 +147,7 @@ _DEVICE_NAME_RE = re.compile(r"(^|_)(device|dev)(_|$)|device", re.IGNORECASE)
 
 class DeviceSwap(XlaCodemod):
     DESCRIPTION = "Rewrite hard-coded CUDA devices to the target (XLA) device."
+    RESPECTS_HAND_PORTS = True
     RULES = (
         CUDA_METHOD,
         CUDA_LITERAL,

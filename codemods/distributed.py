@@ -24,7 +24,7 @@ import libcst as cst
 
 from libcst.codemod.visitors import RemoveImportsVisitor
 
-from codemods.base import Rule, XlaCodemod, dotted, string_value
+from codemods.base import Rule, XlaCodemod, dotted, find_all, string_value
 
 PROCESS_GROUP = Rule(
     code="XLA141",
@@ -44,7 +44,9 @@ PROCESS_GROUP = Rule(
         "import torch.distributed as dist\nimport torch_xla.distributed.xla_backend\n\n"
         "dist.init_process_group(\"xla\", init_method=\"xla://\")\n"
     ),
-    valid=("import torch.distributed as dist\n\ndist.init_process_group(\"gloo\")\n",),
+    valid=(
+        "import torch.distributed as dist\n\ndist.init_process_group(\"gloo\")\n",
+    ),
 )
 
 DDP = Rule(
@@ -136,6 +138,7 @@ def _find(call: cst.Call, keyword: str, position: Optional[int]) -> Optional[int
 
 class Distributed(XlaCodemod):
     DESCRIPTION = "Move process groups, DDP, process launch and torch.compile to their XLA forms."
+    RESPECTS_HAND_PORTS = True
     RULES = (PROCESS_GROUP, DDP, LAUNCH, COMPILE)
     TRIGGERS = (b"init_process_group", b"DistributedDataParallel", b"DDP", b"spawn", b"compile",
                 b"DistributedSampler")
@@ -166,6 +169,11 @@ class Distributed(XlaCodemod):
         i = _find(original, "backend", 0)
         if i is not None and string_value(original.args[i].value) in ("gloo", "mpi", self.target.process_group_backend):
             return updated
+        if i is not None and string_value(original.args[i].value) is None and not self._holds_nccl(original.args[i].value):
+            # chosen at run time (timm picks gloo on the CPU): not ours to force
+            self.flag(original, PROCESS_GROUP.code, "process group backend chosen at run time: on XLA it must be "
+                      '"xla" with init_method="xla://" (and import torch_xla.distributed.xla_backend)', fix=False)
+            return updated
         if not self.flag(original, PROCESS_GROUP.code, f'process group -> "{self.target.process_group_backend}"',
                          fix=True):
             return updated
@@ -178,6 +186,23 @@ class Distributed(XlaCodemod):
                 if k != i and a.keyword is not None and a.keyword.value in ("timeout", "pg_options")]
         init_key, _, init_value = self.target.process_group_init.partition("=")
         return updated.with_changes(args=_join([backend, _arg(init_key, init_value)] + kept))
+
+    def _holds_nccl(self, value: cst.CSTNode) -> bool:
+        """A name (``args.dist_backend``) whose only value in the module is
+        "nccl": an assignment or an argparse default for that name."""
+        name = (dotted(value) or "").rsplit(".", 1)[-1]
+        if not name:
+            return False
+        values = []
+        for node in find_all(self.tree.module, (cst.Assign, cst.Call)):
+            if isinstance(node, cst.Assign) and any((dotted(t.target) or "").rsplit(".", 1)[-1] == name
+                                                    for t in node.targets):
+                values.append(string_value(node.value))
+            elif isinstance(node, cst.Call) and (dotted(node.func) or "").endswith("add_argument") and any(
+                    (string_value(a.value) or "").lstrip("-").replace("-", "_") == name
+                    for a in node.args if a.keyword is None):
+                values += [string_value(a.value) for a in node.args if a.keyword and a.keyword.value == "default"]
+        return bool(values) and all(v == "nccl" for v in values)
 
     def _ddp(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         drop = {k for k, a in enumerate(original.args)

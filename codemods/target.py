@@ -63,8 +63,9 @@ XLA_CUDA_API: Dict[str, Move] = {
     "torch.accelerator.current_accelerator": Move("expr", "torch_xla.device()", _XLA),
     "torch.cuda.device_count": Move("expr", "xr.world_size()", _XR),
     "torch.accelerator.device_count": Move("expr", "xr.world_size()", _XR),
-    "torch.cuda.current_device": Move("expr", "xr.local_ordinal()", _XR),
-    "torch.accelerator.current_device_index": Move("expr", "xr.local_ordinal()", _XR),
+    **{name: Move("report", why="an int device index means a CUDA device to torch (`.to(0)` is cuda:0): "
+                               "use `torch_xla.device()`, or `xr.local_ordinal()` for this process's index")
+       for name in ("torch.cuda.current_device", "torch.accelerator.current_device_index")},
     **{f"torch.cuda.{name}": Move("report", why=f"{_NO_COUNTERPART}; `xm.get_memory_info()` reports TPU memory")
        for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
                     "memory_summary", "memory_stats", "mem_get_info", "memory_cached", "max_memory_cached")},
