@@ -94,3 +94,115 @@ def test_graph_that_grows_with_the_step_fails_even_with_new_ops_each_time():
     assert result.exit_code == 1 and report["verdict"] == "fail"
     assert report["metrics"]["steady_state_recompiles"] >= 3
     assert [e for e in report["events"] if e["kind"] == "recompile"]
+
+
+# ------------------------------------------------------------------ verify tells the truth (issue 12)
+
+
+def _swap_only(name, tmp_path):
+    """The device swap alone (`--select XLA1`): no barrier in the loop."""
+    from xlaport.engine import Settings, transform
+
+    out = tmp_path / name
+    out.write_bytes(transform((BAD / name).read_bytes(), Settings(select=["XLA1"])).code)
+    return out
+
+
+def test_candidate_left_on_the_cpu_fails_saying_so():
+    result, report = _verify("left_on_cpu.py", "--converted", str(BAD / "left_on_cpu_converted.py"))
+    assert result.exit_code == 1 and report["verdict"] == "fail"
+    assert report["metrics"]["executions"] == 0
+    assert any("did no work on XLA" in f for f in report["failures"])
+    assert any("left on the CPU" in f and "model" in f for f in report["failures"])
+    assert all(o["ok"] for o in report["outputs"])  # the numbers agree: only the device is wrong
+
+
+def test_barrier_less_sampler_fails_and_names_the_loop(tmp_path):
+    candidate = _swap_only("sampler.py", tmp_path)
+    result, report = _verify("sampler.py", "--converted", str(candidate), "--lengths", "--steps=4,8")
+    assert result.exit_code == 1 and report["verdict"] == "fail"
+    assert report["metrics"]["steps"] == 0
+    loop = _line_of("sampler.py", "for i in range(args.steps):")
+    [event] = [e for e in report["events"] if e["kind"] == "no_barrier"]
+    assert event["original_line"] == loop and event["source"] == "for i in range(args.steps):"
+    # measured at two lengths: the one graph grows with the steps
+    sizes = [r["largest_graph"] for r in report["metrics"]["lengths"]]
+    assert sizes[1] > 1.5 * sizes[0], sizes
+    assert any("largest graph grows with --steps" in f and f"line {loop}" in f for f in report["failures"])
+
+
+def test_host_read_cut_sampler_fails_on_growing_compilations(tmp_path):
+    candidate = _swap_only("sampler.py", tmp_path)
+    result, report = _verify("sampler.py", "--converted", str(candidate), "--lengths", "--steps=3,6", "--", "--log")
+    assert result.exit_code == 1
+    a, b = [r["compiles"] for r in report["metrics"]["lengths"]]
+    assert b > a
+    assert any("compilations grow with --steps" in f for f in report["failures"])
+
+
+def test_xlaport_conversion_of_the_sampler_passes_at_two_lengths():
+    result, report = _verify("sampler.py", "--lengths", "--steps=4,8")
+    assert result.exit_code == 0, report["failures"]
+    a, b = report["metrics"]["lengths"]
+    assert a["compiles"] == b["compiles"] and b["largest_graph"] <= a["largest_graph"] + 16
+
+
+def test_timings_in_stdout_vary_between_runs_and_are_not_compared():
+    result, report = _verify("timing_printer.py")
+    assert result.exit_code == 0 and report["verdict"] == "pass", report["failures"]
+    assert any("ms/batch" in v for v in report["varies_between_runs"])
+    assert any("time:" in v for v in report["varies_between_runs"])
+    assert [o for o in report["outputs"] if o["name"].startswith("stdout line 5") and "loss" in o["name"]]
+
+
+def test_a_whole_pickled_module_and_a_json_file_are_compared():
+    result, report = _verify("module_save.py")
+    assert result.exit_code == 0, report["failures"]
+    names = [o["name"] for o in report["outputs"]]
+    assert "whole_model.pt[0.weight]" in names and "whole_model.pt[2.bias]" in names
+    assert any(n.startswith("metrics.json line 1") for n in names)
+    assert report["not_compared"] == []
+
+
+def test_argparse_error_is_shown_with_exit_2():
+    from xlaport.cli import main
+
+    result = CliRunner().invoke(main, ["verify", str(BAD / "needs_args.py")])
+    assert result.exit_code == 2
+    assert "the following arguments are required: --data-dir" in result.output
+
+
+def test_record_then_compare_against_the_record(tmp_path):
+    from xlaport.cli import main
+
+    ref = tmp_path / "ref.json"
+    recorded = CliRunner().invoke(main, ["verify", str(BAD / "timing_printer.py"), "--record", str(ref)])
+    assert recorded.exit_code == 0, recorded.output
+    record = json.loads(ref.read_text())
+    assert record["format"] == "xlaport-reference/1" and len(record["runs"]) == 2
+    assert record["environment"]["torch"] == "2.9.0"
+    result, report = _verify("timing_printer.py", "--against", str(ref))
+    assert result.exit_code == 0, report["failures"]
+    assert report["metrics"]["reference"].startswith("record")
+    assert any("ms/batch" in v for v in report["varies_between_runs"])
+
+
+def test_options_and_paths_are_checked_before_anything_runs(tmp_path):
+    from xlaport.cli import main
+
+    missing = CliRunner().invoke(main, ["verify", str(BAD / "item_in_loop.py"), "--json", "/nonexistent/r.json"])
+    assert missing.exit_code == 2 and "does not exist" in missing.output
+    bad = CliRunner().invoke(main, ["verify", str(BAD / "item_in_loop.py"), "--lengths", "steps"])
+    assert bad.exit_code == 2 and "ARG=A,B" in bad.output
+
+
+def test_temporary_directories_are_removed_unless_kept():
+    _, report = _verify("item_in_loop.py", "--keep")
+    kept = Path(report["config"]["kept"])
+    assert kept.is_dir() and list(kept.glob("xlaport-xla-*"))
+    import shutil
+
+    shutil.rmtree(kept)
+    _, report = _verify("item_in_loop.py")
+    assert "kept" not in report["config"]
+    assert report["config"]["rtol"] == 1e-3 and report["config"]["environment"]["torch_xla"] == "2.9.0"

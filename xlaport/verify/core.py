@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import shutil
@@ -16,8 +15,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from xlaport.engine import Settings, transform
+from xlaport.verify import growth, record
+from xlaport.verify.outputs import Compared, compare, output_files
 
-_NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -47,10 +47,10 @@ def convert_file(script: Path, target: str, out_dir: Path, settings: Optional[Se
 
 
 def run_script(script: Path, mode: str, args: Sequence[str], timeout: float, python: str = sys.executable,
-               extra_env: Optional[Dict[str, str]] = None) -> Run:
+               extra_env: Optional[Dict[str, str]] = None, parent: Optional[Path] = None) -> Run:
     """Run ``script`` under the harness in a child process with its own scratch
-    directory; ``mode`` is cpu, cuda (reference) or xla (candidate)."""
-    workdir = Path(tempfile.mkdtemp(prefix=f"xlaport-{mode}-"))
+    directory (under ``parent``); ``mode`` is cpu, cuda (reference) or xla (candidate)."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"xlaport-{mode}-", dir=parent))
     shutil.copy2(script, workdir / script.name)
     result_path = workdir / ".xlaport-result.json"
     env = dict(os.environ)
@@ -78,75 +78,12 @@ def run_script(script: Path, mode: str, args: Sequence[str], timeout: float, pyt
         raise VerifyError(f"{script.name} ({mode} run) died (exit {proc.returncode}):\n{stderr[-4000:]}")
     data = json.loads(result_path.read_text())
     if not data["ok"]:
-        raise VerifyError(f"{script.name} ({mode} run) failed:\n{data['error'][-4000:]}")
-    files = {p.name: p for p in workdir.iterdir() if p.suffix in {".pt", ".pth", ".bin"}}
+        # the script's own words (an argparse usage error, a traceback) come first
+        said = stderr.strip()[-3000:]
+        raise VerifyError(f"{script.name} ({mode} run) failed: {data['error'][-3000:]}"
+                          + (f"\n{said}" if said and said not in data["error"] else ""))
+    files = output_files(workdir, script.name)
     return Run(True, data["stdout"], data.get("metrics", {}), files, None, workdir, data)
-
-
-@dataclass
-class Compared:
-    name: str
-    ok: bool
-    max_abs_err: float
-    max_rel_err: float
-
-
-def _close(a: float, b: float, rtol: float, atol: float) -> bool:
-    return math.isclose(a, b, rel_tol=rtol, abs_tol=atol) or (math.isnan(a) and math.isnan(b))
-
-
-def compare_stdout(ref: str, cand: str, rtol: float, atol: float) -> List[Compared]:
-    out: List[Compared] = []
-    ref_lines = [l for l in ref.splitlines() if _NUMBER.search(l)]
-    cand_lines = [l for l in cand.splitlines() if _NUMBER.search(l)]
-    if len(ref_lines) != len(cand_lines):
-        return [Compared("stdout", False, math.inf, math.inf)]
-    for i, (r, c) in enumerate(zip(ref_lines, cand_lines), 1):
-        rn, cn = [float(x) for x in _NUMBER.findall(r)], [float(x) for x in _NUMBER.findall(c)]
-        if len(rn) != len(cn):
-            out.append(Compared(f"stdout line {i}", False, math.inf, math.inf))
-            continue
-        abs_err = max((abs(a - b) for a, b in zip(rn, cn)), default=0.0)
-        rel_err = max((abs(a - b) / max(abs(a), 1e-12) for a, b in zip(rn, cn)), default=0.0)
-        ok = all(_close(a, b, rtol, atol) for a, b in zip(rn, cn))
-        out.append(Compared(f"stdout line {i}: {r.strip()[:60]}", ok, abs_err, rel_err))
-    return out
-
-
-def compare_files(ref: Dict[str, Path], cand: Dict[str, Path], rtol: float, atol: float) -> List[Compared]:
-    import torch
-
-    out: List[Compared] = []
-    for name in sorted(set(ref) | set(cand)):
-        if name not in ref or name not in cand:
-            out.append(Compared(name, False, math.inf, math.inf))
-            continue
-        a = torch.load(ref[name], map_location="cpu", weights_only=False)
-        b = torch.load(cand[name], map_location="cpu", weights_only=False)
-        for key, (x, y) in _tensor_pairs(name, a, b):
-            if x is None or y is None or x.shape != y.shape:
-                out.append(Compared(key, False, math.inf, math.inf))
-                continue
-            x, y = x.double(), y.double()
-            diff = (x - y).abs()
-            abs_err = float(diff.max()) if diff.numel() else 0.0
-            rel_err = float((diff / y.abs().clamp_min(1e-12)).max()) if diff.numel() else 0.0
-            ok = bool(torch.allclose(y, x, rtol=rtol, atol=atol))
-            out.append(Compared(key, ok, abs_err, rel_err))
-    return out
-
-
-def _tensor_pairs(prefix, a, b):
-    import torch
-
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        yield prefix, (a if isinstance(a, torch.Tensor) else None, b if isinstance(b, torch.Tensor) else None)
-    elif isinstance(a, dict) and isinstance(b, dict):
-        for k in sorted(set(a) | set(b), key=str):
-            yield from _tensor_pairs(f"{prefix}[{k}]", a.get(k), b.get(k))
-    elif isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
-        for i, (x, y) in enumerate(zip(a, b)):
-            yield from _tensor_pairs(f"{prefix}[{i}]", x, y)
 
 
 @dataclass
@@ -157,11 +94,17 @@ class Report:
     events: List[Dict[str, object]] = field(default_factory=list)
     error: Optional[str] = None
     failures: List[str] = field(default_factory=list)
+    varies: List[str] = field(default_factory=list)
+    not_compared: List[str] = field(default_factory=list)
+    config: Dict[str, object] = field(default_factory=dict)
 
     def as_dict(self) -> Dict[str, object]:
         return {
             "verdict": self.verdict,
+            "config": self.config,
             "outputs": [o.__dict__ for o in self.outputs],
+            "varies_between_runs": self.varies,
+            "not_compared": self.not_compared,
             "metrics": self.metrics,
             "events": self.events,
             "failures": self.failures,
@@ -180,41 +123,140 @@ def _cuda_available(python: str) -> bool:
 def verify(script: Path, converted: Optional[Path] = None, args: Sequence[str] = (), rtol: float = 1e-3,
            atol: float = 1e-5, timeout: float = 600, max_host_reads_per_step: Optional[float] = None,
            python: str = sys.executable, warmup_steps: int = 2, reference: str = "auto",
-           device: str = "cpu") -> Report:
-    """Run the reference and the candidate, compare, and judge (see the README)."""
-    script = Path(script).resolve()
-    try:
-        import importlib.util
+           device: str = "cpu", reference_runs: int = 2, lengths: Optional[str] = None, keep: bool = False,
+           record_to: Optional[Path] = None, against: Optional[Path] = None) -> Report:
+    """Run the reference and the candidate, compare, and judge (see the README).
 
-        if importlib.util.find_spec("torch_xla") is None and python == sys.executable:
-            raise VerifyError("torch_xla is not installed: pip install 'xlaport[verify]' "
-                              "(torch==2.9.0 and torch_xla==2.9.0)")
-        scratch = Path(tempfile.mkdtemp(prefix="xlaport-verify-"))
-        (scratch / "ref").mkdir()
-        (scratch / "xla").mkdir()
-        if reference == "cuda" and not _cuda_available(python):
-            raise VerifyError("--reference cuda: no CUDA device here (use --reference auto or cpu)")
-        use_cuda = reference == "cuda" or (reference == "auto" and _cuda_available(python))
+    ``record_to``: run only the reference and store it there; ``against``:
+    compare with such a record instead of running the original.  Temporary
+    directories are removed unless ``keep``."""
+    script = Path(script).resolve()
+    config: Dict[str, object] = {
+        "script": str(script), "converted": str(converted) if converted else None, "args": list(args),
+        "rtol": rtol, "atol": atol, "warmup_steps": warmup_steps, "reference": reference, "device": device,
+        "reference_runs": reference_runs, "lengths": lengths, "against": str(against) if against else None,
+        "environment": record.environment(python),
+    }
+    scratch = Path(tempfile.mkdtemp(prefix="xlaport-verify-"))
+    if keep:
+        config["kept"] = str(scratch)
+    try:
+        report = _verify(script, converted, list(args), rtol, atol, timeout, max_host_reads_per_step, python,
+                         warmup_steps, reference, device, max(1, reference_runs), lengths, record_to, against,
+                         scratch)
+    except VerifyError as exc:
+        report = Report("error", error=str(exc))
+    finally:
+        if not keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+    report.config = config
+    return report
+
+
+def _verify(script: Path, converted: Optional[Path], args: List[str], rtol: float, atol: float, timeout: float,
+            max_host_reads_per_step: Optional[float], python: str, warmup_steps: int, reference: str, device: str,
+            reference_runs: int, lengths: Optional[str], record_to: Optional[Path], against: Optional[Path],
+            scratch: Path) -> Report:
+    import importlib.util
+
+    length_spec = growth.parse_lengths(lengths) if lengths else None  # checked before anything runs
+    (scratch / "ref").mkdir()
+    (scratch / "xla").mkdir()
+    if reference == "cuda" and not _cuda_available(python):
+        raise VerifyError("--reference cuda: no CUDA device here (use --reference auto or cpu)")
+    use_cuda = reference == "cuda" or (reference == "auto" and _cuda_available(python))
+    ref_kind = "cuda" if use_cuda else "cpu"
+    if against is not None:
+        try:
+            recorded, ref_stdouts, ref_files = record.read(Path(against))
+        except ValueError as exc:
+            raise VerifyError(str(exc)) from None
+        ref_kind = f"record ({recorded.get('device')})"
+    else:
         if use_cuda:  # the original, unchanged, on the GPU
             ref_script = scratch / "ref" / script.name
             shutil.copy2(script, ref_script)
         else:
             ref_script = convert_file(script, "cpu", scratch / "ref")
-        cand_script = Path(converted).resolve() if converted else convert_file(script, "torch_xla-2.9", scratch / "xla")
-        ref = run_script(ref_script, "cuda" if use_cuda else "cpu", args, timeout, python)
-        graphs = scratch / "graphs.txt"
-        xla_env = {"PJRT_DEVICE": device.upper(), "XLA_IR_DEBUG": "1",
-                   "XLA_SAVE_TENSORS_FILE": str(graphs), "XLA_SAVE_TENSORS_FMT": "text"}
-        cand = run_script(cand_script, "xla", args, timeout, python, xla_env)
-        fallback_sites: List[Dict[str, object]] = []
-        if cand.metrics.get("fallbacks"):
-            # a second run ties each fallback to the line that called the op
-            traced = run_script(cand_script, "xla", args, timeout, python,
-                                {"PJRT_DEVICE": device.upper(), "XLAPORT_TRACE_FALLBACKS": "1"})
-            fallback_sites = list(traced.data.get("fallback_sites", []))  # type: ignore[arg-type]
-    except VerifyError as exc:
-        return Report("error", error=str(exc))
-    outputs = compare_stdout(ref.stdout, cand.stdout, rtol, atol) + compare_files(ref.files, cand.files, rtol, atol)
+        refs = [run_script(ref_script, "cuda" if use_cuda else "cpu", args, timeout, python, parent=scratch)
+                for _ in range(reference_runs)]
+        ref_stdouts, ref_files = [r.stdout for r in refs], [r.files for r in refs]
+        if record_to is not None:
+            record.write(Path(record_to), script, args, ref_kind, [(r.stdout, r.files) for r in refs],
+                         [float(r.data.get("seconds", 0.0)) for r in refs])  # type: ignore[arg-type]
+            return Report("recorded", metrics={"reference": ref_kind, "runs": len(refs)})
+    if importlib.util.find_spec("torch_xla") is None and python == sys.executable:
+        raise VerifyError("torch_xla is not installed here: pip install 'torch==2.9.0' 'torch_xla==2.9.0' "
+                          "(or, from a checkout, `make setup`)")
+    cand_script = Path(converted).resolve() if converted else convert_file(script, "torch_xla-2.9", scratch / "xla")
+    graphs = scratch / "graphs.txt"
+    xla_env = {"PJRT_DEVICE": device.upper(), "XLA_IR_DEBUG": "1",
+               "XLA_SAVE_TENSORS_FILE": str(graphs), "XLA_SAVE_TENSORS_FMT": "text"}
+    cand = run_script(cand_script, "xla", args, timeout, python, xla_env, parent=scratch)
+    fallback_sites: List[Dict[str, object]] = []
+    if cand.metrics.get("fallbacks"):
+        # a second run ties each fallback to the line that called the op
+        traced = run_script(cand_script, "xla", args, timeout, python,
+                            {"PJRT_DEVICE": device.upper(), "XLAPORT_TRACE_FALLBACKS": "1"}, parent=scratch)
+        fallback_sites = list(traced.data.get("fallback_sites", []))  # type: ignore[arg-type]
+    lines = LineMapper(script, cand_script)
+    length_runs: List[Dict[str, object]] = []
+    if length_spec is not None:
+        name, values = length_spec
+        for k, value in enumerate(values):
+            dump = scratch / f"graphs-{k}" / "graphs.txt"
+            dump.parent.mkdir()
+            run = run_script(cand_script, "xla", growth.with_length(args, name, value), timeout, python,
+                             {**xla_env, "XLA_SAVE_TENSORS_FILE": str(dump)}, parent=scratch)
+            length_runs.append({"value": value, "compiles": int(run.metrics.get("compiles", 0)),  # type: ignore[call-overload]
+                                "largest_graph": growth.largest_graph(_read_graphs(dump.parent))})
+    compared = compare(ref_stdouts, ref_files, cand.stdout, cand.files, rtol, atol)
+    report = judge(cand, compared, lines, graphs, warmup_steps, max_host_reads_per_step, fallback_sites, ref_kind)
+    _judge_device_work(report, cand, script, cand_script, lines)
+    if length_spec is not None:
+        report.metrics["lengths"] = length_runs
+        loops = [lines.back(l) if lines.back else l for l in growth.unsynced_loops(cand_script)]
+        report.failures += growth.judge_lengths(length_spec[0], length_spec[1],
+                                                [int(r["compiles"]) for r in length_runs],  # type: ignore[call-overload]
+                                                [int(r["largest_graph"]) for r in length_runs], loops)  # type: ignore[call-overload]
+    report.verdict = "fail" if report.failures else "pass"
+    return report
+
+
+def _judge_device_work(report: Report, cand: Run, script: Path, cand_script: Path, lines: "LineMapper") -> None:
+    """A candidate that did nothing on XLA, left its model on the CPU, or
+    runs a step loop with no barrier (one graph growing with the loop)."""
+    from codemods.analysis.cuda import count_references
+    from codemods.base import TreeCache
+    import libcst as cst
+
+    executions = int(report.metrics.get("executions", 0) or 0)  # type: ignore[call-overload]
+    if executions == 0:
+        report.failures.append("the conversion did no work on XLA (0 executions): its model and data stayed "
+                               "on the CPU")
+    try:
+        source = script.read_bytes()
+        used_cuda = count_references(TreeCache(cst.parse_module(source), source)) > 0
+    except (OSError, cst.ParserSyntaxError):
+        used_cuda = False
+    on_cpu = sorted(name for name, kind in dict(cand.data.get("leftover_devices") or {}).items()  # type: ignore[call-overload]
+                    if kind == "cpu")
+    if used_cuda and on_cpu:
+        report.failures.append(f"left on the CPU where the original used CUDA: {', '.join(on_cpu)}")
+    if executions:
+        for line in growth.unsynced_loops(cand_script):
+            report.events.append(lines.event("no_barrier", (str(cand_script), line), 1,
+                                             "a step loop with no barrier: every iteration is added to one graph "
+                                             "that grows with the loop (xlaport would put `torch_xla.sync()` at "
+                                             "the end of its body)"))
+            report.failures.append(f"a step loop runs on the device without a barrier (line {line})")
+
+
+def judge(cand: Run, compared, lines: "LineMapper", graphs: Path, warmup_steps: int,
+          max_host_reads_per_step: Optional[float], fallback_sites: List[Dict[str, object]], ref_kind: str) -> Report:
+    """Outputs, compile behaviour per step, host reads and fallbacks."""
+    outputs = compared.outputs
+    cand_script = lines.converted
     steps = list(cand.data.get("steps", []))  # type: ignore[arg-type]
     judged = judge_steps(steps, warmup_steps)
     m = cand.metrics
@@ -231,14 +273,13 @@ def verify(script: Path, converted: Optional[Path] = None, args: Sequence[str] =
         "compile_seconds": m.get("compile_seconds", 0.0),
         "seconds": m.get("seconds", 0.0),
         "warmup_steps": warmup_steps,
-        "reference": "cuda" if use_cuda else "cpu",
+        "reference": ref_kind,
         "per_step": judged["per_step"],
     }
-    lines = LineMapper(script, cand_script)
     events: List[Dict[str, object]] = []
     steady_recompiles = 0
     dumped = _read_graphs(graphs.parent) if judged["recompile_sites"] else []
-    for site in judged["recompile_sites"]:
+    for site in judged["recompile_sites"]:  # type: ignore[union-attr]
         at_site = _at_site(dumped, site)
         kinds = classify_recompiles(at_site, site)
         # one graph with new ops after warm-up (a last step that takes another
@@ -262,7 +303,7 @@ def verify(script: Path, converted: Optional[Path] = None, args: Sequence[str] =
     if m.get("fallbacks") and not fallback_sites:
         for op, n in dict(m["fallbacks"]).items():  # type: ignore[arg-type]
             events.append({"kind": "fallback", "path": str(cand_script), "line": None, "original_line": None,
-                           "count": n, "detail": op})
+                           "source": None, "count": n, "detail": op})
     failures = [o.name for o in outputs if not o.ok]
     if steady_recompiles:
         failures.append(f"{steady_recompiles} recompilation(s) after {warmup_steps} warm-up step(s)")
@@ -271,13 +312,15 @@ def verify(script: Path, converted: Optional[Path] = None, args: Sequence[str] =
     hot_fallbacks = judged["fallbacks_after_warmup"] if steps else dict(m.get("fallbacks") or {})  # type: ignore[arg-type]
     metrics["fallbacks_after_warmup"] = hot_fallbacks
     if hot_fallbacks:
-        ops = ", ".join(f"{op} x{n}" for op, n in hot_fallbacks.items())
+        ops = ", ".join(f"{op} x{n}" for op, n in hot_fallbacks.items())  # type: ignore[union-attr]
         failures.append(f"CPU fallbacks in the loop after warm-up: {ops}")
     per_step = judged["host_reads_per_step"]
-    if max_host_reads_per_step is not None and per_step is not None and per_step > max_host_reads_per_step:
+    if max_host_reads_per_step is not None and per_step is not None and per_step > max_host_reads_per_step:  # type: ignore[operator]
         failures.append(f"{per_step:g} host read(s) per step > --max-host-reads-per-step {max_host_reads_per_step:g}")
     report = Report("fail" if failures else "pass", outputs, metrics, events)
     report.failures = failures
+    report.varies = compared.varies
+    report.not_compared = compared.not_compared
     return report
 
 
@@ -425,14 +468,18 @@ class LineMapper:
         from xlaport.engine import _line_map
 
         self.converted = converted.resolve()
+        self.original_lines: List[str] = []
         try:
-            self.back = _line_map(original.read_text(errors="replace"), converted.read_text(errors="replace"))
+            text = original.read_text(errors="replace")
+            self.original_lines = text.splitlines()
+            self.back = _line_map(text, converted.read_text(errors="replace"))
         except OSError:
             self.back = None
 
     def event(self, kind: str, where: tuple, count: object, detail: object) -> Dict[str, object]:
         path, line = where[0], where[1]
         same = path is not None and Path(path).name == self.converted.name
+        original = self.back(line) if (same and self.back and line) else None
+        source = self.original_lines[original - 1].strip() if original and original <= len(self.original_lines) else None
         return {"kind": kind, "path": str(self.converted) if same else path, "line": line,
-                "original_line": self.back(line) if (same and self.back and line) else None,
-                "count": count, "detail": detail}
+                "original_line": original, "source": source, "count": count, "detail": detail}

@@ -227,12 +227,19 @@ class XlaRecorder:
 LEFTOVERS = "xlaport-leftovers.pt"
 
 
-def _save_leftovers(namespace: Dict[str, object], path: str) -> None:
+def _save_leftovers(namespace: Dict[str, object], path: str) -> Dict[str, str]:
     """The tensors and modules the script leaves in its globals, on the CPU,
-    so that they are compared like the files it saves."""
+    so that they are compared like the files it saves.  Returns the device
+    type each module was on (a conversion whose model stayed on the CPU)."""
     torch = sys.modules.get("torch")
+    devices: Dict[str, str] = {}
     if torch is None:
-        return
+        return devices
+    for name, value in namespace.items():
+        if not name.startswith("_") and isinstance(value, torch.nn.Module):
+            first = next(iter(value.parameters()), None)
+            if first is not None:
+                devices[name] = first.device.type
     found: Dict[str, object] = {}
     for name, value in namespace.items():
         if name.startswith("_"):
@@ -247,6 +254,7 @@ def _save_leftovers(namespace: Dict[str, object], path: str) -> None:
             continue
     if found:
         torch.save(found, path)
+    return devices
 
 
 def _launch_here() -> None:
@@ -315,7 +323,7 @@ def main() -> int:
         except Exception as exc:  # metrics unavailable: report, do not hide
             result["metrics_error"] = repr(exc)
     if result["ok"]:  # after the metrics: reading these back is not the script's doing
-        _save_leftovers(namespace, os.path.join(os.path.dirname(result_path), LEFTOVERS))
+        result["leftover_devices"] = _save_leftovers(namespace, os.path.join(os.path.dirname(result_path), LEFTOVERS))
     with open(result_path, "w") as fh:
         json.dump(result, fh)
     if not result["ok"]:

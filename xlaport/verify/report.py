@@ -34,9 +34,15 @@ def render(report: Report) -> None:
         for col in ("kind", "line", "original line", "count", "detail"):
             events.add_column(col)
         for e in report.events:
-            events.add_row(str(e["kind"]), f"{Path(str(e['path'])).name}:{e['line']}", str(e["original_line"] or "-"),
+            original = f"{e['original_line']}: {e.get('source') or ''}" if e["original_line"] else "-"
+            events.add_row(str(e["kind"]), f"{Path(str(e['path'])).name}:{e['line']}", escape(original[:60]),
                            str(e["count"]), escape(str(e["detail"])))
         console.print(events)
+    if report.varies:
+        console.print(f"varies between reference runs (not compared): {escape('; '.join(report.varies[:8]))}"
+                      + (f" (+{len(report.varies) - 8} more)" if len(report.varies) > 8 else ""))
+    for item in report.not_compared:
+        console.print(f"[yellow]not compared[/]: {escape(item)}")
     for f in report.failures:
         console.print(f"[red]fail:[/] {escape(f)}")
     console.print(f"verdict: [bold]{report.verdict}[/]")

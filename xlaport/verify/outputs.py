@@ -1,0 +1,218 @@
+"""What a run produced, and how two runs' outputs compare.
+
+Outputs are what is deterministic: every number the script prints and every
+file it writes.  A number (or tensor) that differs between two runs of the
+*reference* (timings, unseeded randomness) says nothing about the
+conversion: it is left out and listed as "varies between runs".  A file that
+cannot be compared is listed as not compared, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
+
+_NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
+TENSOR_FILES = {".pt", ".pth", ".bin", ".ckpt", ".pkl", ".tar"}
+TEXT_FILES = {".txt", ".json", ".csv", ".log", ".yaml", ".yml", ".md", ".tsv"}
+HARNESS_FILES = {".xlaport-result.json", "xlaport-leftovers.pt"}
+
+
+@dataclass
+class Compared:
+    name: str
+    ok: bool
+    max_abs_err: float
+    max_rel_err: float
+
+
+@dataclass
+class Comparison:
+    outputs: List[Compared] = field(default_factory=list)
+    varies: List[str] = field(default_factory=list)  # left out: differ between reference runs
+    not_compared: List[str] = field(default_factory=list)  # with the reason
+
+
+def output_files(workdir: Path, script_name: str) -> Dict[str, Path]:
+    """Every file a run left in its scratch directory, by relative path."""
+    found: Dict[str, Path] = {}
+    for p in sorted(workdir.rglob("*")):
+        rel = p.relative_to(workdir).as_posix()
+        if not p.is_file() or rel == script_name or "__pycache__" in p.parts:
+            continue
+        if rel in HARNESS_FILES and rel != "xlaport-leftovers.pt":
+            continue
+        found[rel] = p
+    return found
+
+
+def _close(a: float, b: float, rtol: float, atol: float) -> bool:
+    return math.isclose(a, b, rel_tol=rtol, abs_tol=atol) or (math.isnan(a) and math.isnan(b))
+
+
+def _numbered_lines(text: str) -> List[str]:
+    return [line for line in text.splitlines() if _NUMBER.search(line)]
+
+
+def _stable_positions(refs: Sequence[str]) -> Tuple[Optional[Set[Tuple[int, int]]], List[str]]:
+    """(line, number) positions that vary between the reference texts, and a
+    description of each; None when the texts do not even line up."""
+    lines = [_numbered_lines(t) for t in refs]
+    if any(len(l) != len(lines[0]) for l in lines):
+        return None, []
+    varying: Set[Tuple[int, int]] = set()
+    described: List[str] = []
+    for i, group in enumerate(zip(*lines)):
+        numbers = [_NUMBER.findall(l) for l in group]
+        if any(len(n) != len(numbers[0]) for n in numbers):
+            varying |= {(i, j) for j in range(max(len(n) for n in numbers))}
+            described.append(f"line {i + 1}: {group[0].strip()[:60]}")
+            continue
+        for j in range(len(numbers[0])):
+            if len({n[j] for n in numbers}) > 1:
+                varying.add((i, j))
+                described.append(f"line {i + 1}, number {j + 1}: {group[0].strip()[:60]}")
+    return varying, described
+
+
+def compare_text(label: str, refs: Sequence[str], cand: str, rtol: float, atol: float, out: Comparison) -> None:
+    """Numbers in text (stdout, a log file), line by line, leaving out the
+    ones that vary between the reference runs."""
+    varying, described = _stable_positions(refs)
+    out.varies += [f"{label} {d}" for d in described]
+    ref_lines, cand_lines = _numbered_lines(refs[0]), _numbered_lines(cand)
+    if varying is None or len(ref_lines) != len(cand_lines):
+        out.outputs.append(Compared(label, False, math.inf, math.inf))
+        return
+    for i, (r, c) in enumerate(zip(ref_lines, cand_lines)):
+        rn, cn = _NUMBER.findall(r), _NUMBER.findall(c)
+        if len(rn) != len(cn):
+            out.outputs.append(Compared(f"{label} line {i + 1}", False, math.inf, math.inf))
+            continue
+        pairs = [(float(a), float(b)) for j, (a, b) in enumerate(zip(rn, cn)) if (i, j) not in varying]
+        if not pairs:
+            continue
+        abs_err = max(abs(a - b) for a, b in pairs)
+        rel_err = max(abs(a - b) / max(abs(a), 1e-12) for a, b in pairs)
+        ok = all(_close(a, b, rtol, atol) for a, b in pairs)
+        out.outputs.append(Compared(f"{label} line {i + 1}: {r.strip()[:60]}", ok, abs_err, rel_err))
+
+
+def load_any(path: Path):
+    """A saved object with modules replaced by their state dicts."""
+    import torch
+
+    obj = torch.load(path, map_location="cpu", weights_only=False)
+    return _unmodule(obj)
+
+
+def _unmodule(obj):
+    import torch
+
+    if isinstance(obj, torch.nn.Module):
+        return {k: v for k, v in obj.state_dict().items()}
+    if isinstance(obj, dict):
+        return {k: _unmodule(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_unmodule(v) for v in obj]
+    return obj
+
+
+def leaves(prefix: str, a, b) -> Iterator[Tuple[str, object, object]]:
+    """Pairs of tensors or numbers at the same place in two saved objects."""
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        yield prefix, a, b
+    elif isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b), key=str):
+            yield from leaves(f"{prefix}[{k}]", a.get(k), b.get(k))
+    elif isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            yield from leaves(f"{prefix}[{i}]", x, y)
+    elif isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        yield prefix, a, b
+
+
+def _errors(x, y) -> Tuple[float, float, bool]:
+    import torch
+
+    if isinstance(x, (int, float)) and isinstance(y, (int, float)):
+        return abs(x - y), abs(x - y) / max(abs(x), 1e-12), True
+    if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)) or x.shape != y.shape:
+        return math.inf, math.inf, False
+    if not (x.dtype.is_floating_point or x.dtype.is_complex):
+        x, y = x.long(), y.long()
+    x, y = x.double(), y.double()
+    diff = (x - y).abs()
+    if not diff.numel():
+        return 0.0, 0.0, True
+    return float(diff.max()), float((diff / x.abs().clamp_min(1e-12)).max()), True
+
+
+def compare_files(refs: Sequence[Dict[str, Path]], cand: Dict[str, Path], rtol: float, atol: float,
+                  out: Comparison) -> None:
+    names = sorted(set(refs[0]) | set(cand))
+    for name in names:
+        if name not in refs[0] or name not in cand:
+            side = "the reference" if name not in refs[0] else "the conversion"
+            out.outputs.append(Compared(f"{name} (not written by {side})", False, math.inf, math.inf))
+            continue
+        suffix = Path(name).suffix.lower()
+        if suffix in TENSOR_FILES:
+            _compare_saved(name, [r[name] for r in refs if name in r], cand[name], rtol, atol, out)
+        elif suffix in TEXT_FILES:
+            try:
+                texts = [r[name].read_text(errors="replace") for r in refs if name in r]
+                compare_text(name, texts, cand[name].read_text(errors="replace"), rtol, atol, out)
+            except OSError as exc:
+                out.not_compared.append(f"{name}: cannot read ({exc})")
+        elif refs[0][name].read_bytes() == cand[name].read_bytes():
+            out.outputs.append(Compared(f"{name} (same bytes)", True, 0.0, 0.0))
+        else:
+            out.not_compared.append(f"{name}: a {suffix or 'binary'} file xlaport cannot read; its bytes differ")
+
+
+def _compare_saved(name: str, refs: List[Path], cand: Path, rtol: float, atol: float, out: Comparison) -> None:
+    import torch
+
+    try:
+        loaded = [load_any(p) for p in refs]
+        mine = load_any(cand)
+    except Exception as exc:  # noqa: BLE001 -- anything torch.load raises
+        out.not_compared.append(f"{name}: cannot load ({type(exc).__name__}: {str(exc)[:80]})")
+        return
+    varying = set()
+    for other in loaded[1:]:
+        for key, x, y in leaves(name, loaded[0], other):
+            abs_err, _, same_shape = _errors(x, y)
+            if not same_shape or abs_err > 0:
+                varying.add(key)
+    out.varies += sorted(varying)
+    count = 0
+    for key, x, y in leaves(name, loaded[0], mine):
+        count += 1
+        if key in varying:
+            continue
+        abs_err, rel_err, same_shape = _errors(x, y)
+        if not same_shape:
+            out.outputs.append(Compared(key, False, math.inf, math.inf))
+            continue
+        if isinstance(x, torch.Tensor):
+            ok = bool(torch.allclose(y.double(), x.double(), rtol=rtol, atol=atol)) if x.numel() else True
+        else:
+            ok = _close(float(x), float(y), rtol, atol)  # type: ignore[arg-type]
+        out.outputs.append(Compared(key, ok, abs_err, rel_err))
+    if not count:
+        out.not_compared.append(f"{name}: holds no tensors or numbers to compare")
+
+
+def compare(ref_stdouts: Sequence[str], ref_files: Sequence[Dict[str, Path]], cand_stdout: str,
+            cand_files: Dict[str, Path], rtol: float, atol: float) -> Comparison:
+    out = Comparison()
+    compare_text("stdout", ref_stdouts, cand_stdout, rtol, atol, out)
+    compare_files(ref_files, cand_files, rtol, atol, out)
+    return out

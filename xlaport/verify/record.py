@@ -1,0 +1,70 @@
+"""``verify --record REF.json`` and ``verify --against REF.json``.
+
+A user with a GPU box and a TPU VM records the original on the GPU and
+compares the conversion with that record on the TPU.  The record holds the
+reference runs' stdout and the files they wrote (copied beside it, in
+``REF.json.d/``), the command, and the environment it ran in.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import sys
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+FORMAT = "xlaport-reference/1"
+
+
+def environment(python: str = sys.executable) -> Dict[str, object]:
+    env: Dict[str, object] = {"python": platform.python_version(), "platform": platform.platform()}
+    try:
+        from importlib.metadata import version
+
+        for pkg in ("torch", "torch_xla", "xlaport"):
+            try:
+                env[pkg] = version(pkg)
+            except Exception:  # noqa: BLE001 -- not installed
+                env[pkg] = None
+    except ImportError:  # pragma: no cover
+        pass
+    return env
+
+
+def write(path: Path, script: Path, args: Sequence[str], device: str, runs: List[Tuple[str, Dict[str, Path]]],
+          seconds: List[float]) -> None:
+    store = path.with_name(path.name + ".d")
+    if store.exists():
+        shutil.rmtree(store)
+    saved_runs = []
+    for i, (stdout, files) in enumerate(runs):
+        saved: Dict[str, str] = {}
+        for rel, src in files.items():
+            dest = store / f"run{i}" / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest)
+            saved[rel] = dest.relative_to(path.parent).as_posix()
+        saved_runs.append({"stdout": stdout, "files": saved})
+    record = {"format": FORMAT, "script": script.name, "args": list(args), "device": device,
+              "environment": environment(), "seconds": seconds, "runs": saved_runs}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2))
+    tmp.replace(path)
+
+
+def read(path: Path) -> Tuple[Dict[str, object], List[str], List[Dict[str, Path]]]:
+    """(the record, the stdout of each run, the files of each run)."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a readable record ({exc})") from None
+    if record.get("format") != FORMAT:
+        raise ValueError(f"{path}: not an xlaport reference record (format {record.get('format')!r})")
+    stdouts = [r["stdout"] for r in record["runs"]]
+    files = [{rel: path.parent / p for rel, p in r["files"].items()} for r in record["runs"]]
+    missing = [str(p) for run in files for p in run.values() if not p.exists()]
+    if missing:
+        raise ValueError(f"{path}: recorded files are missing: {', '.join(missing[:3])}")
+    return record, stdouts, files
