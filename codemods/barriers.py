@@ -12,7 +12,7 @@ diffusers >= 0.31) gets no new barrier: its other step loops are reported.
 
 from __future__ import annotations
 
-from typing import List, Union
+from typing import List, Tuple, Union
 
 import libcst as cst
 
@@ -72,6 +72,17 @@ STEP_BARRIER = Rule(
         # a Flax module: its loops are JAX's
         "import jax\nfor i in range(n):\n    latents, state = loop_body(i, (latents, state))\n"
         "    latents = scheduler.step(state, noise, t, latents)\n",
+        # a shape loop in a scheduler's step(): `step_size` is no step (diffusers' sde_ve)
+        "def step(self, model_output, sample):\n    while len(step_size.shape) < len(sample.shape):\n"
+        "        step_size = step_size.unsqueeze(-1)\n",
+        # a down-sampling layer and a streamer are not samplers or steps
+        "for t in range(3):\n    h = self.sub_sample(h)\nfor token in tokens:\n    streamer.step(token, ids)\n",
+        # ring attention inside an autograd Function's forward (diffusers' attention_dispatch)
+        "class Ring(torch.autograd.Function):\n    def forward(ctx, q, k):\n        for i in range(world):\n"
+        "            out, lse = forward_op(ctx, q, k, prev_out=out, prev_lse=lse)\n        return out\n",
+        # a loop over a device loader handed in by the caller syncs already (torch_xla's examples)
+        "import torch_xla.distributed.parallel_loader as pl\n\ndef loop_fn(loader):\n    for x in loader:\n"
+        "        model(x).sum().backward()\n        opt.step()\n\nloop_fn(pl.MpDeviceLoader(train_loader, device))\n",
     ),
 )
 
@@ -89,7 +100,8 @@ def _other_framework(tree) -> bool:
 class StepBarrier(LoopCodemod):
     DESCRIPTION = "Insert the XLA step barrier at the end of each step loop."
     RULES = (STEP_BARRIER,)
-    TRIGGERS = (b"backward", b".step(", b"step", b"sampl", b"denois")
+    # every word a step loop can be recognised by (analysis.loops: steps and model calls)
+    TRIGGERS = (b"backward", b"step", b"sampl", b"denois", b"model", b"unet", b"forward", b"generate", b"predict")
 
     @classmethod
     def wanted(cls, tree, options):
@@ -101,16 +113,24 @@ class StepBarrier(LoopCodemod):
     def rewrite_loop(self, original: Loop, updated: Loop) -> Union[Loop, cst.CSTNode]:
         if self.target.sync is None or not self.enabled(STEP_BARRIER.code):
             return updated
-        if not is_step_loop(original, self.steps, self.qualnames):
+        if not self.is_step_loop(original):
             return updated
         if has_barrier(original, self.target.barrier_names, self.qualnames):
             return updated
-        if isinstance(original, cst.For) and is_device_loader_expr(
-            original.iter, self.target.loader_names, self.qualnames
-        ):
-            return updated  # MpDeviceLoader syncs after each batch
         body = updated.body
         if not isinstance(body, cst.IndentedBlock) or not body.body:
+            return updated
+        # prints deferred to step closures run at the next barrier: a loop
+        # left by break/return before its barrier would lose them
+        exits: Tuple[type, ...] = (cst.Continue,) + ((cst.Break, cst.Return) if self._defers(original) else ())
+        if isinstance(original, cst.For) and self.iterates_device_loader(original):
+            # MpDeviceLoader syncs after each batch, but not after a break
+            if len(exits) > 1 and _has_exit(body.body, exits[1:]) and self.flag(
+                    original, STEP_BARRIER.code, "`torch_xla.sync()` before break/return: the step's deferred "
+                    "prints run", fix=True):
+                self.add_imports(self.target.sync_imports)
+                return updated.with_changes(body=body.with_changes(body=self._before_exits(list(body.body),
+                                                                                           exits[1:])))
             return updated
         if self._syncs_by_hand():
             # ported by hand already (diffusers >= 0.31): its authors chose where
@@ -127,9 +147,9 @@ class StepBarrier(LoopCodemod):
         ):
             return updated
         self.add_imports(self.target.sync_imports)
-        new_body = self._before_continues(list(body.body))
+        new_body = self._before_exits(list(body.body), exits)
         last = new_body[-1]
-        if _is_continue(last):
+        if _is_exit(last, exits):
             pass  # the barrier before it is already there
         elif _ends_flow(last):
             new_body.insert(len(new_body) - 1, self._barrier())
@@ -155,8 +175,13 @@ class StepBarrier(LoopCodemod):
     def _barrier(self) -> cst.SimpleStatementLine:
         return statement(self.target.sync_node())
 
-    def _before_continues(self, stmts: List[cst.BaseStatement]) -> List[cst.BaseStatement]:
-        """Put a barrier before every ``continue`` of this loop's own level."""
+    def _defers(self, loop: Loop) -> bool:
+        """The loop's own body hands work to step closures (deferred prints)."""
+        return any(self.is_step_closure(c) for c in find_all(loop.body, cst.Call, stop=(cst.For, cst.While)))  # type: ignore[arg-type]
+
+    def _before_exits(self, stmts: List[cst.BaseStatement], exits: Tuple[type, ...]) -> List[cst.BaseStatement]:
+        """Put a barrier before every ``continue`` (and, given, ``break`` and
+        ``return``) of this loop's own level."""
         barrier = self._barrier()
 
         class _Continue(cst.CSTTransformer):
@@ -175,14 +200,14 @@ class StepBarrier(LoopCodemod):
             def leave_IndentedBlock(self, original_node, updated_node):
                 out: List[cst.BaseStatement] = []
                 for s in updated_node.body:
-                    if _is_continue(s) and not (out and out[-1].deep_equals(barrier)):
+                    if _is_exit(s, exits) and not (out and out[-1].deep_equals(barrier)):
                         out.append(barrier)
                     out.append(s)
                 return updated_node.with_changes(body=out)
 
         fixed: List[cst.BaseStatement] = []
         for s in stmts:
-            if _is_continue(s):
+            if _is_exit(s, exits):
                 fixed.append(barrier)
                 fixed.append(s)
             elif isinstance(s, cst.SimpleStatementLine):
@@ -192,8 +217,14 @@ class StepBarrier(LoopCodemod):
         return fixed
 
 
-def _is_continue(stmt: cst.CSTNode) -> bool:
-    return isinstance(stmt, cst.SimpleStatementLine) and any(isinstance(s, cst.Continue) for s in stmt.body)
+def _is_exit(stmt: cst.CSTNode, kinds: Tuple[type, ...]) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and any(isinstance(s, kinds) for s in stmt.body)
+
+
+def _has_exit(stmts, kinds: Tuple[type, ...]) -> bool:
+    """A ``break``/``return`` of this loop's own level (not a nested loop's or function's)."""
+    return any(find_all(s, kinds, stop=(cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda))
+               for s in stmts)
 
 
 def _ends_flow(stmt: cst.CSTNode) -> bool:

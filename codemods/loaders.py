@@ -38,6 +38,15 @@ DEVICE_LOADER = Rule(
         "import torch_xla.distributed.parallel_loader as pl\n\n"
         "for x in pl.MpDeviceLoader(loader, device):\n    train(x)\n",
         "for x in range(10):\n    train(x)\n",
+        # bound to a device loader by an assignment, even a later one (accelerate's prepare)
+        "from torch.utils.data import DataLoader\n\ndl = DataLoader(ds)\ndl = accelerator.prepare(dl)\n"
+        "for batch in dl:\n    train(batch)\n",
+        # a device loader handed to the function that loops (torch_xla's own examples)
+        "import torch_xla.distributed.parallel_loader as pl\nfrom torch.utils.data import DataLoader\n\n"
+        "def train_loop_fn(loader):\n    for x in loader:\n        train(x)\n\n"
+        "device_loader = pl.MpDeviceLoader(DataLoader(ds), device)\ntrain_loop_fn(device_loader)\n",
+        # a list of loaders (accelerate's checkpointing): iterating it walks loaders, not batches
+        "for i, dl in enumerate(dataloaders):\n    save_sampler_state(dl, i)\n",
     ),
 )
 

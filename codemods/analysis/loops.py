@@ -27,7 +27,8 @@ _DEFS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 _OPTIMIZER_RE = re.compile(r"(optim|^opt$|_opt$|^opt_|scaler)", re.IGNORECASE)
 _SAMPLER_RE = re.compile(r"(scheduler|sampler|solver)", re.IGNORECASE)
 # (up/down-samplers are layers, not samplers)
-_FEEDBACK_CALL_RE = re.compile(r"(step|(?<!up)(?<!down)sampl|denois|model|unet|forward|generate|predict)", re.IGNORECASE)
+_FEEDBACK_CALL_RE = re.compile(
+    r"(step|(?<!up)(?<!down)(?<!sub_)(?<!sub)(?<!re)sampl|denois|model|unet|forward|generate|predict)", re.IGNORECASE)
 # calls that fetch, wrap or unwrap a model rather than run it (``m = unwrap_model(m)``)
 _NOT_FEEDBACK_RE = re.compile(
     r"^_*(unwrap|wrap|get|load|build|make|create|prepare|init|setup|save|copy|compile|convert|register|to)_",
@@ -73,10 +74,9 @@ def is_step_call(call: cst.Call, step_functions: Set[str], qualnames: QualNames)
         last = receiver.split(".")[-1]
         if _OPTIMIZER_RE.search(last):
             return True
-        positional = [a for a in call.args if a.keyword is None]
+        # another object's step(a, b) (a streamer, accelerate's scheduler
+        # wrapper) is a step only when its output is fed back (_feeds_back)
         if _SAMPLER_RE.search(last) and len(call.args) >= 2:
-            return True
-        if len(positional) >= 2:
             return True
     if isinstance(func, cst.Name) and func.value in step_functions:
         return True
@@ -127,15 +127,85 @@ def _feeds_back(stmt: cst.CSTNode, layers: Set[str] = frozenset()) -> bool:  # t
             targets |= _bound_roots(t.target)
         targets -= layers  # the loop's own target is rebound by the loop, not fed back
         for call in find_all(assign.value, cst.Call, stop=_DEFS):  # type: ignore[attr-defined]
-            callee = dotted(call.func) or ""
-            if not _FEEDBACK_CALL_RE.search(callee) or callee.split(".")[0] in layers:
-                continue
-            if _NOT_FEEDBACK_RE.search(callee.split(".")[-1]) or callee.split(".")[-1] in _CONTAINER_METHODS:
+            if not _is_model_call(call, layers):  # type: ignore[arg-type]
                 continue
             arg_names = {n.value for a in call.args for n in find_all(a.value, cst.Name)}
             if targets & arg_names:
                 return True
     return False
+
+
+def _is_model_call(call: cst.Call, layers: Set[str]) -> bool:
+    """A call that runs a model or a sampler step: judged by the called name
+    itself (``self.unet(...)``, ``scheduler.step(...)``, ``p_sample(...)``),
+    not by its receiver (``step_size.unsqueeze(-1)`` is no step)."""
+    callee = dotted(call.func) or ""
+    last = callee.split(".")[-1]
+    if not _FEEDBACK_CALL_RE.search(last) or callee.split(".")[0] in layers:
+        return False
+    return not (_NOT_FEEDBACK_RE.search(last) or last in _CONTAINER_METHODS)
+
+
+_MODEL_CODE = {"forward", "backward", "_forward"}
+
+
+def in_model_code(node: cst.CSTNode, parents: Dict[int, cst.CSTNode]) -> bool:
+    """``node`` is inside a class's ``forward``/``backward`` (an
+    ``nn.Module`` or a ``torch.autograd.Function``): code that runs inside a
+    step, never around one, so no loop there is a step loop."""
+    cur = parents.get(id(node))
+    while cur is not None:
+        if isinstance(cur, cst.FunctionDef) and cur.name.value in _MODEL_CODE:
+            return isinstance(parents.get(id(parents.get(id(cur)))), cst.ClassDef) or isinstance(
+                parents.get(id(cur)), cst.ClassDef)
+        cur = parents.get(id(cur))
+    return False
+
+
+def _carries_model_state(loop: Loop, layers: Set[str]) -> bool:
+    """State carried from one iteration to the next through a model call, over
+    any number of statements: a name read in the body before it is written,
+    and written from a value that depends (through earlier assignments of this
+    iteration) on a model/sampler call -- ``outs = p_sample(img, t); img, x0 =
+    outs`` or ``eps = model(x, t); x = a * x - b * eps``."""
+    read_first: Set[str] = set()
+    written: Set[str] = set()
+    driven: Set[str] = set()
+    for assign in _own_assignments(loop):
+        value = assign.value  # type: ignore[attr-defined]
+        if value is None:
+            continue
+        names = {n.value for n in find_all(value, cst.Name)}
+        if isinstance(assign, cst.AugAssign):
+            names |= _bound_roots(assign.target)
+        read_first |= names - written
+        targets: Set[str] = set()
+        for t in ([t.target for t in assign.targets] if isinstance(assign, cst.Assign)  # type: ignore[attr-defined]
+                  else [assign.target]):  # type: ignore[attr-defined]
+            targets |= _bound_roots(t)
+        targets -= layers
+        calls = find_all(value, cst.Call, stop=_DEFS)
+        if any(_is_model_call(c, layers) for c in calls) or names & driven:  # type: ignore[arg-type]
+            driven |= targets
+        written |= targets
+    return bool(driven & read_first)
+
+
+def _own_assignments(loop: Loop) -> List[cst.CSTNode]:
+    """The loop's own assignments (not a nested loop's or function's), in
+    source order."""
+    found: List[cst.CSTNode] = []
+
+    def visit(node: cst.CSTNode) -> None:
+        for child in node.children:
+            if isinstance(child, _NESTED):
+                continue
+            if isinstance(child, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+                found.append(child)
+            visit(child)
+
+    visit(loop.body)
+    return found
 
 
 def step_functions(module: cst.Module, qualnames: QualNames) -> Set[str]:
@@ -177,7 +247,7 @@ def is_step_loop(loop: Loop, steps: Set[str], qualnames: QualNames) -> bool:
                 return True
         if _feeds_back(stmt, layers):
             return True
-    return False
+    return _carries_model_state(loop, layers)
 
 
 def is_barrier_call(call: cst.Call, names: Iterable[str], qualnames: QualNames) -> bool:
@@ -259,7 +329,10 @@ def tensor_names(scope_node: cst.CSTNode, qualnames: QualNames, loader_loops: It
         tensors |= {n.value for n in find_all(target, cst.Name)}
     for call in find_all(scope_node, cst.Call, stop=_DEFS):
         if call_name(call) == "backward" and isinstance(call.func, cst.Attribute):  # type: ignore[attr-defined]
-            base = call.func.value  # type: ignore[attr-defined]
+            # `loss.backward()`: loss is a tensor; `accelerator.backward(loss)`:
+            # the argument is, not the object (accelerate, Lightning fabric)
+            positional = [a for a in call.args if a.keyword is None]  # type: ignore[attr-defined]
+            base = positional[0].value if positional else call.func.value  # type: ignore[attr-defined]
             if isinstance(base, cst.Name):
                 tensors.add(base.value)
     assigns = find_all(scope_node, cst.Assign, stop=_DEFS) + find_all(scope_node, cst.AugAssign, stop=_DEFS)
@@ -401,6 +474,12 @@ def hot_methods(cls: cst.ClassDef) -> Dict[str, cst.FunctionDef]:
     return hot
 
 
+def _names_one_loader(name: str) -> bool:
+    """``train_loader``, ``dl``: a loader; ``dataloaders``, ``loaders``: a
+    container of them (iterating it walks loaders, not batches)."""
+    return bool(LOADER_NAME_RE.search(name)) and not re.search(r"(loaders|dls)$", name, re.IGNORECASE)
+
+
 def _mentions_loader(node: cst.CSTNode) -> bool:
     return any(
         (isinstance(n, cst.Name) and LOADER_NAME_RE.search(n.value))
@@ -456,15 +535,19 @@ class LoopCodemod(XlaCodemod):
         self.tensor_stack.pop()
         return updated_node
 
+    def is_step_loop(self, loop: Loop) -> bool:
+        """:func:`is_step_loop`, and not inside a model's own forward/backward."""
+        return is_step_loop(loop, self.steps, self.qualnames) and not in_model_code(loop, self.tree.parents)
+
     def visit_For(self, node: cst.For) -> None:
-        self.loop_stack.append((node, is_step_loop(node, self.steps, self.qualnames), self.is_loader_loop(node)))
+        self.loop_stack.append((node, self.is_step_loop(node), self.is_loader_loop(node)))
 
     def leave_For(self, original_node: cst.For, updated_node: cst.For):  # type: ignore[override]
         self.loop_stack.pop()
         return self.rewrite_loop(original_node, updated_node)
 
     def visit_While(self, node: cst.While) -> None:
-        self.loop_stack.append((node, is_step_loop(node, self.steps, self.qualnames), False))
+        self.loop_stack.append((node, self.is_step_loop(node), False))
 
     def leave_While(self, original_node: cst.While, updated_node: cst.While):  # type: ignore[override]
         self.loop_stack.pop()
@@ -533,21 +616,72 @@ class LoopCodemod(XlaCodemod):
             if not LOADER_NAME_RE.search(node.value) and b"DataLoader" not in self.tree.source:
                 return False  # nothing in this file could bind it to a DataLoader
             values = self.assigned_values(node)
+            # every binding counts (`dl = accelerator.prepare(dl)` rebinds a
+            # DataLoader to a device loader): one device loader decides
+            if any(self._is_device_loader_value(v) for v in values):
+                return False
+            if any(isinstance(v, cst.Call) and self.is_data_loader_expr(v) for v in values):
+                return True
+            if any(isinstance(v, cst.Call) for v in values):
+                return False  # bound to something else we can see
             for v in values:
                 if isinstance(v, cst.Param):
                     ann = v.annotation
                     if ann is not None and "DataLoader" in (dotted(ann.annotation) or ""):
                         return True
-                elif is_device_loader_expr(v, self.target.loader_names, self.qualnames):
-                    return False
-                elif isinstance(v, cst.Call) and self.is_data_loader_expr(v):
-                    return True
-                elif isinstance(v, cst.Call):
-                    return False  # bound to something else we can see
-            return bool(LOADER_NAME_RE.search(node.value))
+                    if self._fed_device_loader(v):
+                        return False
+            return _names_one_loader(node.value)
         if isinstance(node, cst.Attribute):
-            return bool(LOADER_NAME_RE.search(node.attr.value))
+            return _names_one_loader(node.attr.value)
         return False
+
+    def _is_device_loader_value(self, value: cst.CSTNode) -> bool:
+        """An MpDeviceLoader, or what ``accelerator.prepare(...)`` returns
+        (on XLA, accelerate's MpDeviceLoaderWrapper)."""
+        if isinstance(value, cst.Param):
+            return False
+        if is_device_loader_expr(value, self.target.loader_names, self.qualnames):
+            return True
+        return isinstance(value, cst.Call) and call_name(value) in ("prepare", "prepare_data_loader")
+
+    def _fed_device_loader(self, param: cst.Param) -> bool:
+        """A parameter that the module's own call sites pass a device loader
+        (torch_xla's examples: ``train_loop_fn(train_device_loader)``)."""
+        fn = next((a for a in self.ancestors(param) if isinstance(a, cst.FunctionDef)), None)
+        if fn is None:
+            return False
+        params = [p.name.value for p in fn.params.params]
+        index = params.index(param.name.value) if param.name.value in params else None
+        if params and params[0] == "self" and index is not None:
+            index -= 1
+        for call in find_all(self.tree.module, cst.Call):
+            func = call.func  # type: ignore[attr-defined]
+            name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else None
+            if name != fn.name.value:
+                continue
+            for i, arg in enumerate(call.args):  # type: ignore[attr-defined]
+                if (arg.keyword is not None and arg.keyword.value == param.name.value) or (
+                        arg.keyword is None and i == index):
+                    value = arg.value
+                    if self._is_device_loader_value(value):
+                        return True
+                    if isinstance(value, cst.Name) and any(
+                            self._is_device_loader_value(v) for v in self.assigned_values(value)):
+                        return True
+        return False
+
+    def iterates_device_loader(self, loop: cst.For) -> bool:
+        """The loop walks a device loader, which syncs after every batch:
+        written in place, or through a name bound to one or fed one."""
+        if is_device_loader_expr(loop.iter, self.target.loader_names, self.qualnames):
+            return True
+        it = loop_iterable(loop)
+        if not isinstance(it, cst.Name):
+            return False
+        values = self.assigned_values(it)
+        return any(self._is_device_loader_value(v) for v in values) or any(
+            isinstance(v, cst.Param) and self._fed_device_loader(v) for v in values)
 
     def is_loader_loop(self, loop: cst.For) -> bool:
         it = loop_iterable(loop)

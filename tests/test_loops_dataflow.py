@@ -1,0 +1,108 @@
+"""Loops, devices and loaders by dataflow (issue 11): each defect found on
+real programs, statically and, where it matters, on XLA's CPU backend."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import convert_text
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures"
+needs_xla = pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla not installed")
+
+
+def test_state_fed_back_through_an_intermediate_gets_a_barrier():
+    out, _ = convert_text("for i, t in enumerate(ts):\n    outs = p_sample_ddim(img, c, t, index=i)\n"
+                          "    img, pred_x0 = outs\n")
+    assert out.endswith("    img, pred_x0 = outs\n    torch_xla.sync()\n")
+    out, _ = convert_text("for i in range(n):\n    eps = model(latents, t[i])\n"
+                          "    latents = a[i] * latents - b[i] * eps\n")
+    assert out.endswith("    latents = a[i] * latents - b[i] * eps\n    torch_xla.sync()\n")
+
+
+def test_carried_state_without_a_model_call_is_no_step_loop():
+    src = "for x in batches:\n    y = x * 2\n    total = total + y\n"
+    assert convert_text(src)[0] == src
+
+
+def test_barrier_before_break_when_prints_are_deferred():
+    out = (FIXTURES / "break_print" / "expected.py").read_text()
+    assert "    if step == 3:\n        torch_xla.sync()\n        break\n" in out
+
+
+def test_host_reads_in_a_loop_found_by_dataflow_are_every_step():
+    """The CompVis loop's reads were labelled "once per call" when the loop was missed."""
+    src = ("import torch\n\nfor i in range(n):\n    eps = model(latents)\n"
+           "    latents = a * latents - b * eps\n    print(latents.norm().item())\n")
+    _, findings = convert_text(src, select=["XLA4"])
+    assert [f.hot for f in findings if f.code.startswith("XLA4")] and all(
+        f.hot for f in findings if f.code.startswith("XLA4"))
+
+
+@pytest.mark.xla
+@needs_xla
+def test_broken_off_loop_prints_every_line_the_cpu_run_prints():
+    from xlaport.verify.core import verify
+
+    report = verify(FIXTURES / "break_print" / "input.py", timeout=300)
+    assert report.verdict == "pass", report.failures
+    lines = [o for o in report.outputs if o.name.startswith("stdout line")]
+    assert len(lines) == 4 and all(o.ok for o in lines)
+
+
+@pytest.mark.xla
+@needs_xla
+def test_compvis_sampler_compiles_the_same_at_two_lengths():
+    from xlaport.verify.core import verify
+
+    report = verify(FIXTURES / "compvis_sampler" / "input.py", lengths="--steps=4,8", timeout=300)
+    assert report.verdict == "pass", report.failures
+    a, b = report.metrics["lengths"]
+    assert a["compiles"] == b["compiles"]
+
+
+DEVICE_LOADER_PROGRAM = '''\
+import torch
+import torch.nn as nn
+import torch_xla
+import torch_xla.distributed.parallel_loader as pl
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def train_loop_fn(loader, model, opt):
+    seen = 0
+    for x, y in loader:
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        seen += 1
+    return seen
+
+
+device = torch_xla.device()
+model = nn.Linear(4, 1).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+train_loader = DataLoader(TensorDataset(torch.randn(40, 4), torch.randn(40, 1)), batch_size=8)
+train_device_loader = pl.MpDeviceLoader(train_loader, device)
+print("batches", train_loop_fn(train_device_loader, model, opt))
+'''
+
+
+@pytest.mark.xla
+@needs_xla
+def test_device_loader_passed_to_the_loop_is_not_wrapped_again_and_iterates(tmp_path):
+    """Wrapped twice, the loader thread dies and the loop sees 0 batches (exit 0)."""
+    out, findings = convert_text(DEVICE_LOADER_PROGRAM)
+    assert out.count("MpDeviceLoader(") == 1 and "torch_xla.sync()" not in out
+    script = tmp_path / "train.py"
+    script.write_text(out)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PJRT_DEVICE": "CPU"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "batches 5" in run.stdout
