@@ -21,8 +21,6 @@ from codemods.analysis import (
     LoopCodemod,
     has_barrier,
     is_barrier_call,
-    is_device_loader_expr,
-    is_step_loop,
     module_facts,
 )
 from codemods.base import Rule, find_all, statement

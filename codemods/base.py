@@ -14,24 +14,32 @@ classes unchanged.
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import re
 import tokenize
 from dataclasses import dataclass
-from typing import Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst._metadata_dependent import LazyValue
 from libcst.metadata import (
-    MetadataWrapper,
     PositionProvider,
     QualifiedNameProvider,
 )
 
 from codemods.target import DEFAULT_TARGET, Import, Target, get_target
+from codemods.tree import (  # noqa: F401 -- re-exported: the rules import them from here
+    RULE_PACKAGES,
+    TreeCache,
+    call_name,
+    dotted,
+    find_all,
+    string_value,
+    unique,
+    walk,
+)
 
 FINDINGS_KEY = "xlaport.findings"
 SOURCE_KEY = "xlaport.source"
@@ -40,9 +48,6 @@ OPTIONS_KEY = "xlaport.options"
 TARGET_KEY = "xlaport.target"
 TREE_KEY = "xlaport.tree"
 
-# The packages whose names the rules look for.  A name imported from any other
-# package can never match a rule, so it needs no scope analysis to be sure.
-RULE_PACKAGES = ("torch", "torch_xla", "tqdm")
 
 
 @dataclass(frozen=True)
@@ -319,267 +324,6 @@ class XlaCodemod(VisitorBasedCodemodCommand):
             cur = self.parent(cur)
 
 
-# ---------------------------------------------------------------- CST helpers
-
-
-def string_value(node: cst.CSTNode) -> Optional[str]:
-    """The value of a plain string literal, else None."""
-    if isinstance(node, cst.SimpleString):
-        try:
-            value = node.evaluated_value
-        except Exception:  # pragma: no cover - malformed literal
-            return None
-        return value if isinstance(value, str) else None
-    if isinstance(node, cst.ConcatenatedString):
-        left, right = string_value(node.left), string_value(node.right)
-        if left is not None and right is not None:
-            return left + right
-    return None
-
-
-def call_name(node: cst.CSTNode) -> Optional[str]:
-    """The last name of a call's callee: ``a.b.c(...)`` -> ``c``."""
-    if not isinstance(node, cst.Call):
-        return None
-    func = node.func
-    if isinstance(func, cst.Name):
-        return func.value
-    if isinstance(func, cst.Attribute):
-        return func.attr.value
-    return None
-
-
-def dotted(node: cst.CSTNode) -> Optional[str]:
-    """``a.b.c`` as a string for Name/Attribute chains, else None."""
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        base = dotted(node.value)
-        return f"{base}.{node.attr.value}" if base else None
-    return None
-
-
-# Fields that only ever hold whitespace, comments or punctuation: the fast
-# walker below never needs to look inside them.
-_SKIP_FIELDS = re.compile(
-    r"^(whitespace.*|lpar|rpar|leading_lines|lines_after_decorators|header|footer|comma|semicolon|"
-    r"newline|trailing_whitespace|equal|colon|dot|star|lbracket|rbracket|lbrace|rbrace|"
-    r"first_line_comment|empty_lines|indent|operator)$"
-)
-_CHILD_FIELDS: Dict[type, Tuple[str, ...]] = {}
-
-
-def _child_fields(kind: type) -> Tuple[str, ...]:
-    names = _CHILD_FIELDS.get(kind)
-    if names is None:
-        names = tuple(f.name for f in dataclasses.fields(kind) if not _SKIP_FIELDS.match(f.name))
-        _CHILD_FIELDS[kind] = names
-    return names
-
-
-def walk(node: cst.CSTNode, stop: Tuple[type, ...] = ()) -> Iterator[cst.CSTNode]:
-    """Every descendant of ``node`` (itself first), without building new nodes.
-
-    ``CSTNode.visit`` rebuilds each node it passes; reading the dataclass
-    fields directly is an order of magnitude cheaper for read-only searches.
-    Does not descend into nodes of the ``stop`` types (other than ``node``).
-    The order is not guaranteed to be source order.
-    """
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        yield n
-        if stop and n is not node and isinstance(n, stop):
-            continue
-        for name in _child_fields(type(n)):
-            value = getattr(n, name)
-            if isinstance(value, cst.CSTNode):
-                stack.append(value)
-            elif isinstance(value, (list, tuple)):
-                stack.extend(v for v in value if isinstance(v, cst.CSTNode))
-
-
-def find_all(node: cst.CSTNode, kind: type, stop: Tuple[type, ...] = ()) -> List[cst.CSTNode]:
-    """All descendants of ``node`` (itself included) of type ``kind``.
-
-    Does not descend into nodes of the ``stop`` types (other than ``node``).
-    """
-    return [n for n in walk(node, stop) if isinstance(n, kind)]
-
-
-# ---------------------------------------------------------------- per-tree cache
-
-
-class TreeCache:
-    """Facts about one tree, computed once and shared by every codemod that
-    runs on it: parent links, resolved metadata, and whatever analyses a
-    codemod memoises in ``memo``.  The engine starts a new one whenever a
-    codemod changes the tree."""
-
-    def __init__(self, module: cst.Module, source: bytes = b"") -> None:
-        self.module = module
-        self.source = source
-        self.memo: Dict[str, object] = {}
-        self._parents: Optional[Dict[int, cst.CSTNode]] = None
-        self._imports: Optional[Dict[str, str]] = None
-        self._rebound: Optional[Set[str]] = None
-        self._metadata: Dict[type, Mapping[cst.CSTNode, object]] = {}
-        self._wrapper: Optional[MetadataWrapper] = None
-
-    @property
-    def parents(self) -> Dict[int, cst.CSTNode]:
-        if self._parents is None:
-            parents: Dict[int, cst.CSTNode] = {}
-            stack: List[cst.CSTNode] = [self.module]
-            while stack:
-                n = stack.pop()
-                for name in _child_fields(type(n)):
-                    value = getattr(n, name)
-                    kids = [value] if isinstance(value, cst.CSTNode) else value if isinstance(value, (list, tuple)) else ()
-                    for k in kids:
-                        if isinstance(k, cst.CSTNode):
-                            parents[id(k)] = n
-                            stack.append(k)
-            self._parents = parents
-        return self._parents
-
-    @property
-    def knows_xla(self) -> bool:
-        """The original file already supports XLA: it imports torch_xla or
-        tests for it (``is_torch_xla_available``, ``XLA_AVAILABLE``)."""
-        src = self.source
-        return bool(src) and any(k in src for k in (b"torch_xla", b"is_torch_xla_available", b"XLA_AVAILABLE",
-                                                    b"is_tpu_available"))
-
-    @property
-    def imports(self) -> Dict[str, str]:
-        """Local name -> qualified name for every import in the module
-        (``import torch as T`` gives ``{"T": "torch"}``)."""
-        if self._imports is None:
-            self._scan_bindings()
-        return self._imports  # type: ignore[return-value]
-
-    @property
-    def rebound(self) -> Set[str]:
-        """Names bound anywhere in the module other than by one import:
-        assignments, parameters, loop targets, definitions, conflicting imports."""
-        if self._rebound is None:
-            self._scan_bindings()
-        return self._rebound  # type: ignore[return-value]
-
-    def _scan_bindings(self) -> None:
-        table: Dict[str, str] = {}
-        rebound: Set[str] = set()
-
-        def bind_import(local: str, full: str) -> None:
-            if table.get(local, full) != full:
-                rebound.add(local)
-            table[local] = full
-
-        for node in walk(self.module):
-            if isinstance(node, cst.Import):
-                for alias in node.names:
-                    full = dotted(alias.name) or ""
-                    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-                        bind_import(alias.asname.name.value, full)
-                    else:
-                        bind_import(full.split(".")[0], full.split(".")[0])
-            elif isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
-                base = "." * len(node.relative) + ((dotted(node.module) or "") if node.module else "")
-                for alias in node.names:
-                    name = dotted(alias.name) or ""
-                    asname = alias.asname
-                    local = asname.name.value if (asname is not None and isinstance(asname.name, cst.Name)) else name
-                    bind_import(local, f"{base}.{name}")
-            elif isinstance(node, (cst.AssignTarget, cst.AnnAssign, cst.AugAssign, cst.For, cst.CompFor, cst.NamedExpr)):
-                rebound |= _bound_names(node.target)
-            elif isinstance(node, (cst.Param, cst.FunctionDef, cst.ClassDef)):
-                rebound.add(node.name.value)
-            elif isinstance(node, (cst.WithItem, cst.ExceptHandler, cst.ExceptStarHandler)):
-                asname = node.asname if isinstance(node, cst.WithItem) else node.name
-                if asname is not None:
-                    rebound |= _bound_names(asname.name)
-            elif isinstance(node, (cst.Global, cst.Nonlocal, cst.Del)):
-                rebound |= {n.value for n in find_all(node, cst.Name)}
-        self._imports, self._rebound = table, rebound
-
-    def import_qualnames(self, node: cst.CSTNode) -> Optional[Set[str]]:
-        """The qualified name of a ``Name``/``Attribute`` chain read through
-        the module's imports, or None when that is not certain (its root is
-        also bound some other way somewhere in the module)."""
-        text = dotted(node)
-        if not text:
-            return set()
-        root, _, rest = text.partition(".")
-        full = self.imports.get(root)
-        if full is None:
-            # Not imported: it can only be a local or builtin name, never
-            # one of the library names the rules look for.
-            return set()
-        if root in self.rebound and full.split(".")[0] in RULE_PACKAGES:
-            return None
-        return {f"{full}.{rest}" if rest else full}
-
-    def ancestor_ids(self, nodes: Iterable[cst.CSTNode]) -> Set[int]:
-        keep: Set[int] = {id(self.module)}
-        parents = self.parents
-        for n in nodes:
-            cur: Optional[cst.CSTNode] = n
-            while cur is not None and id(cur) not in keep:
-                keep.add(id(cur))
-                cur = parents.get(id(cur))
-        return keep
-
-    def statements_where(self, pred: Callable[[cst.CSTNode], bool]) -> List[cst.CSTNode]:
-        """The innermost statements holding a node for which ``pred`` is true
-        (each once): the usual ``regions`` of a codemod."""
-        found = {id(st): st for st in (self.statement_of(n) for n in walk(self.module) if pred(n))}
-        return list(found.values())
-
-    def statement_of(self, node: cst.CSTNode) -> cst.CSTNode:
-        """The innermost statement holding ``node`` (``node`` if it is one)."""
-        cur: Optional[cst.CSTNode] = node
-        while cur is not None and not isinstance(cur, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
-            cur = self.parents.get(id(cur))
-        return cur or node
-
-    def metadata(self, context: CodemodContext, provider: type) -> Mapping[cst.CSTNode, object]:
-        found = self._metadata.get(provider)
-        if found is None:
-            wrapper = context.wrapper
-            if wrapper is None or wrapper.module is not self.module:
-                # Our own engine: the tree is never copied (see ``unique``),
-                # so a wrapper can be made for it at any time.
-                if self._wrapper is None:
-                    self._wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
-                wrapper = self._wrapper
-            found = self._metadata[provider] = wrapper.resolve(provider)
-        return found
-
-
-def unique(module: cst.Module) -> cst.Module:
-    """``module`` itself when no node object appears twice in it (what
-    metadata needs), else a deep copy.  Codemod output nearly always
-    qualifies, and checking is much cheaper than copying."""
-    seen: Set[int] = set()
-    for n in walk(module):
-        if id(n) in seen:
-            return module.deep_clone()
-        seen.add(id(n))
-    return module
-
-
-def _bound_names(target: object) -> Set[str]:
-    """Names bound by an assignment target (not ``a.b`` or ``a[i]``)."""
-    if isinstance(target, cst.Name):
-        return {target.value}
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return {n for e in target.elements for n in _bound_names(e.value)}
-    if isinstance(target, cst.StarredElement):
-        return _bound_names(target.value)
-    return set()
-
-
 def tree_cache(context: CodemodContext, module: cst.Module) -> TreeCache:
     """The cache for ``module`` kept in the context, made if missing or stale."""
     cache = context.scratch.get(TREE_KEY)
@@ -592,3 +336,10 @@ def tree_cache(context: CodemodContext, module: cst.Module) -> TreeCache:
 
 def statement(expr: cst.BaseExpression) -> cst.SimpleStatementLine:
     return cst.SimpleStatementLine(body=[cst.Expr(expr)])
+
+
+__all__ = [
+    "FINDINGS_KEY", "OPTIONS_KEY", "SELECT_KEY", "SOURCE_KEY", "TARGET_KEY", "TREE_KEY", "RULE_PACKAGES", "Finding",
+    "Rule", "TreeCache", "XlaCodemod", "call_name", "code_matches", "dotted", "find_all", "parse_suppressions",
+    "statement", "string_value", "tree_cache", "unique", "walk",
+]

@@ -99,7 +99,11 @@ COUNTER_INDEX = Rule(
         "constant: every step traces a different graph and compiles again. Iterate a host "
         "copy (`timesteps.tolist()` once, before the loop) or pass the index as a tensor."
     ),
-    before="import torch\n\nalphas = torch.linspace(0, 1, 10)\nfor i in range(10):\n    x = model(x) * alphas[i]\n",
+    before=(
+        "import torch\n\nalphas = torch.linspace(0, 1, 10)\nfor i in range(10):\n    x = model(x) * alphas[i]\n"
+        "data = torch.randn(100, 4)\nfor i in range(0, 100, 10):\n    loss = model(data[i:i + 10]).sum()\n"
+        "    loss.backward()\n"
+    ),
     after=None,
 )
 
@@ -211,6 +215,8 @@ class HostReads(LoopCodemod):
                     return
 
     def visit_Subscript(self, node: cst.Subscript) -> None:
+        if isinstance(node.value, cst.Name) and node.value.value in self.tensors and self._counter_in(node):
+            return
         if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
             return
         index = node.slice[0].slice.value
@@ -219,13 +225,28 @@ class HostReads(LoopCodemod):
         ):
             self._report(node, MASK_INDEX, "boolean-mask indexing has a data-dependent shape; use `torch.where`/`masked_fill`")
             return
-        if isinstance(index, cst.Name) and isinstance(node.value, cst.Name) and node.value.value in self.tensors:
-            for loop, _, _ in self.loop_stack:
-                if isinstance(loop, cst.For) and index.value in {n.value for n in find_all(loop.target, cst.Name)} \
-                        and _counter_loop(loop):
-                    self._report(node, COUNTER_INDEX, f"`{node.value.value}[{index.value}]` indexes a device tensor with "
-                                                      "the loop counter: a new graph every step")
-                    return
+
+    def _counter_in(self, node: cst.Subscript) -> bool:
+        """``data[i]``, ``data[i + 1]``, ``data[i:i + bptt]``: an index or a
+        slice bound computed from the loop counter of an enclosing loop."""
+        counters = {n.value for loop, _, _ in self.loop_stack
+                    if isinstance(loop, cst.For) and _counter_loop(loop) for n in find_all(loop.target, cst.Name)}
+        if not counters:
+            return False
+        used: Set[str] = set()
+        for element in node.slice:
+            part = element.slice
+            exprs = [part.value] if isinstance(part, cst.Index) else [
+                e for e in (part.lower, part.upper, part.step) if e is not None]  # type: ignore[union-attr]
+            for e in exprs:
+                used |= {n.value for n in find_all(e, cst.Name)}
+        hit = used & counters
+        if not hit:
+            return False
+        what = "slices" if any(isinstance(e.slice, cst.Slice) for e in node.slice) else "indexes"
+        self._report(node, COUNTER_INDEX, f"`{node.value.value}[...]` {what} a device tensor with the loop "  # type: ignore[attr-defined]
+                     f"counter `{sorted(hit)[0]}`: a new graph every step")
+        return True
 
     def visit_For(self, node: cst.For) -> None:
         super().visit_For(node)

@@ -4,7 +4,6 @@ at two run lengths and resume from their own checkpoints."""
 
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path

@@ -106,3 +106,41 @@ def test_device_loader_passed_to_the_loop_is_not_wrapped_again_and_iterates(tmp_
                          env={**os.environ, "PJRT_DEVICE": "CPU"})
     assert run.returncode == 0, run.stderr[-2000:]
     assert "batches 5" in run.stdout
+
+
+NANOGPT_GENERATE = '''\
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+
+class GPT(nn.Module):
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        for _ in range(max_new_tokens):
+            idx_cond = idx if idx.size(1) <= self.block_size else idx[:, -self.block_size:]
+            logits, _ = self(idx_cond)
+            logits = logits[:, -1, :] / temperature
+            if top_k is not None:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float("Inf")
+            probs = F.softmax(logits, dim=-1)
+            idx_next = torch.multinomial(probs, num_samples=1)
+            idx = torch.cat((idx, idx_next), dim=1)
+        return idx
+'''
+
+
+def test_generation_loop_of_a_module_is_a_step_loop_and_its_reads_run_every_step():
+    """nanoGPT's generate(): one step per token; its mask indexing runs every step."""
+    out, findings = convert_text(NANOGPT_GENERATE)
+    assert "            idx = torch.cat((idx, idx_next), dim=1)\n            torch_xla.sync()\n" in out
+    masks = [f for f in findings if f.code == "XLA406"]
+    assert masks and all(f.hot for f in masks)
+
+
+def test_slicing_with_the_loop_counter_is_reported():
+    src = ("import torch\n\ndata = torch.randn(100, 4)\nfor i in range(0, 100, 35):\n"
+           "    x = data[i:i + 35]\n    model(x).sum().backward()\n    opt.step()\n")
+    _, findings = convert_text(src, select=["XLA407"])
+    assert [(f.code, f.line) for f in findings] == [("XLA407", 5)]

@@ -1,19 +1,23 @@
 """What xlaport knows about a program, computed once per tree and shared by
 every codemod (no rules here).
 
-* :mod:`codemods.analysis.loops` -- how a **step loop** is recognised, the hot
-  region (code that runs once per step), which names hold tensors, loaders;
+* :mod:`codemods.analysis.loops` -- how a **step loop** is recognised (state
+  carried through a model or sampler call, a training step), layer loops,
+  which loops already sync, what runs every step;
+* :mod:`codemods.analysis.tensors` -- which names hold tensors;
+* :mod:`codemods.analysis.loop_codemod` -- the base class of the loop rules:
+  the hot region while walking, data loaders and device loaders by every
+  binding and call site;
 * :mod:`codemods.analysis.cuda` -- the **CUDA surface**: every CUDA-specific
   reference in a module, which names hold device *strings*, which hold
   GradScalers, which scopes launch worker processes.
 """
 
 from codemods.analysis.cuda import CudaFacts, cuda_facts, cuda_references, scope_of
+from codemods.analysis.loop_codemod import DATALOADER_NAMES, LoopCodemod
 from codemods.analysis.loops import (
-    DATALOADER_NAMES,
     LOADER_NAME_RE,
     Loop,
-    LoopCodemod,
     ModuleFacts,
     body_statements,
     has_barrier,
@@ -22,14 +26,12 @@ from codemods.analysis.loops import (
     is_device_loader_expr,
     is_step_call,
     is_step_loop,
-    is_tensor_expr,
     loop_iterable,
     module_facts,
     own_nodes,
-    reads_tensor_value,
     step_functions,
-    tensor_names,
 )
+from codemods.analysis.tensors import is_tensor_expr, reads_tensor_value, tensor_names
 
 __all__ = [
     "CudaFacts", "cuda_facts", "cuda_references", "scope_of", "DATALOADER_NAMES", "LOADER_NAME_RE", "Loop", "LoopCodemod",

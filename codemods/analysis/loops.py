@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import re
-from typing import Callable, Dict, Iterable, List, Optional, Set, Union
+from typing import Callable, Dict, Iterable, List, Set, Union
 
 import libcst as cst
 
@@ -34,20 +34,7 @@ _NOT_FEEDBACK_RE = re.compile(
     r"^_*(unwrap|wrap|get|load|build|make|create|prepare|init|setup|save|copy|compile|convert|register|to)_",
     re.IGNORECASE,
 )
-_MODEL_RE = re.compile(
-    r"(^|_|\.)(model|net|criterion|loss_fn|loss_func|lossfn|unet|vae|encoder|decoder|"
-    r"transformer|classifier|head|backbone|generator|discriminator)s?(\.|$|_)",
-    re.IGNORECASE,
-)
 LOADER_NAME_RE = re.compile(r"(loader$|dataloader|(^|_)dl$)", re.IGNORECASE)
-_NON_TENSOR_METHODS = {"item", "tolist", "size", "dim", "numel", "nelement", "ndimension", "type",
-                       "data_ptr", "element_size", "is_contiguous", "stride", "get_device", "__len__"}
-_NON_TENSOR_TORCH = ("torch.device", "torch.Size", "torch.dtype", "torch.cuda.", "torch.no_grad",
-                     "torch.manual_seed", "torch.Generator", "torch.is_tensor", "torch.set_",
-                     "torch.get_", "torch.utils.", "torch.nn.", "torch.optim.", "torch.save", "torch.load",
-                     "torch.backends.", "torch.autocast", "torch.enable_grad", "torch.inference_mode",
-                     "torch.distributed.", "torch.compile", "torch.jit.")
-
 QualNames = Callable[[cst.CSTNode], Set[str]]
 
 
@@ -140,6 +127,8 @@ def _is_model_call(call: cst.Call, layers: Set[str]) -> bool:
     itself (``self.unet(...)``, ``scheduler.step(...)``, ``p_sample(...)``),
     not by its receiver (``step_size.unsqueeze(-1)`` is no step)."""
     callee = dotted(call.func) or ""
+    if callee == "self":
+        return True  # a module running itself (nanoGPT's generate: `logits, _ = self(idx_cond)`)
     last = callee.split(".")[-1]
     if not _FEEDBACK_CALL_RE.search(last) or callee.split(".")[0] in layers:
         return False
@@ -287,106 +276,6 @@ def loop_iterable(loop: cst.For) -> cst.BaseExpression:
     return it
 
 
-# ------------------------------------------------------------------ tensors
-
-
-def is_tensor_expr(node: cst.CSTNode, tensors: Set[str], qualnames: QualNames) -> bool:
-    if isinstance(node, cst.Name):
-        return node.value in tensors
-    if isinstance(node, cst.Call):
-        q = qualnames(node.func)
-        if any(n.startswith("torch.") and not n.startswith(_NON_TENSOR_TORCH) for n in q):
-            return True
-        func = node.func
-        if isinstance(func, cst.Attribute):
-            if func.attr.value in _NON_TENSOR_METHODS:
-                return False
-            if is_tensor_expr(func.value, tensors, qualnames):
-                return True
-        callee = dotted(func) or ""
-        return bool(callee and _MODEL_RE.search(callee))
-    if isinstance(node, cst.Subscript):
-        return is_tensor_expr(node.value, tensors, qualnames)
-    if isinstance(node, cst.BinaryOperation):
-        return is_tensor_expr(node.left, tensors, qualnames) or is_tensor_expr(node.right, tensors, qualnames)
-    if isinstance(node, cst.UnaryOperation):
-        return is_tensor_expr(node.expression, tensors, qualnames)
-    if isinstance(node, cst.Attribute):
-        return node.attr.value in {"grad", "data", "T", "mT", "real", "imag"} and is_tensor_expr(
-            node.value, tensors, qualnames
-        )
-    return False
-
-
-def tensor_names(scope_node: cst.CSTNode, qualnames: QualNames, loader_loops: Iterable[cst.For] = ()) -> Set[str]:
-    """Names that hold tensors inside a function (or module) body."""
-    tensors: Set[str] = set()
-    for loop in loader_loops:
-        target = loop.target
-        if (isinstance(loop.iter, cst.Call) and call_name(loop.iter) == "enumerate"
-                and isinstance(target, cst.Tuple) and len(target.elements) == 2):
-            target = target.elements[1].value  # the counter is an int
-        tensors |= {n.value for n in find_all(target, cst.Name)}
-    for call in find_all(scope_node, cst.Call, stop=_DEFS):
-        if call_name(call) == "backward" and isinstance(call.func, cst.Attribute):  # type: ignore[attr-defined]
-            # `loss.backward()`: loss is a tensor; `accelerator.backward(loss)`:
-            # the argument is, not the object (accelerate, Lightning fabric)
-            positional = [a for a in call.args if a.keyword is None]  # type: ignore[attr-defined]
-            base = positional[0].value if positional else call.func.value  # type: ignore[attr-defined]
-            if isinstance(base, cst.Name):
-                tensors.add(base.value)
-    assigns = find_all(scope_node, cst.Assign, stop=_DEFS) + find_all(scope_node, cst.AugAssign, stop=_DEFS)
-    for _ in range(3):  # a few rounds reach a fixed point for straight-line code
-        before = len(tensors)
-        for a in assigns:
-            value = a.value  # type: ignore[attr-defined]
-            if not is_tensor_expr(value, tensors, qualnames):
-                continue
-            if isinstance(a, cst.AugAssign):
-                if isinstance(a.target, cst.Name):
-                    tensors.add(a.target.value)
-                continue
-            for t in a.targets:  # type: ignore[attr-defined]
-                if isinstance(t.target, cst.Name):
-                    tensors.add(t.target.value)
-                elif isinstance(t.target, cst.Tuple):
-                    tensors |= {e.value.value for e in t.target.elements if isinstance(e.value, cst.Name)}
-        if len(tensors) == before:
-            break
-    return tensors
-
-
-def reads_tensor_value(node: cst.CSTNode, tensors: Set[str], qualnames: QualNames) -> Optional[cst.CSTNode]:
-    """Like :func:`reads_tensor`, but a tensor only used for its metadata
-    (``t.shape``, ``t.dtype``, ``len(t)``, ``t.size()``) does not count."""
-    hit = None
-
-    class _V(cst.CSTVisitor):
-        def visit_Attribute(self, n: cst.Attribute) -> bool:
-            if n.attr.value in {"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "names"}:
-                return False
-            return True
-
-        def visit_Call(self, n: cst.Call) -> bool:
-            nonlocal hit
-            name = call_name(n)
-            if isinstance(n.func, cst.Attribute) and name in {"item", "tolist", "numpy"} and hit is None:
-                hit = n
-            if name in {"len", "isinstance", "type", "id", "hasattr"}:
-                return False
-            if isinstance(n.func, cst.Attribute) and name in {"size", "dim", "numel"}:
-                return False
-            return True
-
-        def visit_Name(self, n: cst.Name) -> None:
-            nonlocal hit
-            if hit is None and n.value in tensors:
-                hit = n
-
-    node.visit(_V())
-    return hit
-
-
 # ------------------------------------------------------------------ pre-check
 
 
@@ -486,206 +375,3 @@ def _mentions_loader(node: cst.CSTNode) -> bool:
         or (isinstance(n, cst.Attribute) and LOADER_NAME_RE.search(n.attr.value))
         for n in find_all(node, (cst.Name, cst.Attribute))
     )
-
-
-# ------------------------------------------------------------------ base class
-
-from libcst.metadata import Assignment, ScopeProvider  # noqa: E402
-
-from codemods.base import XlaCodemod  # noqa: E402
-
-DATALOADER_NAMES = {
-    "torch.utils.data.DataLoader",
-    "torch.utils.data.dataloader.DataLoader",
-}
-
-
-class LoopCodemod(XlaCodemod):
-    """A codemod that knows, while it walks, whether it is inside a step loop,
-    a loader loop (the hot region), which names hold tensors, and which loops
-    are step loops."""
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.steps: Set[str] = set()
-        self.loop_stack: List[tuple] = []  # (loop, is_step, is_loader)
-        self.tensor_stack: List[Set[str]] = []
-        self.closure_depth = 0
-
-    # -- walking state -------------------------------------------------------
-    def visit_Module(self, node: cst.Module) -> None:
-        self.steps = self._memo("steps", node, lambda: step_functions(node, self.qualnames))
-        self.tensor_stack.append(self._tensor_names(node))
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.tensor_stack.append(self._tensor_names(node.body))
-
-    def _memo(self, kind: str, node: cst.CSTNode, compute: Callable[[], object]):  # type: ignore[no-untyped-def]
-        """Per-tree memo shared by the loop codemods that run on one tree."""
-        key = f"{kind}:{id(node)}"
-        memo = self.tree.memo
-        if key not in memo:
-            memo[key] = compute()
-        return memo[key]
-
-    def _tensor_names(self, node: cst.CSTNode) -> Set[str]:
-        return self._memo("tensors", node, lambda: tensor_names(node, self.qualnames, self._loader_loops(node)))
-
-    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.CSTNode:
-        self.tensor_stack.pop()
-        return updated_node
-
-    def is_step_loop(self, loop: Loop) -> bool:
-        """:func:`is_step_loop`, and not inside a model's own forward/backward."""
-        return is_step_loop(loop, self.steps, self.qualnames) and not in_model_code(loop, self.tree.parents)
-
-    def visit_For(self, node: cst.For) -> None:
-        self.loop_stack.append((node, self.is_step_loop(node), self.is_loader_loop(node)))
-
-    def leave_For(self, original_node: cst.For, updated_node: cst.For):  # type: ignore[override]
-        self.loop_stack.pop()
-        return self.rewrite_loop(original_node, updated_node)
-
-    def visit_While(self, node: cst.While) -> None:
-        self.loop_stack.append((node, self.is_step_loop(node), False))
-
-    def leave_While(self, original_node: cst.While, updated_node: cst.While):  # type: ignore[override]
-        self.loop_stack.pop()
-        return self.rewrite_loop(original_node, updated_node)
-
-    def visit_Call(self, node: cst.Call) -> None:
-        if self.is_step_closure(node):
-            self.closure_depth += 1
-
-    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        if self.is_step_closure(original_node):
-            self.closure_depth -= 1
-        return updated_node
-
-    def rewrite_loop(self, original: Loop, updated: Loop):
-        return updated
-
-    # -- questions -----------------------------------------------------------
-    @property
-    def in_hot(self) -> bool:
-        return self.closure_depth == 0 and any(step or loader for _, step, loader in self.loop_stack)
-
-    @property
-    def tensors(self) -> Set[str]:
-        return self.tensor_stack[-1] if self.tensor_stack else set()
-
-    def hot_loop_line(self) -> int:
-        for loop, step, loader in self.loop_stack:
-            if step or loader:
-                return self.position(loop)[0]
-        return 0
-
-    def is_step_closure(self, call: cst.Call) -> bool:
-        if self.qualnames(call.func) & set(self.target.step_closure_names):
-            return True
-        return call_name(call) == "add_step_closure"
-
-    def assigned_values(self, name: cst.Name) -> List[cst.CSTNode]:
-        """Values assigned to ``name`` in its scope (simple assignments only)."""
-        scope = self.meta(ScopeProvider, name)
-        if scope is None:
-            return []
-        values: List[cst.CSTNode] = []
-        for a in scope[name.value]:
-            if not isinstance(a, Assignment):
-                continue
-            target = a.node
-            parent = self.parent(target)
-            if isinstance(parent, cst.AssignTarget):
-                assign = self.parent(parent)
-                if isinstance(assign, cst.Assign):
-                    values.append(assign.value)
-            elif isinstance(parent, cst.Param) or isinstance(target, cst.Param):
-                param = parent if isinstance(parent, cst.Param) else target
-                values.append(param)  # type: ignore[arg-type]
-        return values
-
-    def is_data_loader_expr(self, node: cst.CSTNode) -> bool:
-        """A torch DataLoader: constructed here, a name bound to one, a
-        parameter annotated as one, or a name that says it is a loader."""
-        if isinstance(node, cst.Call):
-            if self.qualnames(node.func) & DATALOADER_NAMES:
-                return True
-            return call_name(node) == "DataLoader"
-        if isinstance(node, cst.Name):
-            if not LOADER_NAME_RE.search(node.value) and b"DataLoader" not in self.tree.source:
-                return False  # nothing in this file could bind it to a DataLoader
-            values = self.assigned_values(node)
-            # every binding counts (`dl = accelerator.prepare(dl)` rebinds a
-            # DataLoader to a device loader): one device loader decides
-            if any(self._is_device_loader_value(v) for v in values):
-                return False
-            if any(isinstance(v, cst.Call) and self.is_data_loader_expr(v) for v in values):
-                return True
-            if any(isinstance(v, cst.Call) for v in values):
-                return False  # bound to something else we can see
-            for v in values:
-                if isinstance(v, cst.Param):
-                    ann = v.annotation
-                    if ann is not None and "DataLoader" in (dotted(ann.annotation) or ""):
-                        return True
-                    if self._fed_device_loader(v):
-                        return False
-            return _names_one_loader(node.value)
-        if isinstance(node, cst.Attribute):
-            return _names_one_loader(node.attr.value)
-        return False
-
-    def _is_device_loader_value(self, value: cst.CSTNode) -> bool:
-        """An MpDeviceLoader, or what ``accelerator.prepare(...)`` returns
-        (on XLA, accelerate's MpDeviceLoaderWrapper)."""
-        if isinstance(value, cst.Param):
-            return False
-        if is_device_loader_expr(value, self.target.loader_names, self.qualnames):
-            return True
-        return isinstance(value, cst.Call) and call_name(value) in ("prepare", "prepare_data_loader")
-
-    def _fed_device_loader(self, param: cst.Param) -> bool:
-        """A parameter that the module's own call sites pass a device loader
-        (torch_xla's examples: ``train_loop_fn(train_device_loader)``)."""
-        fn = next((a for a in self.ancestors(param) if isinstance(a, cst.FunctionDef)), None)
-        if fn is None:
-            return False
-        params = [p.name.value for p in fn.params.params]
-        index = params.index(param.name.value) if param.name.value in params else None
-        if params and params[0] == "self" and index is not None:
-            index -= 1
-        for call in find_all(self.tree.module, cst.Call):
-            func = call.func  # type: ignore[attr-defined]
-            name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else None
-            if name != fn.name.value:
-                continue
-            for i, arg in enumerate(call.args):  # type: ignore[attr-defined]
-                if (arg.keyword is not None and arg.keyword.value == param.name.value) or (
-                        arg.keyword is None and i == index):
-                    value = arg.value
-                    if self._is_device_loader_value(value):
-                        return True
-                    if isinstance(value, cst.Name) and any(
-                            self._is_device_loader_value(v) for v in self.assigned_values(value)):
-                        return True
-        return False
-
-    def iterates_device_loader(self, loop: cst.For) -> bool:
-        """The loop walks a device loader, which syncs after every batch:
-        written in place, or through a name bound to one or fed one."""
-        if is_device_loader_expr(loop.iter, self.target.loader_names, self.qualnames):
-            return True
-        it = loop_iterable(loop)
-        if not isinstance(it, cst.Name):
-            return False
-        values = self.assigned_values(it)
-        return any(self._is_device_loader_value(v) for v in values) or any(
-            isinstance(v, cst.Param) and self._fed_device_loader(v) for v in values)
-
-    def is_loader_loop(self, loop: cst.For) -> bool:
-        it = loop_iterable(loop)
-        return is_device_loader_expr(loop.iter, self.target.loader_names, self.qualnames) or self.is_data_loader_expr(it)
-
-    def _loader_loops(self, node: cst.CSTNode) -> List[cst.For]:
-        return [f for f in find_all(node, cst.For, stop=_DEFS) if self.is_loader_loop(f)]  # type: ignore[arg-type]

@@ -1,0 +1,126 @@
+"""Which names hold tensors: from torch calls, model calls, loader batches,
+or arithmetic on other tensors (as far as a syntactic look can tell)."""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Iterable, Optional, Set
+
+import libcst as cst
+
+from codemods.base import call_name, dotted, find_all
+
+QualNames = Callable[[cst.CSTNode], Set[str]]
+_DEFS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+
+_MODEL_RE = re.compile(
+    r"(^|_|\.)(model|net|criterion|loss_fn|loss_func|lossfn|unet|vae|encoder|decoder|"
+    r"transformer|classifier|head|backbone|generator|discriminator)s?(\.|$|_)",
+    re.IGNORECASE,
+)
+
+_NON_TENSOR_METHODS = {"item", "tolist", "size", "dim", "numel", "nelement", "ndimension", "type",
+                       "data_ptr", "element_size", "is_contiguous", "stride", "get_device", "__len__"}
+
+_NON_TENSOR_TORCH = ("torch.device", "torch.Size", "torch.dtype", "torch.cuda.", "torch.no_grad",
+                     "torch.manual_seed", "torch.Generator", "torch.is_tensor", "torch.set_",
+                     "torch.get_", "torch.utils.", "torch.nn.", "torch.optim.", "torch.save", "torch.load",
+                     "torch.backends.", "torch.autocast", "torch.enable_grad", "torch.inference_mode",
+                     "torch.distributed.", "torch.compile", "torch.jit.")
+
+
+def is_tensor_expr(node: cst.CSTNode, tensors: Set[str], qualnames: QualNames) -> bool:
+    if isinstance(node, cst.Name):
+        return node.value in tensors
+    if isinstance(node, cst.Call):
+        q = qualnames(node.func)
+        if any(n.startswith("torch.") and not n.startswith(_NON_TENSOR_TORCH) for n in q):
+            return True
+        func = node.func
+        if isinstance(func, cst.Attribute):
+            if func.attr.value in _NON_TENSOR_METHODS:
+                return False
+            if is_tensor_expr(func.value, tensors, qualnames):
+                return True
+        callee = dotted(func) or ""
+        return bool(callee and _MODEL_RE.search(callee))
+    if isinstance(node, cst.Subscript):
+        return is_tensor_expr(node.value, tensors, qualnames)
+    if isinstance(node, cst.BinaryOperation):
+        return is_tensor_expr(node.left, tensors, qualnames) or is_tensor_expr(node.right, tensors, qualnames)
+    if isinstance(node, cst.UnaryOperation):
+        return is_tensor_expr(node.expression, tensors, qualnames)
+    if isinstance(node, cst.Attribute):
+        return node.attr.value in {"grad", "data", "T", "mT", "real", "imag"} and is_tensor_expr(
+            node.value, tensors, qualnames
+        )
+    return False
+
+
+def tensor_names(scope_node: cst.CSTNode, qualnames: QualNames, loader_loops: Iterable[cst.For] = ()) -> Set[str]:
+    """Names that hold tensors inside a function (or module) body."""
+    tensors: Set[str] = set()
+    for loop in loader_loops:
+        target = loop.target
+        if (isinstance(loop.iter, cst.Call) and call_name(loop.iter) == "enumerate"
+                and isinstance(target, cst.Tuple) and len(target.elements) == 2):
+            target = target.elements[1].value  # the counter is an int
+        tensors |= {n.value for n in find_all(target, cst.Name)}
+    for call in find_all(scope_node, cst.Call, stop=_DEFS):
+        if call_name(call) == "backward" and isinstance(call.func, cst.Attribute):  # type: ignore[attr-defined]
+            # `loss.backward()`: loss is a tensor; `accelerator.backward(loss)`:
+            # the argument is, not the object (accelerate, Lightning fabric)
+            positional = [a for a in call.args if a.keyword is None]  # type: ignore[attr-defined]
+            base = positional[0].value if positional else call.func.value  # type: ignore[attr-defined]
+            if isinstance(base, cst.Name):
+                tensors.add(base.value)
+    assigns = find_all(scope_node, cst.Assign, stop=_DEFS) + find_all(scope_node, cst.AugAssign, stop=_DEFS)
+    for _ in range(3):  # a few rounds reach a fixed point for straight-line code
+        before = len(tensors)
+        for a in assigns:
+            value = a.value  # type: ignore[attr-defined]
+            if not is_tensor_expr(value, tensors, qualnames):
+                continue
+            if isinstance(a, cst.AugAssign):
+                if isinstance(a.target, cst.Name):
+                    tensors.add(a.target.value)
+                continue
+            for t in a.targets:  # type: ignore[attr-defined]
+                if isinstance(t.target, cst.Name):
+                    tensors.add(t.target.value)
+                elif isinstance(t.target, cst.Tuple):
+                    tensors |= {e.value.value for e in t.target.elements if isinstance(e.value, cst.Name)}
+        if len(tensors) == before:
+            break
+    return tensors
+
+
+def reads_tensor_value(node: cst.CSTNode, tensors: Set[str], qualnames: QualNames) -> Optional[cst.CSTNode]:
+    """Like :func:`reads_tensor`, but a tensor only used for its metadata
+    (``t.shape``, ``t.dtype``, ``len(t)``, ``t.size()``) does not count."""
+    hit = None
+
+    class _V(cst.CSTVisitor):
+        def visit_Attribute(self, n: cst.Attribute) -> bool:
+            if n.attr.value in {"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "names"}:
+                return False
+            return True
+
+        def visit_Call(self, n: cst.Call) -> bool:
+            nonlocal hit
+            name = call_name(n)
+            if isinstance(n.func, cst.Attribute) and name in {"item", "tolist", "numpy"} and hit is None:
+                hit = n
+            if name in {"len", "isinstance", "type", "id", "hasattr"}:
+                return False
+            if isinstance(n.func, cst.Attribute) and name in {"size", "dim", "numel"}:
+                return False
+            return True
+
+        def visit_Name(self, n: cst.Name) -> None:
+            nonlocal hit
+            if hit is None and n.value in tensors:
+                hit = n
+
+    node.visit(_V())
+    return hit
