@@ -6,8 +6,9 @@ with a first classification from the code around it, for a person to judge:
 * ``denoise``: it steps a scheduler or a denoiser (unet, transformer, prior);
 * ``generate``: an autoregressive loop (a language model, next tokens);
 * ``loader``: XLA301 on a DataLoader loop;
-* ``suspect``: inside a ``forward``/``__call__``/``put``/``step`` method, or
-  over something that looks like a list of loaders -- most likely harmful;
+* ``suspect``: none of the above, inside a ``forward``/``__call__``/``put``/
+  ``step`` method, or over something that looks like a list of loaders --
+  most likely harmful;
 * ``check``: none of the above -- read it.
 
 Usage: python benchmarks/audit_rewrites.py PATH [PATH ...] [-j N] [--list]
@@ -46,11 +47,6 @@ def classify(lines: List[str], line: int, code: str) -> str:
         if text.strip() and len(text) - len(text.lstrip()) <= indent:
             break
         body.append(text)
-    for text in reversed(lines[: line - 1]):  # the enclosing def
-        if text.strip().startswith(("def ", "async def ")) and len(text) - len(text.lstrip()) < indent:
-            if _SUSPECT_DEF.match(text):
-                return "suspect"
-            break
     joined = "\n".join(body)
     if _TRAIN.search(joined):
         return "train"
@@ -58,6 +54,11 @@ def classify(lines: List[str], line: int, code: str) -> str:
         return "denoise"
     if _GENERATE.search(joined):
         return "generate"
+    for text in reversed(lines[: line - 1]):  # the enclosing def
+        if text.strip().startswith(("def ", "async def ")) and len(text) - len(text.lstrip()) < indent:
+            if _SUSPECT_DEF.match(text):
+                return "suspect"
+            break
     return "check"
 
 

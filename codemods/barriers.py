@@ -75,6 +75,12 @@ STEP_BARRIER = Rule(
         "        step_size = step_size.unsqueeze(-1)\n",
         # a down-sampling layer and a streamer are not samplers or steps
         "for t in range(3):\n    h = self.sub_sample(h)\nfor token in tokens:\n    streamer.step(token, ids)\n",
+        # building layers in __init__ (SAM) and a recurrence a layer's forward calls (xLSTM)
+        "class Decoder(nn.Module):\n    def __init__(self, n):\n        for _ in range(n):\n"
+        "            mlps += [SamFeedForward(8, 8)]\n    def forward(self, x):\n        return recurrent(x)\n\n"
+        "def recurrent(x):\n    for t in range(x.shape[2]):\n        h = step_fn(h, x[:, :, t])\n    return h\n",
+        # data named "samples" is not a sampler (qwen2-vl's _repeat_interleave_samples)
+        "for key in inputs:\n    inputs[key] = _repeat_interleave_samples(inputs[key], lengths)\n",
         # ring attention inside an autograd Function's forward (diffusers' attention_dispatch)
         "class Ring(torch.autograd.Function):\n    def forward(ctx, q, k):\n        for i in range(world):\n"
         "            out, lse = forward_op(ctx, q, k, prev_out=out, prev_lse=lse)\n        return out\n",

@@ -18,6 +18,7 @@ from codemods.analysis.loops import (
     is_device_loader_expr,
     is_step_loop,
     loop_iterable,
+    model_functions,
     step_functions,
 )
 from codemods.analysis.tensors import tensor_names
@@ -67,7 +68,8 @@ class LoopCodemod(XlaCodemod):
 
     def is_step_loop(self, loop: Loop) -> bool:
         """:func:`is_step_loop`, and not inside a model's own forward/backward."""
-        return is_step_loop(loop, self.steps, self.qualnames) and not in_model_code(loop, self.tree.parents)
+        called = self._memo("model_functions", self.tree.module, lambda: model_functions(self.tree.module))
+        return is_step_loop(loop, self.steps, self.qualnames) and not in_model_code(loop, self.tree.parents, called)
 
     def visit_For(self, node: cst.For) -> None:
         self.loop_stack.append((node, self.is_step_loop(node), self.is_loader_loop(node)))

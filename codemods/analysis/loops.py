@@ -28,7 +28,8 @@ _OPTIMIZER_RE = re.compile(r"(optim|^opt$|_opt$|^opt_|scaler)", re.IGNORECASE)
 _SAMPLER_RE = re.compile(r"(scheduler|sampler|solver)", re.IGNORECASE)
 # (up/down-samplers are layers, not samplers)
 _FEEDBACK_CALL_RE = re.compile(
-    r"(step|(?<!up)(?<!down)(?<!sub_)(?<!sub)(?<!re)sampl|denois|model|unet|forward|generate|predict)", re.IGNORECASE)
+    r"(step|(?<!up)(?<!down)(?<!sub_)(?<!sub)(?<!re)sampl(?:ing|er|e)(?!s)|denois|model|unet|forward|generate|predict)",
+    re.IGNORECASE)
 # calls that fetch, wrap or unwrap a model rather than run it (``m = unwrap_model(m)``)
 _NOT_FEEDBACK_RE = re.compile(
     r"^_*(unwrap|wrap|get|load|build|make|create|prepare|init|setup|save|copy|compile|convert|register|to)_",
@@ -130,23 +131,47 @@ def _is_model_call(call: cst.Call, layers: Set[str]) -> bool:
     if callee == "self":
         return True  # a module running itself (nanoGPT's generate: `logits, _ = self(idx_cond)`)
     last = callee.split(".")[-1]
+    if last[:1].isupper():
+        return False  # building a module (`SamFeedForward(...)`) is not running one
     if not _FEEDBACK_CALL_RE.search(last) or callee.split(".")[0] in layers:
         return False
     return not (_NOT_FEEDBACK_RE.search(last) or last in _CONTAINER_METHODS)
 
 
-_MODEL_CODE = {"forward", "backward", "_forward"}
+_MODEL_CODE = {"forward", "backward", "_forward", "__init__"}
 
 
-def in_model_code(node: cst.CSTNode, parents: Dict[int, cst.CSTNode]) -> bool:
-    """``node`` is inside a class's ``forward``/``backward`` (an
-    ``nn.Module`` or a ``torch.autograd.Function``): code that runs inside a
-    step, never around one, so no loop there is a step loop."""
+def model_functions(module: cst.Module) -> Set[str]:
+    """Functions of the module that run inside a model: called, directly or
+    through each other, from a class's ``forward``/``backward``/``__init__``
+    (xLSTM's ``mlstm_recurrent_sequence_native`` from its layer's forward)."""
+    defs = {fn.name.value: fn for fn in module.body if isinstance(fn, cst.FunctionDef)}  # type: ignore[union-attr]
+    todo: List[cst.CSTNode] = [fn for cls in find_all(module, cst.ClassDef)
+                               for fn in find_all(cls, cst.FunctionDef) if fn.name.value in _MODEL_CODE]  # type: ignore[attr-defined]
+    found: Set[str] = set()
+    while todo:
+        fn = todo.pop()
+        for call in find_all(fn, cst.Call):
+            func = call.func  # type: ignore[attr-defined]
+            if isinstance(func, cst.Name) and func.value in defs and func.value not in found:
+                found.add(func.value)
+                todo.append(defs[func.value])
+    return found
+
+
+def in_model_code(node: cst.CSTNode, parents: Dict[int, cst.CSTNode], called_by_models: Set[str] = frozenset()) -> bool:  # type: ignore[assignment]
+    """``node`` is inside a class's ``forward``/``backward``/``__init__`` (an
+    ``nn.Module`` or a ``torch.autograd.Function``), or in a module function
+    they call: code that runs inside a step (or builds the model), never
+    around one, so no loop there is a step loop."""
     cur = parents.get(id(node))
     while cur is not None:
-        if isinstance(cur, cst.FunctionDef) and cur.name.value in _MODEL_CODE:
-            return isinstance(parents.get(id(parents.get(id(cur)))), cst.ClassDef) or isinstance(
-                parents.get(id(cur)), cst.ClassDef)
+        if isinstance(cur, cst.FunctionDef):
+            if cur.name.value in called_by_models and isinstance(parents.get(id(cur)), cst.Module):
+                return True
+            if cur.name.value in _MODEL_CODE:
+                return isinstance(parents.get(id(parents.get(id(cur)))), cst.ClassDef) or isinstance(
+                    parents.get(id(cur)), cst.ClassDef)
         cur = parents.get(id(cur))
     return False
 
