@@ -106,7 +106,11 @@ class Finding:
 
 # ---------------------------------------------------------------- suppressions
 
-_SUPPRESS_RE = re.compile(r"#\s*xlaport:\s*ignore(?:\[([A-Za-z0-9_,\s]*)\])?")
+_SUPPRESS_RE = re.compile(r"#\s*xlaport:\s*ignore(?!-file)(?:\[([A-Za-z0-9_,\s]*)\])?")
+# flake8/Ruff style, for xlaport's own codes only: `# noqa: XLA101, XLA4`
+_NOQA_RE = re.compile(r"#\s*noqa\s*:\s*((?:XLA\d*[\s,]*)+)", re.IGNORECASE)
+# the whole file: `# xlaport: ignore-file` or `# xlaport: ignore-file[XLA3]`
+FILE_SUPPRESS_RE = re.compile(rb"#\s*xlaport:\s*ignore-file(?:\[([A-Za-z0-9_,\s]*)\])?")
 ALL = "*"
 
 
@@ -116,7 +120,7 @@ def parse_suppressions(source: str) -> Dict[int, FrozenSet[str]]:
     Reads real comments with ``tokenize`` so that the marker inside a string
     does not count.
     """
-    if "xlaport:" not in source:
+    if "xlaport:" not in source and "noqa" not in source.lower():
         return {}
     result: Dict[int, FrozenSet[str]] = {}
     try:
@@ -127,15 +131,30 @@ def parse_suppressions(source: str) -> Dict[int, FrozenSet[str]]:
         if tok.type != tokenize.COMMENT:
             continue
         m = _SUPPRESS_RE.search(tok.string)
-        if not m:
+        noqa = _NOQA_RE.search(tok.string)
+        if m:
+            codes = (
+                frozenset(c.strip().upper() for c in m.group(1).split(",") if c.strip())
+                if m.group(1) is not None
+                else frozenset({ALL})
+            )
+        elif noqa:
+            codes = frozenset(c.upper() for c in re.findall(r"XLA\d*", noqa.group(1), re.IGNORECASE))
+        else:
             continue
-        codes = (
-            frozenset(c.strip().upper() for c in m.group(1).split(",") if c.strip())
-            if m.group(1) is not None
-            else frozenset({ALL})
-        )
         result[tok.start[0]] = result.get(tok.start[0], frozenset()) | codes
     return result
+
+
+def file_suppressions(source: bytes) -> Optional[FrozenSet[str]]:
+    """Codes silenced for the whole file by ``# xlaport: ignore-file[...]``
+    (``{"*"}`` without a list), or None."""
+    m = FILE_SUPPRESS_RE.search(source)
+    if m is None:
+        return None
+    if m.group(1) is None:
+        return frozenset({ALL})
+    return frozenset(c.strip().upper() for c in m.group(1).decode().split(",") if c.strip())
 
 
 def code_matches(code: str, patterns: Iterable[str]) -> bool:
@@ -340,6 +359,7 @@ def statement(expr: cst.BaseExpression) -> cst.SimpleStatementLine:
 
 __all__ = [
     "FINDINGS_KEY", "OPTIONS_KEY", "SELECT_KEY", "SOURCE_KEY", "TARGET_KEY", "TREE_KEY", "RULE_PACKAGES", "Finding",
-    "Rule", "TreeCache", "XlaCodemod", "call_name", "code_matches", "dotted", "find_all", "parse_suppressions",
+    "Rule", "TreeCache", "XlaCodemod", "call_name", "code_matches", "dotted", "file_suppressions", "find_all",
+    "parse_suppressions",
     "statement", "string_value", "tree_cache", "unique", "walk",
 ]

@@ -243,3 +243,46 @@ def test_lint_first_step_only_lookup_is_once_per_call(tmp_path):
     both = json.loads(run("lint", "--format", "json", "--select", "XLA4", "--include-cold", sched).output)["findings"]
     by_line = {(f["line"], f["code"]): f["message"] for f in both}
     assert "once per call (in `index_for_timestep()`)" in by_line[(6, "XLA401")]
+
+
+# ------------------------------------------------------------------ suppressions and config (issue 13, part)
+
+
+def test_noqa_with_xlaport_codes_and_file_level_ignore(tmp_path):
+    f = tmp_path / "a.py"
+    f.write_bytes(b"import torch\nx = y.cuda()  # noqa: XLA101\nz = w.cuda()  # noqa: E501\n")
+    rows = json.loads(run("lint", "--format", "json", f).output)["findings"]
+    assert [(r["line"], r["code"]) for r in rows] == [(3, "XLA101")]  # flake8's own noqa does not silence xlaport
+    g = tmp_path / "b.py"
+    g.write_bytes(b"# xlaport: ignore-file\nimport torch\nx = y.cuda()\n")
+    assert run("lint", g).exit_code == 0
+    assert run("convert", g).exit_code == 0 and g.read_bytes().endswith(b"x = y.cuda()\n")
+
+
+def test_config_is_checked_strictly(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.xlaport]\nselct = ["XLA1"]\n')
+    (tmp_path / "a.py").write_bytes(CUDA)
+    result = run("lint", tmp_path / "a.py")
+    assert result.exit_code == 2 and "unknown key 'selct'" in result.output and "did you mean 'select'" in result.output
+    (tmp_path / "pyproject.toml").write_text('[tool.xlaport]\nprints = "loud"\n')
+    result = run("lint", tmp_path / "a.py")
+    assert result.exit_code == 2 and "prints must be one of" in result.output and "XLA001" not in result.output
+
+
+def test_per_file_ignores_and_extend_select(tmp_path):
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.xlaport]\nselect = ["XLA4"]\nextend-select = ["XLA101"]\n'
+        'per-file-ignores = {"scripts/*.py" = ["XLA101"]}\n')
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "a.py").write_bytes(b"import torch\nx = y.cuda()\n")
+    (tmp_path / "b.py").write_bytes(b"import torch\nx = y.cuda()\n")
+    rows = json.loads(run("lint", "--format", "json", tmp_path).output)["findings"]
+    assert [(Path(r["path"]).name, r["code"]) for r in rows] == [("b.py", "XLA101")]
+
+
+def test_installed_and_built_code_is_not_scanned(tmp_path):
+    for d in ("site-packages/pkg", "build/lib", "dist", "__pypackages__/x", "src"):
+        (tmp_path / d).mkdir(parents=True)
+        (tmp_path / d / "m.py").write_bytes(CUDA)
+    rows = json.loads(run("lint", "--format", "json", tmp_path).output)["findings"]
+    assert {Path(r["path"]).parent.name for r in rows} == {"src"}

@@ -63,20 +63,31 @@ def _settings(paths, select, ignore, target, exclude, keep_progress, prints, con
     config = load_config(paths, config_path)
     sel = _codes(select) if select is not None else config.get("select")
     ign = (_codes(ignore) or []) + list(config.get("ignore", []))
+    extend = list(config.get("extend_select", []))  # type: ignore[call-overload]
+    per_file = dict(config.get("per_file_ignores", {}))  # type: ignore[call-overload]
     _check_codes(sel, "--select")
     _check_codes(ign, "--ignore")
+    _check_codes(extend, "extend-select")
+    for codes in per_file.values():
+        _check_codes(codes, "per-file-ignores")
     if sel is not None and "ALL" in sel:
         sel = None
+    if sel is not None and extend:
+        sel = list(sel) + extend
     options: Dict[str, object] = dict(config.get("options", {}))
     if keep_progress is not None:
         options["keep_progress"] = keep_progress
     if prints is not None:
         options["prints"] = prints
+    target_name = target or config.get("target") or DEFAULT_TARGET
+    if target_name not in TARGETS:
+        raise click.UsageError(f"[tool.xlaport] target {target_name!r} is not one of {', '.join(sorted(TARGETS))}")
     settings = Settings(
         select=sel,
         ignore=ign,
-        target=target or config.get("target") or DEFAULT_TARGET,
+        target=target_name,  # type: ignore[arg-type]
         options=options,
+        per_file_ignores=per_file,
     )
     return settings, list(exclude) + list(config.get("exclude", []))
 
@@ -143,7 +154,8 @@ def _coverage_line(results: List[FileResult], after: str) -> None:
         return
     pct = 100.0 * c["rewritten"] / c["found"]
     click.echo(f"CUDA references: {c['found']} found, {c['rewritten']} {after} ({pct:.0f}%), "
-               f"{c['left_for_review']} left for review (each reported above with its line).", err=True)
+               f"{c['left_for_review']} left for review (each reported above, unless its rule is turned off "
+               "or suppressed).", err=True)
 
 
 def _notices(results: List[FileResult], fmt: str) -> None:

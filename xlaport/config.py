@@ -1,7 +1,9 @@
 """``[tool.xlaport]`` in the nearest pyproject.toml (like ruff's own table).
 
-Keys: ``select``, ``ignore``, ``exclude`` (lists), ``target`` (string),
-``keep-progress`` (bool), ``prints`` ("defer" | "delete" | "keep").
+Keys: ``select``, ``extend-select``, ``ignore``, ``exclude`` (lists),
+``per-file-ignores`` (glob -> codes), ``target`` (string), ``keep-progress``
+(bool), ``prints`` ("defer" | "delete" | "keep").  Unknown keys and values
+of the wrong kind are errors.
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ def _find(paths: Sequence[str]) -> Optional[Path]:
     return None
 
 
+KNOWN_KEYS = ("select", "extend-select", "ignore", "exclude", "per-file-ignores", "target", "keep-progress", "prints")
+PRINTS = ("defer", "delete", "keep")
+
+
 def load_config(paths: Sequence[str], explicit: Optional[str] = None) -> Dict[str, object]:
+    """The ``[tool.xlaport]`` table, checked strictly: an unknown key or a
+    value of the wrong kind stops the run (exit 2) naming the key, as Ruff does."""
     path = Path(explicit) if explicit else _find(paths)
     if path is None:
         return {}
@@ -36,19 +44,39 @@ def load_config(paths: Sequence[str], explicit: Optional[str] = None) -> Dict[st
     except (OSError, ValueError) as exc:
         raise click.UsageError(f"{path}: cannot read [tool.xlaport]: {exc}") from None
     table = data.get("tool", {}).get("xlaport", {})
+    where = f"{path}: [tool.xlaport]"
+    unknown = [k for k in table if k not in KNOWN_KEYS]
+    if unknown:
+        import difflib
+
+        hints = [f"{k!r} (did you mean {difflib.get_close_matches(k, KNOWN_KEYS, 1)[0]!r}?)"
+                 if difflib.get_close_matches(k, KNOWN_KEYS, 1) else repr(k) for k in unknown]
+        raise click.UsageError(f"{where}: unknown key {', '.join(hints)}; known keys: {', '.join(KNOWN_KEYS)}")
     config: Dict[str, object] = {}
-    for key in ("select", "ignore", "exclude"):
+    for key in ("select", "extend-select", "ignore", "exclude"):
         if key in table:
             value = table[key]
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise click.UsageError(f"{path}: [tool.xlaport] {key} must be a list of strings")
-            config[key] = [v.upper() for v in value] if key != "exclude" else value
+                raise click.UsageError(f"{where} {key} must be a list of strings, not {value!r}")
+            config[key.replace("-", "_")] = [v.upper() for v in value] if key != "exclude" else value
+    if "per-file-ignores" in table:
+        value = table["per-file-ignores"]
+        if not isinstance(value, dict) or not all(
+                isinstance(v, list) and all(isinstance(c, str) for c in v) for v in value.values()):
+            raise click.UsageError(f"{where} per-file-ignores must map globs to lists of codes, not {value!r}")
+        config["per_file_ignores"] = {k: [c.upper() for c in v] for k, v in value.items()}
     if "target" in table:
-        config["target"] = str(table["target"])
+        if not isinstance(table["target"], str):
+            raise click.UsageError(f"{where} target must be a string, not {table['target']!r}")
+        config["target"] = table["target"]
     options: Dict[str, object] = {}
     if "keep-progress" in table:
-        options["keep_progress"] = bool(table["keep-progress"])
+        if not isinstance(table["keep-progress"], bool):
+            raise click.UsageError(f"{where} keep-progress must be true or false, not {table['keep-progress']!r}")
+        options["keep_progress"] = table["keep-progress"]
     if "prints" in table:
-        options["prints"] = str(table["prints"])
+        if table["prints"] not in PRINTS:
+            raise click.UsageError(f"{where} prints must be one of {', '.join(PRINTS)}, not {table['prints']!r}")
+        options["prints"] = table["prints"]
     config["options"] = options
     return config

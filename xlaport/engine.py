@@ -29,6 +29,7 @@ from codemods.base import (
     Finding,
     TreeCache,
     code_matches,
+    file_suppressions,
     unique,
 )
 from codemods.target import DEFAULT_TARGET
@@ -50,6 +51,21 @@ class Settings:
     ignore: Sequence[str] = ()
     target: str = DEFAULT_TARGET
     options: Mapping[str, object] = field(default_factory=dict)
+    per_file_ignores: Mapping[str, Sequence[str]] = field(default_factory=dict)  # glob -> codes
+
+    def for_file(self, filename: str, source: bytes = b"") -> "Settings":
+        """These settings with the file's own ignores: ``per-file-ignores``
+        globs that match it, and ``# xlaport: ignore-file[...]`` in it."""
+        from fnmatch import fnmatch
+
+        extra = [c for pattern, codes in self.per_file_ignores.items()
+                 if filename and (fnmatch(filename, pattern) or fnmatch(filename, f"*/{pattern}")) for c in codes]
+        in_file = file_suppressions(source) if source else None
+        if in_file:
+            extra += ["XLA" if c == "*" else c for c in in_file]
+        if not extra:
+            return self
+        return Settings(self.select, list(self.ignore) + extra, self.target, self.options, self.per_file_ignores)
 
     def selected_codes(self) -> List[str]:
         codes = [r.code for r in all_rules()]
@@ -142,6 +158,7 @@ def _is_docstring(stmt: cst.CSTNode) -> bool:
 
 def transform(source: bytes, settings: Settings, filename: str = "") -> Outcome:
     """Convert one source text. Raises SourceError for code it cannot parse."""
+    settings = settings.for_file(filename, source)
     codes = settings.selected_codes()
     codemods = applicable(source, codes)
     if not codemods:

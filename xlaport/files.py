@@ -31,6 +31,15 @@ SKIP_DIRS = {
     ".eggs",
     "node_modules",
     ".ipynb_checkpoints",
+    # Ruff's defaults too: installed and built code is not the project's
+    "site-packages",
+    "__pypackages__",
+    "_build",
+    "build",
+    "dist",
+    "buck-out",
+    ".direnv",
+    ".pytype",
 }
 
 
