@@ -79,6 +79,14 @@ STEP_BARRIER = Rule(
         "class Decoder(nn.Module):\n    def __init__(self, n):\n        for _ in range(n):\n"
         "            mlps += [SamFeedForward(8, 8)]\n    def forward(self, x):\n        return recurrent(x)\n\n"
         "def recurrent(x):\n    for t in range(x.shape[2]):\n        h = step_fn(h, x[:, :, t])\n    return h\n",
+        # a method forward calls (timm hrnet's forward_features); a row-by-row update
+        # (a logits processor); `timesteps` is no step (piflow)
+        "class Net(nn.Module):\n    def forward(self, x):\n        return self.head(self.features(x))\n"
+        "    def features(self, x):\n        for i, m in enumerate(self.incre):\n            y = m(x[i]) + down.forward(y)\n"
+        "        return y\n",
+        "for b, seq in enumerate(input_ids):\n    ids = self._score_rejection_sampling(seq, scores[b])\n"
+        "    out[b, ids] = out[b, ids] + self.bias\n",
+        "for k in range(n):\n    sigma_t = shift_timesteps(raw_t - k, shift)\n    x = x + v * sigma_t\n",
         # data named "samples" is not a sampler (qwen2-vl's _repeat_interleave_samples)
         "for key in inputs:\n    inputs[key] = _repeat_interleave_samples(inputs[key], lengths)\n",
         # ring attention inside an autograd Function's forward (diffusers' attention_dispatch)

@@ -28,7 +28,8 @@ _OPTIMIZER_RE = re.compile(r"(optim|^opt$|_opt$|^opt_|scaler)", re.IGNORECASE)
 _SAMPLER_RE = re.compile(r"(scheduler|sampler|solver)", re.IGNORECASE)
 # (up/down-samplers are layers, not samplers)
 _FEEDBACK_CALL_RE = re.compile(
-    r"(step|(?<!up)(?<!down)(?<!sub_)(?<!sub)(?<!re)sampl(?:ing|er|e)(?!s)|denois|model|unet|forward|generate|predict)",
+    r"((?:^|_)step(?:$|_)|(?<!up)(?<!down)(?<!sub_)(?<!sub)(?<!re)sampl(?:ing|er|e)(?!s)|denois|model|unet|forward"
+    r"|generate|predict)",
     re.IGNORECASE)
 # calls that fetch, wrap or unwrap a model rather than run it (``m = unwrap_model(m)``)
 _NOT_FEEDBACK_RE = re.compile(
@@ -141,21 +142,36 @@ def _is_model_call(call: cst.Call, layers: Set[str]) -> bool:
 _MODEL_CODE = {"forward", "backward", "_forward", "__init__"}
 
 
+def _is_model_method(name: str) -> bool:
+    return name in _MODEL_CODE or name.startswith(("forward", "_forward"))
+
+
 def model_functions(module: cst.Module) -> Set[str]:
-    """Functions of the module that run inside a model: called, directly or
-    through each other, from a class's ``forward``/``backward``/``__init__``
-    (xLSTM's ``mlstm_recurrent_sequence_native`` from its layer's forward)."""
+    """Code of the module that runs inside a model: module functions and
+    ``Class.method``s reached, by a call or a reference, from a class's
+    ``forward*``/``backward``/``__init__`` -- timm's ``forward_features``,
+    xLSTM's ``mlstm_recurrent_sequence_native`` (kept as ``self.kernel_fn``)."""
     defs = {fn.name.value: fn for fn in module.body if isinstance(fn, cst.FunctionDef)}  # type: ignore[union-attr]
-    todo: List[cst.CSTNode] = [fn for cls in find_all(module, cst.ClassDef)
-                               for fn in find_all(cls, cst.FunctionDef) if fn.name.value in _MODEL_CODE]  # type: ignore[attr-defined]
+    todo: List[tuple] = []
+    methods: Dict[str, Dict[str, cst.FunctionDef]] = {}
+    for cls in find_all(module, cst.ClassDef):
+        body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()  # type: ignore[attr-defined]
+        own = {fn.name.value: fn for fn in body if isinstance(fn, cst.FunctionDef)}
+        methods[cls.name.value] = own  # type: ignore[attr-defined]
+        todo += [(cls.name.value, fn) for name, fn in own.items() if _is_model_method(name)]  # type: ignore[attr-defined]
     found: Set[str] = set()
     while todo:
-        fn = todo.pop()
-        for call in find_all(fn, cst.Call):
-            func = call.func  # type: ignore[attr-defined]
-            if isinstance(func, cst.Name) and func.value in defs and func.value not in found:
-                found.add(func.value)
-                todo.append(defs[func.value])
+        cls_name, fn = todo.pop()
+        for node in find_all(fn, (cst.Name, cst.Attribute)):
+            if isinstance(node, cst.Name) and node.value in defs and node.value not in found:
+                found.add(node.value)
+                todo.append((None, defs[node.value]))
+            elif (isinstance(node, cst.Attribute) and cls_name and isinstance(node.value, cst.Name)
+                  and node.value.value == "self" and node.attr.value in methods.get(cls_name, {})):
+                key = f"{cls_name}.{node.attr.value}"
+                if key not in found:
+                    found.add(key)
+                    todo.append((cls_name, methods[cls_name][node.attr.value]))
     return found
 
 
@@ -167,11 +183,13 @@ def in_model_code(node: cst.CSTNode, parents: Dict[int, cst.CSTNode], called_by_
     cur = parents.get(id(node))
     while cur is not None:
         if isinstance(cur, cst.FunctionDef):
-            if cur.name.value in called_by_models and isinstance(parents.get(id(cur)), cst.Module):
+            parent = parents.get(id(cur))
+            if cur.name.value in called_by_models and isinstance(parent, cst.Module):
                 return True
-            if cur.name.value in _MODEL_CODE:
-                return isinstance(parents.get(id(parents.get(id(cur)))), cst.ClassDef) or isinstance(
-                    parents.get(id(cur)), cst.ClassDef)
+            cls = parents.get(id(parent)) if isinstance(parent, cst.IndentedBlock) else parent
+            if isinstance(cls, cst.ClassDef) and (
+                    _is_model_method(cur.name.value) or f"{cls.name.value}.{cur.name.value}" in called_by_models):
+                return True
         cur = parents.get(id(cur))
     return False
 
@@ -185,6 +203,7 @@ def _carries_model_state(loop: Loop, layers: Set[str]) -> bool:
     read_first: Set[str] = set()
     written: Set[str] = set()
     driven: Set[str] = set()
+    counters = {n.value for n in find_all(loop.target, cst.Name)} if isinstance(loop, cst.For) else set()
     for assign in _own_assignments(loop):
         value = assign.value  # type: ignore[attr-defined]
         if value is None:
@@ -196,6 +215,8 @@ def _carries_model_state(loop: Loop, layers: Set[str]) -> bool:
         targets: Set[str] = set()
         for t in ([t.target for t in assign.targets] if isinstance(assign, cst.Assign)  # type: ignore[attr-defined]
                   else [assign.target]):  # type: ignore[attr-defined]
+            if isinstance(t, cst.Subscript) and {n.value for e in t.slice for n in find_all(e, cst.Name)} & counters:
+                continue  # `out[b] = ...`: this iteration's own slot, not state for the next one
             targets |= _bound_roots(t)
         targets -= layers
         calls = find_all(value, cst.Call, stop=_DEFS)
