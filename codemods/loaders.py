@@ -9,6 +9,8 @@ working if the loader is later changed back.
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from codemods.analysis import LoopCodemod, is_device_loader_expr, loop_iterable, module_facts
@@ -45,6 +47,7 @@ DEVICE_LOADER = Rule(
         "import torch_xla.distributed.parallel_loader as pl\nfrom torch.utils.data import DataLoader\n\n"
         "def train_loop_fn(loader):\n    for x in loader:\n        train(x)\n\n"
         "device_loader = pl.MpDeviceLoader(DataLoader(ds), device)\ntrain_loop_fn(device_loader)\n",
+        # the device is the caller's (timm's PrefetchLoader): reported, not rewritten -> not in `valid`
         # a list of loaders (accelerate's checkpointing): iterating it walks loaders, not batches
         "for i, dl in enumerate(dataloaders):\n    save_sampler_state(dl, i)\n",
     ),
@@ -53,6 +56,7 @@ DEVICE_LOADER = Rule(
 
 class DeviceLoader(LoopCodemod):
     DESCRIPTION = "Wrap DataLoaders iterated by a loop in MpDeviceLoader."
+    RESPECTS_HAND_PORTS = True  # a module that knows XLA wraps its own loaders (transformers\' Trainer)
     RULES = (DEVICE_LOADER,)
     TRIGGERS = (b"oader", b"_dl")
 
@@ -63,6 +67,19 @@ class DeviceLoader(LoopCodemod):
     def regions(self, tree):
         return module_facts(tree).loader_loops
 
+    def _callers_device(self, loop: cst.CSTNode) -> bool:
+        """The loop is in a function, or a class, that takes a device from its
+        caller (timm's ``PrefetchLoader(loader, device=...)``): the device to
+        load onto is the caller's choice, not a hard-coded XLA device."""
+        for anc in self.ancestors(loop):
+            if isinstance(anc, cst.FunctionDef) and _device_params(anc):
+                return True
+            if isinstance(anc, cst.ClassDef):
+                body = anc.body.body if isinstance(anc.body, cst.IndentedBlock) else ()
+                return any(isinstance(f, cst.FunctionDef) and f.name.value == "__init__" and _device_params(f)
+                           for f in body)
+        return False
+
     def rewrite_loop(self, original, updated):
         if not isinstance(original, cst.For) or self.target.loader is None:
             return updated
@@ -70,6 +87,10 @@ class DeviceLoader(LoopCodemod):
             return updated
         inner = loop_iterable(original)
         if not self.is_data_loader_expr(inner):
+            return updated
+        if self._callers_device(original):
+            self.flag(inner, DEVICE_LOADER.code, "DataLoader loop in code that takes its device from the caller: "
+                      "wrap the loader in `MpDeviceLoader(loader, device)` where the device is chosen", fix=False)
             return updated
         if not self.flag(inner, DEVICE_LOADER.code, "DataLoader loop -> MpDeviceLoader (syncs after every batch)", fix=True):
             return updated
@@ -81,6 +102,13 @@ class DeviceLoader(LoopCodemod):
             args[0] = args[0].with_changes(value=wrapped)
             return updated.with_changes(iter=updated.iter.with_changes(args=args))
         return updated.with_changes(iter=wrapped)
+
+
+_DEVICE_PARAM = re.compile(r"(^|_)device$")
+
+
+def _device_params(fn: cst.FunctionDef) -> bool:
+    return any(_DEVICE_PARAM.search(p.name.value) for p in (*fn.params.params, *fn.params.kwonly_params))
 
 
 class _Replace(cst.CSTTransformer):

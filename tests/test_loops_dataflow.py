@@ -144,3 +144,24 @@ def test_slicing_with_the_loop_counter_is_reported():
            "    x = data[i:i + 35]\n    model(x).sum().backward()\n    opt.step()\n")
     _, findings = convert_text(src, select=["XLA407"])
     assert [(f.code, f.line) for f in findings] == [("XLA407", 5)]
+
+
+def test_loader_in_code_that_takes_its_device_from_the_caller_is_reported_not_wrapped():
+    """timm's PrefetchLoader(loader, device=...): the caller picks the device."""
+    src = ("import torch\nfrom torch.utils.data import DataLoader\n\n\nclass PrefetchLoader:\n"
+           "    def __init__(self, loader, device=None):\n        self.loader, self.device = loader, device\n\n"
+           "    def __iter__(self):\n        for x, y in self.loader:\n            yield x.to(self.device), y\n")
+    out, findings = convert_text(src)
+    assert out == src
+    assert [(f.code, f.fix) for f in findings if f.code == "XLA301"] == [("XLA301", False)]
+
+
+def test_module_that_already_supports_xla_keeps_its_own_loaders():
+    """transformers' Trainer wraps its loaders for XLA itself: wrapping again
+    would nest device loaders (0 batches)."""
+    src = ("from torch.utils.data import DataLoader\nfrom .utils import is_torch_xla_available\n\n"
+           "def evaluation_loop(self, dataloader):\n    for step, inputs in enumerate(dataloader):\n"
+           "        self.prediction_step(inputs)\n")
+    out, findings = convert_text(src)
+    assert out == src
+    assert all(not f.fix for f in findings)
