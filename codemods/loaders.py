@@ -47,6 +47,12 @@ DEVICE_LOADER = Rule(
         "import torch_xla.distributed.parallel_loader as pl\nfrom torch.utils.data import DataLoader\n\n"
         "def train_loop_fn(loader):\n    for x in loader:\n        train(x)\n\n"
         "device_loader = pl.MpDeviceLoader(DataLoader(ds), device)\ntrain_loop_fn(device_loader)\n",
+        # prepared by accelerate through tuple unpacking, or by a helper that returns it (accelerate's tests)
+        "from torch.utils.data import DataLoader\n\nmodel, opt, dl = accelerator.prepare(model, opt, DataLoader(ds))\n"
+        "for batch in dl:\n    train(batch)\n",
+        "from torch.utils.data import DataLoader\n\ndef setup(accelerator):\n    dl = DataLoader(ds)\n"
+        "    model, dl = accelerator.prepare(model, dl)\n    return model, dl\n\n"
+        "model, dl = setup(accelerator)\nfor batch in dl:\n    train(batch)\n",
         # the device is the caller's (timm's PrefetchLoader): reported, not rewritten -> not in `valid`
         # a list of loaders (accelerate's checkpointing): iterating it walks loaders, not batches
         "for i, dl in enumerate(dataloaders):\n    save_sampler_state(dl, i)\n",

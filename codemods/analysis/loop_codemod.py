@@ -118,7 +118,9 @@ class LoopCodemod(XlaCodemod):
         return call_name(call) == "add_step_closure"
 
     def assigned_values(self, name: cst.Name) -> List[cst.CSTNode]:
-        """Values assigned to ``name`` in its scope (simple assignments only)."""
+        """Values assigned to ``name`` in its scope: plain assignments, and
+        the whole right-hand side of a tuple unpacking (``model, dl =
+        accelerator.prepare(model, dl)``); parameters as ``Param`` nodes."""
         scope = self.meta(ScopeProvider, name)
         if scope is None:
             return []
@@ -128,6 +130,8 @@ class LoopCodemod(XlaCodemod):
                 continue
             target = a.node
             parent = self.parent(target)
+            while isinstance(parent, (cst.Element, cst.StarredElement, cst.Tuple, cst.List)):
+                parent = self.parent(parent)
             if isinstance(parent, cst.AssignTarget):
                 assign = self.parent(parent)
                 if isinstance(assign, cst.Assign):
@@ -169,13 +173,32 @@ class LoopCodemod(XlaCodemod):
         return False
 
     def _is_device_loader_value(self, value: cst.CSTNode) -> bool:
-        """An MpDeviceLoader, or what ``accelerator.prepare(...)`` returns
-        (on XLA, accelerate's MpDeviceLoaderWrapper)."""
+        """An MpDeviceLoader, what ``accelerator.prepare(...)`` returns (on
+        XLA, accelerate's MpDeviceLoaderWrapper), or what a function of this
+        module returns when it makes one of those (``get_training_setup()``)."""
         if isinstance(value, cst.Param):
             return False
         if is_device_loader_expr(value, self.target.loader_names, self.qualnames):
             return True
-        return isinstance(value, cst.Call) and call_name(value) in ("prepare", "prepare_data_loader")
+        if not isinstance(value, cst.Call):
+            return False
+        if call_name(value) in ("prepare", "prepare_data_loader"):
+            return True
+        return isinstance(value.func, cst.Name) and value.func.value in self._memo(
+            "device_loader_makers", self.tree.module, self._device_loader_makers)
+
+    def _device_loader_makers(self) -> Set[str]:
+        """Functions of the module that build device loaders (call
+        ``prepare``/``MpDeviceLoader``) and return something."""
+        makers: Set[str] = set()
+        for fn in find_all(self.tree.module, cst.FunctionDef):
+            calls = find_all(fn, cst.Call, stop=(cst.FunctionDef, cst.ClassDef))
+            returns = find_all(fn, cst.Return, stop=(cst.FunctionDef, cst.ClassDef))
+            if any(r.value is not None for r in returns) and any(  # type: ignore[attr-defined]
+                    call_name(c) in ("prepare", "prepare_data_loader", "MpDeviceLoader", "ParallelLoader")
+                    for c in calls):
+                makers.add(fn.name.value)  # type: ignore[attr-defined]
+        return makers
 
     def _fed_device_loader(self, param: cst.Param) -> bool:
         """A parameter that the module's own call sites pass a device loader

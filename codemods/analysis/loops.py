@@ -151,7 +151,9 @@ def model_functions(module: cst.Module) -> Set[str]:
     ``Class.method``s reached, by a call or a reference, from a class's
     ``forward*``/``backward``/``__init__`` -- timm's ``forward_features``,
     xLSTM's ``mlstm_recurrent_sequence_native`` (kept as ``self.kernel_fn``)."""
-    defs = {fn.name.value: fn for fn in module.body if isinstance(fn, cst.FunctionDef)}  # type: ignore[union-attr]
+    # module-level functions, also those defined under an `if`/`try` (no class or def around them)
+    defs = {fn.name.value: fn for fn in find_all(module, cst.FunctionDef, stop=(cst.FunctionDef, cst.ClassDef))
+            if fn is not module}  # type: ignore[attr-defined]
     todo: List[tuple] = []
     methods: Dict[str, Dict[str, cst.FunctionDef]] = {}
     for cls in find_all(module, cst.ClassDef):
@@ -175,6 +177,15 @@ def model_functions(module: cst.Module) -> Set[str]:
     return found
 
 
+def _outside_classes(fn: cst.FunctionDef, parents: Dict[int, cst.CSTNode]) -> bool:
+    cur = parents.get(id(fn))
+    while cur is not None:
+        if isinstance(cur, (cst.ClassDef, cst.FunctionDef)):
+            return False
+        cur = parents.get(id(cur))
+    return True
+
+
 def in_model_code(node: cst.CSTNode, parents: Dict[int, cst.CSTNode], called_by_models: Set[str] = frozenset()) -> bool:  # type: ignore[assignment]
     """``node`` is inside a class's ``forward``/``backward``/``__init__`` (an
     ``nn.Module`` or a ``torch.autograd.Function``), or in a module function
@@ -184,7 +195,7 @@ def in_model_code(node: cst.CSTNode, parents: Dict[int, cst.CSTNode], called_by_
     while cur is not None:
         if isinstance(cur, cst.FunctionDef):
             parent = parents.get(id(cur))
-            if cur.name.value in called_by_models and isinstance(parent, cst.Module):
+            if cur.name.value in called_by_models and _outside_classes(cur, parents):
                 return True
             cls = parents.get(id(parent)) if isinstance(parent, cst.IndentedBlock) else parent
             if isinstance(cls, cst.ClassDef) and (
