@@ -19,7 +19,7 @@ from typing import Optional
 
 import libcst as cst
 
-from codemods.analysis.cuda import cuda_facts, in_cuda_module, scope_of
+from codemods.analysis.cuda import cuda_facts, in_cuda_module, is_false, scope_of
 from codemods.edits import DropsStatements
 from codemods.base import Rule, XlaCodemod, dotted, find_all, string_value
 from codemods.target import Move
@@ -308,13 +308,13 @@ class CudaApi(DropsStatements, XlaCodemod):
     # ------------------------------------------------------------ pin_memory=
     def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
         if original_node.keyword is not None and original_node.keyword.value == "pin_memory":
-            if not _is_false(original_node.value) and self.flag(
+            if not is_false(original_node.value) and self.flag(
                     original_node, PIN_MEMORY.code, "`pin_memory=` -> False", fix=True):
                 return updated_node.with_changes(value=cst.Name("False"))
         return updated_node
 
     def leave_DictElement(self, original_node: cst.DictElement, updated_node: cst.DictElement) -> cst.DictElement:
-        if string_value(original_node.key) == "pin_memory" and not _is_false(original_node.value):
+        if string_value(original_node.key) == "pin_memory" and not is_false(original_node.value):
             if self.flag(original_node, PIN_MEMORY.code, "`\"pin_memory\": ...` -> False", fix=True):
                 return updated_node.with_changes(value=cst.Name("False"))
         return updated_node
@@ -333,9 +333,3 @@ def _only_pass(body: cst.BaseSuite) -> bool:
     stmts = body.body if isinstance(body, cst.IndentedBlock) else [body]
     return all(isinstance(s, cst.SimpleStatementLine) and all(isinstance(x, cst.Pass) for x in s.body)
                for s in stmts)
-
-
-def _is_false(node: cst.CSTNode) -> bool:
-    return isinstance(node, cst.Name) and node.value == "False"
-
-

@@ -15,15 +15,13 @@ Which names hold a device string is :class:`codemods.analysis.cuda.CudaFacts`.
 
 from __future__ import annotations
 
-import re
 from typing import Set
 
 import libcst as cst
 
-from codemods.analysis.cuda import cuda_facts, is_cuda_string, is_device_string_choice
+from codemods.analysis.cuda import DEVICE_NAME_RE, cuda_facts, is_cuda_string, is_device_string_choice
 from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all, string_value
 
-_DEVICE_NAME_RE = re.compile(r"(^|_)(device|dev)(_|$)|device", re.IGNORECASE)
 
 DEVICE_STRING = Rule(
     code="XLA109",
@@ -70,7 +68,7 @@ class DeviceStrings(XlaCodemod):
     def visit_Module(self, node: cst.Module) -> None:
         facts = cuda_facts(self.tree, self.qualnames)
         self._facts = facts
-        names = {t for t in facts.device_strings if _DEVICE_NAME_RE.search(t.split(".")[-1])}
+        names = {t for t in facts.device_strings if DEVICE_NAME_RE.search(t.split(".")[-1])}
         for call in find_all(node, cst.Call):
             if call_name(call) == "add_argument":
                 self._argparse_device(call)  # type: ignore[arg-type]
@@ -87,7 +85,7 @@ class DeviceStrings(XlaCodemod):
     def _argparse_device(self, call: cst.Call) -> None:
         options = [string_value(a.value) for a in call.args if a.keyword is None]
         dests = [o.lstrip("-").replace("-", "_") for o in options if o and o.startswith("--")]
-        if not any(_DEVICE_NAME_RE.search(d) for d in dests):
+        if not any(DEVICE_NAME_RE.search(d) for d in dests):
             return
         for a in call.args:
             if a.keyword is not None and a.keyword.value == "default" and is_cuda_string(a.value):

@@ -112,11 +112,11 @@ def cuda_references(tree: TreeCache, qualnames: QualNames) -> List[Tuple[cst.CST
             key = n.keyword.value
             if key in ("device_ids", "output_device"):
                 found.append((n, f"{key}="))
-            elif key == "pin_memory" and not _is_false(n.value):
+            elif key == "pin_memory" and not is_false(n.value):
                 found.append((n, "pin_memory="))
             elif key == "map_location" and string_value(n.value) != "cpu":
                 found.append((n, "map_location="))
-        elif isinstance(n, cst.DictElement) and string_value(n.key) == "pin_memory" and not _is_false(n.value):
+        elif isinstance(n, cst.DictElement) and string_value(n.key) == "pin_memory" and not is_false(n.value):
             found.append((n, "pin_memory="))
     return found
 
@@ -127,7 +127,11 @@ def count_references(tree: TreeCache) -> int:
     return len(cuda_references(tree, lambda n: tree.import_qualnames(n) or set()))
 
 
-def _is_false(node: cst.CSTNode) -> bool:
+# a name that says it holds a device (last resort where no assignment says so)
+DEVICE_NAME_RE = re.compile(r"(^|_)(device|dev)(_|$)|device", re.IGNORECASE)
+
+
+def is_false(node: cst.CSTNode) -> bool:
     return isinstance(node, cst.Name) and node.value == "False"
 
 
