@@ -57,22 +57,43 @@ def _numbered_lines(text: str) -> List[str]:
     return [line for line in text.splitlines() if _NUMBER.search(line)]
 
 
+# A number with a time or throughput unit, or after a word that announces a
+# duration, is a timing: it varies between runs even when two runs happen to
+# print the same rounded value.
+_UNIT_AFTER = re.compile(r"\s*(ms|s|sec|secs|seconds|min|mins|minutes|it/s|s/it|ms/batch|ms/step|samples/s|"
+                         r"img/s|imgs/s|tok/s|tokens/s|steps/s|batches/s)(?![A-Za-z])", re.IGNORECASE)
+_WORD_BEFORE = re.compile(r"(time|elapsed|took|duration|dt|eta|speed|throughput)\s*[:=]?\s*$", re.IGNORECASE)
+
+
+def _timings(line: str) -> Set[int]:
+    """Indices of the numbers in ``line`` that are timings."""
+    found: Set[int] = set()
+    for j, m in enumerate(_NUMBER.finditer(line)):
+        if _UNIT_AFTER.match(line, m.end()) or _WORD_BEFORE.search(line[: m.start()]):
+            found.add(j)
+    return found
+
+
 def _stable_positions(refs: Sequence[str]) -> Tuple[Optional[Set[Tuple[int, int]]], List[str]]:
-    """(line, number) positions that vary between the reference texts, and a
-    description of each; None when the texts do not even line up."""
+    """(line, number) positions that vary between the reference texts (or
+    are timings), and a description of each; None when the texts do not even
+    line up."""
     lines = [_numbered_lines(t) for t in refs]
     if any(len(l) != len(lines[0]) for l in lines):
         return None, []
     varying: Set[Tuple[int, int]] = set()
     described: List[str] = []
     for i, group in enumerate(zip(*lines)):
+        for j in _timings(group[0]):
+            varying.add((i, j))
+            described.append(f"line {i + 1}, number {j + 1} (a timing): {group[0].strip()[:60]}")
         numbers = [_NUMBER.findall(l) for l in group]
         if any(len(n) != len(numbers[0]) for n in numbers):
             varying |= {(i, j) for j in range(max(len(n) for n in numbers))}
             described.append(f"line {i + 1}: {group[0].strip()[:60]}")
             continue
         for j in range(len(numbers[0])):
-            if len({n[j] for n in numbers}) > 1:
+            if len({n[j] for n in numbers}) > 1 and (i, j) not in varying:
                 varying.add((i, j))
                 described.append(f"line {i + 1}, number {j + 1}: {group[0].strip()[:60]}")
     return varying, described
