@@ -187,12 +187,6 @@ class CudaFacts:
                 return True
         return False
 
-    def is_device_string(self, node: cst.CSTNode) -> bool:
-        """``node`` reads a name that holds a device string (a CUDA one, before
-        conversion, or the target's after it)."""
-        text = dotted(node)
-        return text is not None and text in self.device_strings
-
     def is_scaler(self, node: cst.CSTNode) -> bool:
         text = dotted(node)
         if text is None:
