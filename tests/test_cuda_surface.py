@@ -14,7 +14,8 @@ import pytest
 from codemods.analysis.cuda import count_references, cuda_references
 from codemods.base import TreeCache
 from tests.conftest import convert_text
-from xlaport.engine import Settings, _line_map, transform
+from xlaport.engine import Settings, transform
+from xlaport.linemap import line_map as _line_map
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"

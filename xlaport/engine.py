@@ -8,7 +8,6 @@ their own positions shift when an earlier rule inserts or removes lines).
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -33,6 +32,7 @@ from codemods.base import (
     unique,
 )
 from codemods.target import DEFAULT_TARGET
+from xlaport.linemap import line_map
 
 
 class SourceError(Exception):
@@ -82,25 +82,6 @@ class Outcome:
 
     def changed(self, original: bytes) -> bool:
         return self.code != original
-
-
-def _line_map(old: str, new: str) -> Callable[[int], int]:
-    """Map 1-based line numbers of ``new`` to the matching line of ``old``.
-
-    Lines inside a rewritten block map to the first line of the block they
-    replaced, which is where a reader of the original should look.
-    """
-    old_lines, new_lines = old.splitlines(), new.splitlines()
-    table: Dict[int, int] = {}
-    matcher = difflib.SequenceMatcher(None, new_lines, old_lines, autojunk=False)
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        for k in range(i1, i2):
-            if tag == "equal":
-                table[k + 1] = j1 + (k - i1) + 1
-            else:
-                table[k + 1] = min(j1 + (k - i1), max(j2 - 1, j1)) + 1
-    last = max(len(old_lines), 1)
-    return lambda line: table.get(line, min(line, last))
 
 
 def applicable(source: bytes, codes: Sequence[str]) -> List[type]:
@@ -200,7 +181,7 @@ def transform(source: bytes, settings: Settings, filename: str = "") -> Outcome:
         if any(f.fix for f in new):
             new_text = new_tree.code
             if new_text != text:
-                maps.append(_line_map(text, new_text))
+                maps.append(line_map(text, new_text))
                 text = new_text
                 tree = unique(new_tree)
                 context.scratch[TREE_KEY] = TreeCache(tree, source)

@@ -465,7 +465,7 @@ class LineMapper:
     """Converted-file lines -> original-file lines (for events)."""
 
     def __init__(self, original: Path, converted: Path) -> None:
-        from xlaport.engine import _line_map
+        from xlaport.linemap import line_map as _line_map
 
         self.converted = converted.resolve()
         self.original_lines: List[str] = []

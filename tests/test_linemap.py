@@ -1,0 +1,97 @@
+"""The line map that takes findings back to the user's lines (xlaport.linemap)."""
+
+import difflib
+import random
+
+import pytest
+
+from xlaport.linemap import line_map, match_lines
+
+
+def _difflib_map(old, new):
+    old_lines, new_lines = old.splitlines(), new.splitlines()
+    table = {}
+    sm = difflib.SequenceMatcher(None, new_lines, old_lines, autojunk=False)
+    for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        for k in range(i1, i2):
+            table[k + 1] = j1 + (k - i1) + 1 if tag == "equal" else min(j1 + (k - i1), max(j2 - 1, j1)) + 1
+    return lambda line: table.get(line, min(line, max(len(old_lines), 1)))
+
+
+def _edit(lines, rng, edits):
+    out = list(lines)
+    for _ in range(edits):
+        k = rng.randrange(len(out))
+        kind = rng.choice("rid")
+        if kind == "r":
+            out[k] = out[k].replace("cuda", "xla") + "  # changed"
+        elif kind == "i":
+            out.insert(k, "    torch_xla.sync()")
+        elif len(out) > 1:
+            del out[k]
+    return out
+
+
+def _program(n, rng):
+    lines = []
+    for k in range(n // 5):
+        lines += [f"def f{k}(x):", "    y = x.cuda()", "", "    return y", ""]
+    return lines
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_pairs_are_equal_lines_in_order(seed):
+    rng = random.Random(seed)
+    old = _program(rng.randrange(5, 2000), rng)
+    new = _edit(old, rng, rng.randrange(1, 200))
+    pairs = match_lines(new, old)
+    assert all(new[i] == old[j] for i, j in pairs)
+    assert all(i1 < i2 and j1 < j2 for (i1, j1), (i2, j2) in zip(pairs, pairs[1:]))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_unchanged_unique_lines_map_to_themselves(seed):
+    # (difflib itself sometimes maps such a line into a neighbouring replaced block)
+    rng = random.Random(100 + seed)
+    old = _program(rng.randrange(5, 600), rng)
+    new = _edit(old, rng, rng.randrange(1, 40))
+    ours = line_map("\n".join(old), "\n".join(new))
+    once = {line for line in new if new.count(line) == 1 and old.count(line) == 1}
+    for k, line in enumerate(new, 1):
+        if line in once:
+            assert old[ours(k) - 1] == line, (k, line)
+        assert 1 <= ours(k) <= max(len(old), 1)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_same_map_as_difflib_where_difflib_has_one_answer(seed):
+    # a single edit: both must agree line for line
+    rng = random.Random(200 + seed)
+    old = _program(rng.randrange(5, 400), rng)
+    new = _edit(old, rng, 1)
+    ours = line_map("\n".join(old), "\n".join(new))
+    theirs = _difflib_map("\n".join(old), "\n".join(new))
+    assert [ours(k) for k in range(1, len(new) + 1)] == [theirs(k) for k in range(1, len(new) + 1)]
+
+
+def test_inserted_line_maps_to_the_statement_it_follows_and_block_replacement_to_its_first_line():
+    old = "a\nb\nc\nd\n"
+    new = "a\nb\nX\nc\nd\n"
+    back = line_map(old, new)
+    assert [back(k) for k in range(1, 6)] == [1, 2, 3, 3, 4]
+    old = "a\nb1\nb2\nb3\nc\n"
+    new = "a\nB\nc\n"
+    back = line_map(old, new)
+    assert [back(k) for k in range(1, 4)] == [1, 2, 5]
+
+
+def test_identical_blocks_with_no_unique_line_still_align():
+    old = ["x = y.cuda()", "z = 1"] * 3000
+    new = list(old)
+    new[4000] = "x = y.to(dev)"
+    new.insert(100, "torch_xla.sync()")
+    back = line_map("\n".join(old), "\n".join(new))
+    assert back(1) == 1
+    assert back(102) == 101  # the line after the insertion
+    assert back(4002) == 4001  # the changed line stays opposite its original
+    assert back(len(new)) == len(old)

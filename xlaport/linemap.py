@@ -1,0 +1,141 @@
+"""Map the lines of a rewritten text back to the lines of the text it came from.
+
+Rules run on each other's output, so a finding's line is in the text the rule
+saw; the engine maps it back to the user's file.  ``difflib`` does this in
+time that grows with (lines x edits) -- minutes for a generated file with
+thousands of rewrites -- so the alignment here is the patience method: lines
+that occur once in both texts anchor the alignment (their longest increasing
+run), the gaps between anchors are aligned the same way, and only gaps that
+are small are handed to ``difflib``.  Large gaps with no anchor at all (a file
+of identical blocks) fall back to a windowed walk.  Every step is linear or
+n log n in the lines of its gap.
+"""
+
+from __future__ import annotations
+
+import bisect
+import difflib
+from typing import Callable, Dict, List, Sequence, Tuple
+
+Pair = Tuple[int, int]  # (index in new, index in old), 0-based
+SMALL = 4096  # gaps with (new x old) lines up to this go to difflib
+WINDOW = 16  # how far the fallback walk looks ahead to resynchronise
+
+
+def line_map(old: str, new: str) -> Callable[[int], int]:
+    """Map 1-based line numbers of ``new`` to the matching line of ``old``.
+
+    Lines inside a rewritten block map to the first line of the block they
+    replaced, which is where a reader of the original should look.
+    """
+    old_lines, new_lines = old.splitlines(), new.splitlines()
+    pairs = match_lines(new_lines, old_lines)
+    table: Dict[int, int] = {}
+    prev_i, prev_j = -1, -1
+    for i, j in pairs + [(len(new_lines), len(old_lines))]:
+        i1, j1, j2 = prev_i + 1, prev_j + 1, j
+        for k in range(i1, i):  # new lines with no partner: the block they replaced
+            table[k + 1] = min(j1 + (k - i1), max(j2 - 1, j1)) + 1
+        if i < len(new_lines):
+            table[i + 1] = j + 1
+        prev_i, prev_j = i, j
+    last = max(len(old_lines), 1)
+    return lambda line: table.get(line, min(line, last))
+
+
+def match_lines(a: Sequence[str], b: Sequence[str]) -> List[Pair]:
+    """Pairs (i, j) with ``a[i] == b[j]``, increasing in both."""
+    out: List[Pair] = []
+    stack = [(0, len(a), 0, len(b))]
+    while stack:
+        a_lo, a_hi, b_lo, b_hi = stack.pop()
+        head: List[Pair] = []
+        while a_lo < a_hi and b_lo < b_hi and a[a_lo] == b[b_lo]:
+            head.append((a_lo, b_lo))
+            a_lo, b_lo = a_lo + 1, b_lo + 1
+        tail: List[Pair] = []
+        while a_lo < a_hi and b_lo < b_hi and a[a_hi - 1] == b[b_hi - 1]:
+            a_hi, b_hi = a_hi - 1, b_hi - 1
+            tail.append((a_hi, b_hi))
+        out.extend(head)
+        out.extend(tail)
+        if a_lo == a_hi or b_lo == b_hi:
+            continue
+        if (a_hi - a_lo) * (b_hi - b_lo) <= SMALL:
+            sm = difflib.SequenceMatcher(None, a[a_lo:a_hi], b[b_lo:b_hi], autojunk=False)
+            for x, y, n in sm.get_matching_blocks():
+                out.extend((a_lo + x + k, b_lo + y + k) for k in range(n))
+            continue
+        anchors = _anchors(a, a_lo, a_hi, b, b_lo, b_hi)
+        if not anchors:
+            out.extend(_walk(a, a_lo, a_hi, b, b_lo, b_hi))
+            continue
+        out.extend(anchors)
+        prev = (a_lo - 1, b_lo - 1)
+        for i, j in anchors + [(a_hi, b_hi)]:
+            if i - prev[0] > 1 and j - prev[1] > 1:
+                stack.append((prev[0] + 1, i, prev[1] + 1, j))
+            prev = (i, j)
+    out.sort()
+    return out
+
+
+def _anchors(a, a_lo, a_hi, b, b_lo, b_hi) -> List[Pair]:
+    """Lines unique in both ranges, reduced to their longest increasing run."""
+    count_a: Dict[str, int] = {}
+    for i in range(a_lo, a_hi):
+        count_a[a[i]] = count_a.get(a[i], 0) + 1
+    where_b: Dict[str, int] = {}
+    count_b: Dict[str, int] = {}
+    for j in range(b_lo, b_hi):
+        count_b[b[j]] = count_b.get(b[j], 0) + 1
+        where_b[b[j]] = j
+    cands = [(i, where_b[a[i]]) for i in range(a_lo, a_hi)
+             if count_a[a[i]] == 1 and count_b.get(a[i]) == 1]
+    return _longest_increasing(cands)
+
+
+def _longest_increasing(pairs: List[Pair]) -> List[Pair]:
+    """Longest subsequence of ``pairs`` (sorted by i) increasing in j."""
+    tails: List[int] = []  # j of the last pair of the best run of each length
+    tail_idx: List[int] = []
+    back: List[int] = []
+    for k, (_, j) in enumerate(pairs):
+        n = bisect.bisect_left(tails, j)
+        if n == len(tails):
+            tails.append(j)
+            tail_idx.append(k)
+        else:
+            tails[n] = j
+            tail_idx[n] = k
+        back.append(tail_idx[n - 1] if n else -1)
+    run: List[Pair] = []
+    k = tail_idx[-1] if tail_idx else -1
+    while k >= 0:
+        run.append(pairs[k])
+        k = back[k]
+    return run[::-1]
+
+
+def _walk(a, a_lo, a_hi, b, b_lo, b_hi) -> List[Pair]:
+    """Align by walking both ranges, resynchronising within WINDOW lines."""
+    out: List[Pair] = []
+    i, j = a_lo, b_lo
+    while i < a_hi and j < b_hi:
+        if a[i] == b[j]:
+            out.append((i, j))
+            i, j = i + 1, j + 1
+            continue
+        best = None
+        for d in range(1, WINDOW + 1):
+            if j + d < b_hi and a[i] == b[j + d]:
+                best = (0, d)
+                break
+            if i + d < a_hi and a[i + d] == b[j]:
+                best = (d, 0)
+                break
+        if best is None:
+            i, j = i + 1, j + 1
+        else:
+            i, j = i + best[0], j + best[1]
+    return out
