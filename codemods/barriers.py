@@ -16,6 +16,7 @@ from typing import List, Tuple, Union
 
 import libcst as cst
 
+from codemods.analysis.prefilter import STEP_LOOP
 from codemods.analysis import (
     Loop,
     LoopCodemod,
@@ -114,6 +115,7 @@ class StepBarrier(LoopCodemod):
     RULES = (STEP_BARRIER,)
     # every word a step loop can be recognised by (analysis.loops: steps and model calls)
     TRIGGERS = (b"backward", b"step", b"sampl", b"denois", b"model", b"unet", b"forward", b"generate", b"predict")
+    NEEDS = (STEP_LOOP,)
 
     @classmethod
     def wanted(cls, tree, options):

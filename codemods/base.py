@@ -14,10 +14,6 @@ classes unchanged.
 
 from __future__ import annotations
 
-import io
-import re
-import tokenize
-from dataclasses import dataclass
 from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
@@ -29,6 +25,15 @@ from libcst.metadata import (
     QualifiedNameProvider,
 )
 
+from codemods.rule import (  # noqa: F401 -- re-exported
+    ALL,
+    FILE_SUPPRESS_RE,
+    Finding,
+    Rule,
+    code_matches,
+    file_suppressions,
+    parse_suppressions,
+)
 from codemods.target import DEFAULT_TARGET, Import, Target, get_target
 from codemods.tree import (  # noqa: F401 -- re-exported: the rules import them from here
     RULE_PACKAGES,
@@ -50,118 +55,6 @@ TREE_KEY = "xlaport.tree"
 
 
 
-@dataclass(frozen=True)
-class Rule:
-    """One rule: a stable code, a name and its documentation.
-
-    ``before``/``after`` is the example that ``xlaport explain`` prints and the
-    tests run: the codemod must turn ``before`` into ``after`` (for a rule that
-    only reports, ``after`` is None and ``before`` must be reported).  ``valid``
-    holds code the rule must leave alone and not report.
-    """
-
-    code: str
-    name: str
-    summary: str
-    why: str
-    before: str
-    after: Optional[str]
-    valid: Tuple[str, ...] = ()
-    options: Tuple[Tuple[str, str], ...] = ()  # (option, what it does)
-    example_options: Tuple[Tuple[str, object], ...] = ()  # options the example runs with
-
-    @property
-    def fix(self) -> bool:
-        return self.after is not None
-
-
-@dataclass
-class Finding:
-    """A change made (``fix=True``) or a problem reported (``fix=False``)."""
-
-    code: str
-    message: str
-    line: int
-    col: int  # 1-based, like ruff
-    fix: bool
-    hot: Optional[bool] = None  # host reads: runs every step?
-    path: str = ""
-    cell: Optional[int] = None  # notebooks: 1-based cell number
-
-    def as_dict(self) -> Dict[str, object]:
-        d: Dict[str, object] = {
-            "path": self.path,
-            "line": self.line,
-            "col": self.col,
-            "code": self.code,
-            "message": self.message,
-            "fix": self.fix,
-        }
-        if self.hot is not None:
-            d["hot"] = self.hot
-        if self.cell is not None:
-            d["cell"] = self.cell
-        return d
-
-
-# ---------------------------------------------------------------- suppressions
-
-_SUPPRESS_RE = re.compile(r"#\s*xlaport:\s*ignore(?!-file)(?:\[([A-Za-z0-9_,\s]*)\])?")
-# flake8/Ruff style, for xlaport's own codes only: `# noqa: XLA101, XLA4`
-_NOQA_RE = re.compile(r"#\s*noqa\s*:\s*((?:XLA\d*[\s,]*)+)", re.IGNORECASE)
-# the whole file: `# xlaport: ignore-file` or `# xlaport: ignore-file[XLA3]`
-FILE_SUPPRESS_RE = re.compile(rb"#\s*xlaport:\s*ignore-file(?:\[([A-Za-z0-9_,\s]*)\])?")
-ALL = "*"
-
-
-def parse_suppressions(source: str) -> Dict[int, FrozenSet[str]]:
-    """Map line number -> codes silenced there (``{"*"}`` for all).
-
-    Reads real comments with ``tokenize`` so that the marker inside a string
-    does not count.
-    """
-    if "xlaport:" not in source and "noqa" not in source.lower():
-        return {}
-    result: Dict[int, FrozenSet[str]] = {}
-    try:
-        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
-    except (tokenize.TokenError, IndentationError, SyntaxError):
-        return result
-    for tok in tokens:
-        if tok.type != tokenize.COMMENT:
-            continue
-        m = _SUPPRESS_RE.search(tok.string)
-        noqa = _NOQA_RE.search(tok.string)
-        if m:
-            codes = (
-                frozenset(c.strip().upper() for c in m.group(1).split(",") if c.strip())
-                if m.group(1) is not None
-                else frozenset({ALL})
-            )
-        elif noqa:
-            codes = frozenset(c.upper() for c in re.findall(r"XLA\d*", noqa.group(1), re.IGNORECASE))
-        else:
-            continue
-        result[tok.start[0]] = result.get(tok.start[0], frozenset()) | codes
-    return result
-
-
-def file_suppressions(source: bytes) -> Optional[FrozenSet[str]]:
-    """Codes silenced for the whole file by ``# xlaport: ignore-file[...]``
-    (``{"*"}`` without a list), or None."""
-    m = FILE_SUPPRESS_RE.search(source)
-    if m is None:
-        return None
-    if m.group(1) is None:
-        return frozenset({ALL})
-    return frozenset(c.strip().upper() for c in m.group(1).decode().split(",") if c.strip())
-
-
-def code_matches(code: str, patterns: Iterable[str]) -> bool:
-    """True when a code is named by any pattern (a code, a prefix, or ALL)."""
-    return any(p == ALL or code.startswith(p) for p in patterns)
-
-
 # ---------------------------------------------------------------- the base class
 
 
@@ -170,12 +63,17 @@ class XlaCodemod(VisitorBasedCodemodCommand):
 
     Subclasses set ``DESCRIPTION`` (one line), ``RULES`` and ``TRIGGERS``
     (byte strings; a file that contains none of them cannot need this codemod
-    and is skipped before it is parsed).
+    and is skipped before it is parsed), and ``NEEDS`` when the ``ast``
+    prefilter can rule the codemod out more tightly.
     """
 
     DESCRIPTION: str = ""
     RULES: Tuple[Rule, ...] = ()
     TRIGGERS: Tuple[bytes, ...] = ()
+    # Facts of ``codemods.analysis.prefilter`` (or ``option:NAME`` for a run
+    # option that is set) of which one must hold for this codemod to find
+    # anything; empty: the trigger bytes decide alone.
+    NEEDS: Tuple[str, ...] = ()
     # Report instead of rewriting in a module that already supports XLA
     # (``TreeCache.knows_xla``): for rules whose CUDA branches may be deliberate.
     RESPECTS_HAND_PORTS: bool = False
@@ -358,7 +256,7 @@ def statement(expr: cst.BaseExpression) -> cst.SimpleStatementLine:
 
 
 __all__ = [
-    "FINDINGS_KEY", "OPTIONS_KEY", "SELECT_KEY", "SOURCE_KEY", "TARGET_KEY", "TREE_KEY", "RULE_PACKAGES", "Finding",
+    "ALL", "FILE_SUPPRESS_RE", "FINDINGS_KEY", "OPTIONS_KEY", "SELECT_KEY", "SOURCE_KEY", "TARGET_KEY", "TREE_KEY", "RULE_PACKAGES", "Finding",
     "Rule", "TreeCache", "XlaCodemod", "call_name", "code_matches", "dotted", "file_suppressions", "find_all",
     "parse_suppressions",
     "statement", "string_value", "tree_cache", "unique", "walk",

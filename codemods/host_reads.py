@@ -14,6 +14,7 @@ from typing import List, Optional, Set
 
 import libcst as cst
 
+from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP, STEP_METHOD
 from codemods.analysis import LoopCodemod, hot_methods, is_tensor_expr, loop_iterable, module_facts
 from codemods.base import Rule, TreeCache, call_name, find_all
 
@@ -113,6 +114,7 @@ class HostReads(LoopCodemod):
     RULES = (ITEM, TRANSFER, SCALAR, CONDITION, DYNAMIC, MASK_INDEX, COUNTER_INDEX)
     TRIGGERS = (b".item(", b".tolist(", b".numpy(", b".cpu(", b"float(", b"int(", b"bool(", b"if ", b"while ",
                 b"nonzero", b"masked_select", b"unique", b"where(", b"[", b"for ")
+    NEEDS = (STEP_LOOP, LOADER_LOOP, STEP_METHOD, "option:include_cold")
 
     @classmethod
     def wanted(cls, tree, options):

@@ -13,6 +13,7 @@ import re
 
 import libcst as cst
 
+from codemods.analysis.prefilter import LOADER_LOOP
 from codemods.analysis import LoopCodemod, is_device_loader_expr, loop_iterable, module_facts
 from codemods.base import Rule, call_name
 
@@ -65,6 +66,7 @@ class DeviceLoader(LoopCodemod):
     RESPECTS_HAND_PORTS = True  # a module that knows XLA wraps its own loaders (transformers\' Trainer)
     RULES = (DEVICE_LOADER,)
     TRIGGERS = (b"oader", b"_dl")
+    NEEDS = (LOADER_LOOP,)
 
     @classmethod
     def wanted(cls, tree, options):

@@ -17,6 +17,7 @@ from typing import List
 import libcst as cst
 from libcst.metadata import Assignment, ScopeProvider
 
+from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP
 from codemods.analysis import LoopCodemod, module_facts, reads_tensor_value
 from codemods.base import Rule, call_name, dotted
 
@@ -56,6 +57,7 @@ class HotPrints(LoopCodemod):
     DESCRIPTION = "Defer (or delete) prints and logs that read tensors inside hot loops."
     RULES = (HOT_PRINT,)
     TRIGGERS = (b"print", b"log", b"add_scalar")
+    NEEDS = (STEP_LOOP, LOADER_LOOP)
 
     @classmethod
     def wanted(cls, tree, options):

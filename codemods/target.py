@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Dict, FrozenSet, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, FrozenSet, Mapping, Optional, Tuple
 
-import libcst as cst
+if TYPE_CHECKING:
+    import libcst as cst
+
 
 # (module, obj, asname) as AddImportsVisitor.add_needed_import takes them.
 Import = Tuple[str, Optional[str], Optional[str]]
@@ -144,7 +146,9 @@ class Target:
 
 
 @lru_cache(maxsize=None)
-def _parse(expr: str) -> cst.BaseExpression:
+def _parse(expr: str) -> "cst.BaseExpression":
+    import libcst as cst  # here, not at the top: the CLI reads the target table without LibCST
+
     return cst.parse_expression(expr)
 
 

@@ -14,6 +14,13 @@ def convert_text(source: str, **settings) -> tuple:
     return out.code.decode("utf-8"), out.findings
 
 
+@pytest.fixture(autouse=True)
+def _no_results_cache(monkeypatch):
+    """Tests patch the engine and reuse paths and texts: a cached answer
+    would hide what they test.  tests/test_cache.py turns the cache on."""
+    monkeypatch.setenv("XLAPORT_NO_CACHE", "1")
+
+
 @pytest.fixture
 def convert():
     return convert_text

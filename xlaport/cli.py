@@ -8,17 +8,26 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import click
 
-from codemods import all_rules, rule_index
+from codemods import registry
 from codemods.target import DEFAULT_TARGET, TARGETS
 from xlaport.config import load_config
-from xlaport.engine import Settings
-from xlaport.files import atomic_write, check_writable, copy_tree_files, discover, is_inside, FileProblem
+from xlaport.settings import Settings
+from xlaport.files import (
+    FileProblem,
+    atomic_write,
+    check_writable,
+    copy_tree_files,
+    discover,
+    is_inside,
+    remove_stale_temps,
+)
 from xlaport.runner import ERROR_CODE, FileResult, process
 
 FORMATS = ("text", "json", "github")
@@ -31,7 +40,7 @@ def _codes(value: Optional[str]) -> Optional[List[str]]:
 
 
 def _check_codes(codes: Optional[Sequence[str]], option: str) -> None:
-    known = [r.code for r in all_rules()]
+    known = [r.code for r in registry.rules()]
     for c in codes or ():
         if c != "ALL" and not any(k.startswith(c) for k in known):
             raise click.BadParameter(f"no rule code starts with {c!r} (see `xlaport rules`)", param_hint=option)
@@ -53,10 +62,46 @@ def common_options(fn):
                      help="Hot-loop prints that read tensors: defer to a step closure (default), delete, or keep."),
         click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
                      help="pyproject.toml to read [tool.xlaport] from (default: nearest)."),
+        click.option("--no-cache", is_flag=True, help="Neither read nor write the results cache (.xlaport_cache)."),
     ]
     for option in reversed(options):
         fn = option(fn)
     return fn
+
+
+def _run(entries, settings: Settings, jobs: int, no_cache: bool, show_progress: bool) -> List[FileResult]:
+    """``process`` with the cache, a progress bar on a terminal, and a clean
+    stop on Ctrl-C or SIGTERM (workers are killed, nothing is written)."""
+    import signal
+
+    from xlaport.cache import Cache
+
+    no_cache = no_cache or os.environ.get("XLAPORT_NO_CACHE", "") not in ("", "0")
+    cache = None if no_cache else Cache.default(settings)
+
+    def on_term(signum, frame):  # SIGTERM: stop like Ctrl-C, so that the workers go too
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        if show_progress and len(entries) > 20 and sys.stderr.isatty():
+            from rich.progress import Progress
+
+            with Progress(transient=True, console=_stderr_console()) as bar:
+                task = bar.add_task("xlaport", total=len(entries))
+                return process(entries, settings, jobs, cache, lambda n: bar.advance(task, n))
+        return process(entries, settings, jobs, cache)
+    except KeyboardInterrupt:
+        click.echo("xlaport: interrupted; nothing was written.", err=True)
+        sys.exit(130)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True)
 
 
 def _settings(paths, select, ignore, target, exclude, keep_progress, prints, config_path):
@@ -184,7 +229,7 @@ def main() -> None:
 @click.option("--quiet", "-q", is_flag=True, help="Print only errors and the summary.")
 @common_options
 def convert(paths, output, show_diff, check, quiet, select, ignore, fmt, jobs, target, exclude,
-            keep_progress, prints, config_path):
+            keep_progress, prints, config_path, no_cache):
     """Rewrite CUDA code for XLA, in place or into an output tree (-o)."""
     settings, excludes = _settings(paths, select, ignore, target, exclude, keep_progress, prints, config_path)
     if not paths:
@@ -198,9 +243,12 @@ def convert(paths, output, show_diff, check, quiet, select, ignore, fmt, jobs, t
                 raise click.UsageError(f"output directory {output} is inside input {p}; choose another place")
             if Path(p).is_file() and out_root.resolve() == Path(p).resolve().parent:
                 raise click.UsageError(f"output directory {output} would overwrite input {p}")
-    results = process(discover(paths, excludes), settings, jobs)
+    entries = discover(paths, excludes)
+    results = _run(entries, settings, jobs, no_cache, show_progress=fmt == "text" and not quiet)
     write = not (show_diff or check)
     if write:
+        for stale in remove_stale_temps({r.path.parent for r in results}):
+            click.echo(f"{stale}: removed a temporary file left by an interrupted run", err=True)
         _write(results, paths, out_root)
     if show_diff:
         for r in results:
@@ -268,7 +316,7 @@ def _write(results: List[FileResult], paths: Sequence[str], out_root: Optional[P
               help="Also report host reads (XLA4xx) that run once per call, not every step.")
 @common_options
 def lint(paths, show_diff, statistics, include_cold, select, ignore, fmt, jobs, target, exclude, keep_progress,
-         prints, config_path):
+         prints, config_path, no_cache):
     """Report what `convert` would change and which host reads remain. Writes nothing."""
     settings, excludes = _settings(paths, select, ignore, target, exclude, keep_progress, prints, config_path)
     if include_cold:
@@ -277,7 +325,7 @@ def lint(paths, show_diff, statistics, include_cold, select, ignore, fmt, jobs, 
         if fmt == "json":
             click.echo(json.dumps({"findings": [], "cuda": _cuda_counts([])}))
         sys.exit(0)
-    results = process(discover(paths, excludes), settings, jobs)
+    results = _run(discover(paths, excludes), settings, jobs, no_cache, show_progress=fmt == "text")
     if statistics and fmt == "text":
         counts: Dict[str, List[int]] = {}
         for r in results:
@@ -285,9 +333,9 @@ def lint(paths, show_diff, statistics, include_cold, select, ignore, fmt, jobs, 
                 c = counts.setdefault(f.code, [0, 0])
                 c[0] += 1
                 c[1] += f.fix
-        index = rule_index()
+        index = registry.rule_info()
         for code, (n, fixable) in sorted(counts.items()):
-            name = index[code][0].name if code in index else ""
+            name = index[code].name if code in index else ""
             click.echo(f"{n:6d}  {code}  {name}{'  [*]' if fixable else ''}")
     else:
         _emit(results, fmt, show_fixes=True)
@@ -319,7 +367,7 @@ def lint(paths, show_diff, statistics, include_cold, select, ignore, fmt, jobs, 
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 def rules(fmt):
     """List every rule code with its one-line summary."""
-    items = all_rules()
+    items = registry.rules()
     if fmt == "json":
         click.echo(json.dumps([{"code": r.code, "name": r.name, "summary": r.summary, "fix": r.fix} for r in items], indent=2))
         return
@@ -333,6 +381,7 @@ def rules(fmt):
 @click.argument("code")
 def explain(code):
     """Explain a rule: what it does, why it matters on XLA, an example."""
+    from codemods import rule_index
     from xlaport.docs import render_rule
 
     index = rule_index()

@@ -8,14 +8,14 @@ their own positions shift when an earlier rule inserts or removes lines).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import libcst as cst
 from libcst.codemod import Codemod, CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
-from codemods import CODEMODS, all_rules
+from codemods import registry
 from codemods.analysis.cuda import count_references
 from codemods.coverage import CATCH_ALL, COVERAGE_KEY, CudaCatchAll
 from codemods.base import (
@@ -27,11 +27,9 @@ from codemods.base import (
     TREE_KEY,
     Finding,
     TreeCache,
-    code_matches,
-    file_suppressions,
     unique,
 )
-from codemods.target import DEFAULT_TARGET
+from xlaport.settings import Settings  # noqa: F401 -- re-exported
 from xlaport.linemap import line_map
 
 
@@ -46,35 +44,6 @@ class SourceError(Exception):
 
 
 @dataclass
-class Settings:
-    select: Optional[Sequence[str]] = None  # codes or prefixes; None = all
-    ignore: Sequence[str] = ()
-    target: str = DEFAULT_TARGET
-    options: Mapping[str, object] = field(default_factory=dict)
-    per_file_ignores: Mapping[str, Sequence[str]] = field(default_factory=dict)  # glob -> codes
-
-    def for_file(self, filename: str, source: bytes = b"") -> "Settings":
-        """These settings with the file's own ignores: ``per-file-ignores``
-        globs that match it, and ``# xlaport: ignore-file[...]`` in it."""
-        from fnmatch import fnmatch
-
-        extra = [c for pattern, codes in self.per_file_ignores.items()
-                 if filename and (fnmatch(filename, pattern) or fnmatch(filename, f"*/{pattern}")) for c in codes]
-        in_file = file_suppressions(source) if source else None
-        if in_file:
-            extra += ["XLA" if c == "*" else c for c in in_file]
-        if not extra:
-            return self
-        return Settings(self.select, list(self.ignore) + extra, self.target, self.options, self.per_file_ignores)
-
-    def selected_codes(self) -> List[str]:
-        codes = [r.code for r in all_rules()]
-        if self.select is not None:
-            codes = [c for c in codes if code_matches(c, self.select)]
-        return [c for c in codes if not code_matches(c, self.ignore)]
-
-
-@dataclass
 class Outcome:
     code: bytes  # the converted source (== input when nothing changed)
     findings: List[Finding]
@@ -84,15 +53,9 @@ class Outcome:
         return self.code != original
 
 
-def applicable(source: bytes, codes: Sequence[str]) -> List[type]:
+def applicable(source: bytes, settings: Settings, codes: Sequence[str]) -> List[type]:
     """The codemods worth parsing the file for: enabled, and triggered."""
-    wanted = set(codes)
-    return [
-        cls
-        for cls in CODEMODS
-        if any(r.code in wanted for r in cls.RULES)
-        and any(t in source for t in cls.TRIGGERS)
-    ]
+    return [info.load() for info in registry.applicable(source, codes, settings.options, settings.prefilter)]
 
 
 def parse(source: bytes) -> cst.Module:
@@ -141,7 +104,7 @@ def transform(source: bytes, settings: Settings, filename: str = "") -> Outcome:
     """Convert one source text. Raises SourceError for code it cannot parse."""
     settings = settings.for_file(filename, source)
     codes = settings.selected_codes()
-    codemods = applicable(source, codes)
+    codemods = applicable(source, settings, codes)
     if not codemods:
         return Outcome(source, [])
     tree = parse(source)

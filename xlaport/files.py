@@ -13,9 +13,10 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 SOURCE_SUFFIXES = (".py", ".ipynb")
+TEMP_SUFFIX = ".xlaport-tmp"
 SKIP_DIRS = {
     ".git",
     ".hg",
@@ -163,7 +164,7 @@ def atomic_write(path: Path, data: bytes, like: Optional[Path] = None) -> None:
         if candidate is not None and candidate.exists():
             source_stat = candidate.stat()
             break
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".xlaport-tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=TEMP_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -178,6 +179,39 @@ def atomic_write(path: Path, data: bytes, like: Optional[Path] = None) -> None:
         except OSError:
             pass
         raise
+
+
+def remove_stale_temps(directories: Iterable[Path]) -> List[Path]:
+    """Delete temporary files that a killed run left in ``directories``: ours
+    carry the writer's pid, and a file whose writer is gone is stale.  (A
+    running writer's file is left alone: parallel runs stay safe.)"""
+    removed: List[Path] = []
+    for directory in directories:
+        try:
+            names = [e.name for e in os.scandir(directory) if e.name.endswith(TEMP_SUFFIX) and e.is_file()]
+        except OSError:
+            continue
+        for name in names:
+            parts = name.rsplit(".", 3)  # .<file>.<pid>.<random>.xlaport-tmp
+            pid = int(parts[1]) if len(parts) == 4 and parts[1].isdigit() else None
+            if pid is not None and _alive(pid):
+                continue
+            try:
+                os.unlink(os.path.join(directory, name))
+                removed.append(Path(directory) / name)
+            except OSError:
+                pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
 
 
 def is_inside(child: Path, parent: Path) -> bool:

@@ -7,14 +7,15 @@ and a reason, and the other files go on.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
-from codemods.base import Finding
-from xlaport.engine import Settings, SourceError, applicable, transform
+from codemods import registry
+from codemods.rule import Finding
+from xlaport.cache import Cache, decode, encode
 from xlaport.files import Entry, FileProblem, read_bytes
+from xlaport.settings import Settings
 
 # The pseudo-rule for files that could not be processed (like ruff's E902).
 ERROR_CODE = "XLA001"
@@ -62,6 +63,8 @@ def _convert_bytes(path: str, data: bytes, settings: Settings) -> Tuple[bytes, L
         from xlaport.notebook import transform_notebook
 
         return transform_notebook(data, settings, path)
+    from xlaport.engine import transform  # LibCST: only for files that need it
+
     outcome = transform(data, settings, path)
     return outcome.code, outcome.findings, [], outcome.cuda
 
@@ -71,6 +74,8 @@ Problem = Optional[Tuple[str, Optional[int], Optional[int]]]
 
 def _work(args: Tuple[str, bytes, Settings]) -> Tuple[Optional[bytes], List[Finding], Problem, Tuple[int, int]]:
     path, data, settings = args
+    from xlaport.engine import SourceError
+
     try:
         out, findings, problems, cuda = _convert_bytes(path, data, settings)
     except SourceError as exc:
@@ -87,13 +92,17 @@ def _work(args: Tuple[str, bytes, Settings]) -> Tuple[Optional[bytes], List[Find
 
 
 def _needs_parse(data: bytes, settings: Settings) -> bool:
-    """Cheap: does the file mention anything an enabled codemod looks for?"""
-    return bool(applicable(data, settings.selected_codes()))
+    """Cheap: does the file mention anything an enabled codemod looks for?
+    (The exact ``ast`` prefilter runs in the worker, with the parse.)"""
+    return bool(registry.applicable(data, settings.selected_codes(), settings.options, prefilter=False))
 
 
-def process(entries: Sequence[Entry], settings: Settings, jobs: int = 0) -> List[FileResult]:
+def process(entries: Sequence[Entry], settings: Settings, jobs: int = 0, cache: Optional[Cache] = None,
+            progress: Optional[Callable[[int], None]] = None) -> List[FileResult]:
+    """Results for ``entries``, in order.  ``cache`` answers unchanged files;
+    ``progress(n)`` is called as n more files are done."""
     results: List[FileResult] = []
-    work: List[Tuple[FileResult, Tuple[str, bytes, Settings]]] = []
+    work: List[Tuple[FileResult, Tuple[str, bytes, Settings], str]] = []
     for entry in entries:
         result = FileResult(entry, notice=entry.notice, error=entry.error)
         results.append(result)
@@ -106,26 +115,88 @@ def process(entries: Sequence[Entry], settings: Settings, jobs: int = 0) -> List
             continue
         result.original = data
         result.output = data
-        if data.strip() and _needs_parse(data, settings):
-            work.append((result, (str(entry.path), data, settings)))
-    jobs = jobs or os.cpu_count() or 1
-    if jobs > 1 and len(work) > 4:
-        with ProcessPoolExecutor(max_workers=min(jobs, len(work))) as pool:
-            chunk = max(1, len(work) // (jobs * 8))
-            outcomes: Iterable = pool.map(_work, [w for _, w in work], chunksize=chunk)
-            _collect(work, outcomes)
-    else:
-        _collect(work, map(_work, [w for _, w in work]))
+        if not (data.strip() and _needs_parse(data, settings)):
+            continue
+        key = ""
+        if cache is not None:
+            key = cache.key(str(entry.path), data)
+            hit = cache.get(key)
+            if hit is not None:
+                _fill(result, decode(hit, data, str(entry.path)))
+                continue
+        work.append((result, (str(entry.path), data, settings), key))
+    if progress is not None:
+        progress(len(results) - len(work))
+    outcomes = _run([job for _, job, _ in work], jobs, progress)
+    for (result, job, key), outcome in zip(work, outcomes):
+        _fill(result, outcome)
+        if cache is not None:
+            cache.put(key, encode(outcome[0], job[1], *outcome[1:]))
     return results
 
 
-def _collect(work, outcomes) -> None:
-    for (result, _), (out, findings, error, cuda) in zip(work, outcomes):
-        result.parsed = True
-        result.cuda = cuda
-        if out is not None:
-            result.output = out
-        result.findings = findings
-        if error is not None:
-            result.error, result.error_line, result.error_col = error
-            result.partial = out is not None
+def _fill(result: FileResult, outcome) -> None:
+    out, findings, error, cuda = outcome
+    result.parsed = True
+    result.cuda = tuple(cuda)  # type: ignore[assignment]
+    if out is not None:
+        result.output = out
+    result.findings = findings
+    if error is not None:
+        result.error, result.error_line, result.error_col = error
+        result.partial = out is not None
+
+
+def _run(jobs_in: List[Tuple[str, bytes, Settings]], jobs: int, progress) -> Iterator:
+    """``_work`` over every job, in order: in this process, or in worker
+    processes that ignore Ctrl-C (the parent handles it: it stops them at
+    once) and exit by themselves if the parent dies."""
+    jobs = jobs or os.cpu_count() or 1
+    if jobs <= 1 or len(jobs_in) <= 4:
+        for job in jobs_in:
+            yield _work(job)
+            if progress is not None:
+                progress(1)
+        return
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(jobs_in)), initializer=_worker_init,
+                               initargs=(os.getpid(),))
+    try:
+        # small chunks: an interrupted run stops within one chunk, and
+        # progress moves steadily
+        chunk = max(1, min(8, len(jobs_in) // (jobs * 16)))
+        for outcome in pool.map(_work, jobs_in, chunksize=chunk):
+            yield outcome
+            if progress is not None:
+                progress(1)
+    except BaseException:
+        _kill_workers(pool)
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _kill_workers(pool) -> None:
+    for proc in list(getattr(pool, "_processes", {}).values()):
+        try:
+            proc.kill()
+        except (OSError, AttributeError):
+            pass
+
+
+def _worker_init(parent: int) -> None:
+    """In each worker: leave Ctrl-C to the parent, and exit when the parent
+    is gone whatever killed it (a SIGKILLed parent runs no clean-up)."""
+    import signal
+    import threading
+    import time
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="xlaport-parent-watch", daemon=True).start()

@@ -1,0 +1,110 @@
+"""The codemods as the command line sees them, without importing LibCST.
+
+A pre-commit hook is called on every commit, mostly on files that no rule
+concerns; answering those must not cost LibCST's ~0.5 s import.  The facts
+here (order, rule codes, names, trigger bytes) are generated from the codemod
+classes into ``registry_data.py`` and kept in sync by a test; the classes are
+imported only when a file needs parsing (``load``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from codemods.rule import code_matches
+
+# The order the codemods run in (see the package docstring): edit this to add one.
+ORDER: Tuple[Tuple[str, str], ...] = (
+    ("codemods.device_strings", "DeviceStrings"),
+    ("codemods.devices", "DeviceSwap"),
+    ("codemods.cuda_api", "CudaApi"),
+    ("codemods.amp", "MixedPrecision"),
+    ("codemods.checkpoints", "Checkpoints"),
+    ("codemods.distributed", "Distributed"),
+    ("codemods.progress", "ProgressBars"),
+    ("codemods.prints", "HotPrints"),
+    ("codemods.loaders", "DeviceLoader"),
+    ("codemods.barriers", "StepBarrier"),
+    ("codemods.host_reads", "HostReads"),
+    ("codemods.coverage", "CudaCatchAll"),
+)
+
+
+@dataclass(frozen=True)
+class RuleInfo:
+    code: str
+    name: str
+    summary: str
+    fix: bool
+
+
+@dataclass(frozen=True)
+class CodemodInfo:
+    module: str
+    name: str
+    triggers: Tuple[bytes, ...]
+    needs: Tuple[str, ...]
+    rules: Tuple[RuleInfo, ...]
+
+    def load(self) -> type:
+        return getattr(importlib.import_module(self.module), self.name)
+
+
+def _infos() -> Tuple[CodemodInfo, ...]:
+    try:
+        from codemods.registry_data import CODEMODS as data
+    except ImportError:  # not generated yet: read the classes themselves
+        data = ()
+    known = {(module, name): rest for module, name, *rest in data}
+    out = []
+    for module, name in ORDER:
+        if len(known.get((module, name), ())) == 3:  # (a stale data file is read from the classes)
+            triggers, needs, rule_rows = known[(module, name)]
+        else:
+            cls = getattr(importlib.import_module(module), name)
+            triggers, needs = tuple(cls.TRIGGERS), tuple(cls.NEEDS)
+            rule_rows = tuple((r.code, r.name, r.summary, r.fix) for r in cls.RULES)
+        out.append(CodemodInfo(module, name, tuple(triggers), tuple(needs), tuple(RuleInfo(*r) for r in rule_rows)))
+    return tuple(out)
+
+
+CODEMODS: Tuple[CodemodInfo, ...] = _infos()
+
+
+def rules() -> List[RuleInfo]:
+    return [r for c in CODEMODS for r in c.rules]
+
+
+@lru_cache(maxsize=None)
+def rule_info() -> Dict[str, RuleInfo]:
+    return {r.code: r for r in rules()}
+
+
+def selected_codes(select: Optional[Sequence[str]], ignore: Sequence[str]) -> List[str]:
+    codes = [r.code for r in rules()]
+    if select is not None:
+        codes = [c for c in codes if code_matches(c, select)]
+    return [c for c in codes if not code_matches(c, ignore)]
+
+
+def applicable(source: bytes, codes: Sequence[str], options: Optional[Mapping[str, object]] = None,
+               prefilter: bool = True) -> List[CodemodInfo]:
+    """The codemods worth parsing the file for: enabled, triggered by its
+    bytes and, for those with ``NEEDS``, by the ``ast`` prefilter's facts."""
+    wanted = set(codes)
+    found = [
+        c for c in CODEMODS
+        if any(r.code in wanted for r in c.rules) and any(t in source for t in c.triggers)
+    ]
+    if not prefilter or not any(c.needs for c in found):
+        return found
+    from codemods.analysis.prefilter import file_facts
+
+    facts = file_facts(source)
+    if facts is None:  # ast cannot read it: LibCST will say why
+        return found
+    facts = facts | {f"option:{k}" for k, v in (options or {}).items() if v}
+    return [c for c in found if not c.needs or any(n in facts for n in c.needs)]

@@ -1,0 +1,105 @@
+"""The results cache (xlaport.cache): same answers, read instead of computed."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import xlaport.runner as runner
+from xlaport.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = (ROOT / "fixtures" / "train_mlp" / "input.py").read_bytes()
+
+
+@pytest.fixture
+def cached(monkeypatch, tmp_path):
+    monkeypatch.delenv("XLAPORT_NO_CACHE", raising=False)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XLAPORT_CACHE_DIR", str(cache))
+    return cache
+
+
+def _tree(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.py").write_bytes(TRAIN)
+    (src / "gpu.py").write_text("import torch\nx = torch.ones(2).cuda()\n")
+    (src / "plain.py").write_text("import os\nHERE = os.getcwd()\n")
+    return src
+
+
+def _lint(*args):
+    result = CliRunner().invoke(main, ["lint", "--format", "json", "-j", "1", *map(str, args)])
+    return result.exit_code, json.loads(result.stdout)
+
+
+def _no_work(monkeypatch):
+    def fail(job):
+        raise AssertionError(f"{job[0]} was processed, not read from the cache")
+
+    monkeypatch.setattr(runner, "_work", fail)
+
+
+def test_warm_run_reads_every_answer_from_the_cache(cached, tmp_path, monkeypatch):
+    src = _tree(tmp_path)
+    cold = _lint(src)
+    assert cold[0] == 1 and cold[1]["findings"]
+    assert (cached / ".gitignore").read_text().strip().endswith("*")
+    assert (cached / "CACHEDIR.TAG").exists()
+    _no_work(monkeypatch)
+    assert _lint(src) == cold
+
+
+def test_convert_check_and_convert_share_the_lint_cache(cached, tmp_path, monkeypatch):
+    src = _tree(tmp_path)
+    expected = tmp_path / "expected"
+    CliRunner().invoke(main, ["convert", "--no-cache", "-j", "1", str(src), "-o", str(expected)])
+    _lint(src)
+    _no_work(monkeypatch)
+    check = CliRunner().invoke(main, ["convert", "--check", "-j", "1", str(src)])
+    assert check.exit_code == 1
+    done = CliRunner().invoke(main, ["convert", "-j", "1", str(src)])
+    assert done.exit_code == 0, done.output
+    for name in ("train.py", "gpu.py", "plain.py"):
+        assert (src / name).read_bytes() == (expected / name).read_bytes()
+
+
+def test_changed_content_or_settings_are_misses(cached, tmp_path):
+    src = _tree(tmp_path)
+    _lint(src)
+    (src / "gpu.py").write_text("import torch\ny = torch.ones(3).cuda()\nz = y.cuda()\n")
+    code, out = _lint(src)
+    assert sum(1 for f in out["findings"] if f["path"].endswith("gpu.py")) == 2
+    code, out = _lint("--select", "XLA3", src)
+    assert {f["code"][:4] for f in out["findings"]} == {"XLA3"}
+
+
+def test_no_cache_writes_nothing_and_damaged_entries_are_misses(cached, tmp_path):
+    src = _tree(tmp_path)
+    _lint("--no-cache", src)
+    assert not cached.exists()
+    cold = _lint(src)
+    for entry in cached.rglob("*.json"):
+        entry.write_text("{not json")
+    assert _lint(src) == cold
+
+
+def test_parallel_runs_share_one_cache(cached, tmp_path):
+    src = _tree(tmp_path)
+    for k in range(12):
+        (src / f"copy{k}.py").write_bytes(TRAIN.replace(b"# ", f"# {k} ".encode(), 1))
+    env = {**os.environ, "XLAPORT_CACHE_DIR": str(cached), "PYTHONPATH": str(ROOT)}
+    env.pop("XLAPORT_NO_CACHE", None)
+    cmd = [sys.executable, "-m", "xlaport", "lint", "--format", "json", "-j", "2", str(src)]
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(3)]
+    outs = [p.communicate()[0] for p in procs]
+    assert all(p.returncode == 1 for p in procs)
+    assert outs[0] == outs[1] == outs[2]
+    assert not list(cached.rglob("*.tmp"))
+    again = subprocess.run(cmd, env=env, capture_output=True)
+    assert again.stdout == outs[0]
