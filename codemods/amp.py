@@ -74,6 +74,7 @@ class MixedPrecision(DropsStatements, XlaCodemod):
     RESPECTS_HAND_PORTS = True
     RULES = (AUTOCAST, GRAD_SCALER)
     TRIGGERS = (b"autocast", b"GradScaler", b"scaler")
+    NEEDS = ("name:autocast", "name:GradScaler", "name~scaler")  # (see regions)
 
     def regions(self, tree):
         return tree.statements_where(lambda n: isinstance(n, cst.Name) and (

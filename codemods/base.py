@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
-from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
+from libcst.codemod import CodemodCommand, CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst._metadata_dependent import LazyValue
 from libcst.metadata import (
@@ -58,8 +58,12 @@ TREE_KEY = "xlaport.tree"
 # ---------------------------------------------------------------- the base class
 
 
-class XlaCodemod(VisitorBasedCodemodCommand):
+class XlaCodemod(CodemodCommand, cst.CSTTransformer):
     """Base class for xlaport codemods.
+
+    A LibCST ``CodemodCommand`` (so ``python -m libcst.tool codemod`` runs
+    it) that transforms with a plain ``CSTTransformer``: no rule uses matcher
+    decorators, and LibCST's matcher dispatch costs a check on every node.
 
     Subclasses set ``DESCRIPTION`` (one line), ``RULES`` and ``TRIGGERS``
     (byte strings; a file that contains none of them cannot need this codemod
@@ -103,7 +107,8 @@ class XlaCodemod(VisitorBasedCodemodCommand):
         select: Optional[Sequence[str]] = None,
         **options: object,
     ) -> None:
-        super().__init__(context)
+        CodemodCommand.__init__(self, context)
+        cst.CSTTransformer.__init__(self)
         scratch = context.scratch
         self.target: Target = get_target(
             target or scratch.get(TARGET_KEY) or DEFAULT_TARGET  # type: ignore[arg-type]
@@ -120,6 +125,7 @@ class XlaCodemod(VisitorBasedCodemodCommand):
         self._keep_ids: Set[int] = set()
         self._in_region: Optional[cst.CSTNode] = None
         self._pruned: Optional[cst.CSTNode] = None
+        self._unplaced: List[Tuple[Finding, cst.CSTNode]] = []  # placed by _place_findings
 
     # -- LibCST entry point ------------------------------------------------
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
@@ -128,13 +134,26 @@ class XlaCodemod(VisitorBasedCodemodCommand):
             source = tree.code
         self._suppressed = parse_suppressions(source)
         self._tree = tree_cache(self.context, tree)
+        self._unplaced = []
         regions = self.regions(self._tree)
         if regions is None:
             self._region_ids = None
         else:
             self._region_ids = {id(n) for n in regions}
             self._keep_ids = self._tree.ancestor_ids(regions)
-        return super().transform_module_impl(tree)
+        try:
+            return tree.visit(self)
+        finally:
+            self._place_findings()
+
+    def _place_findings(self) -> None:
+        """Give the findings recorded in this pass their lines, all at once."""
+        if not self._unplaced:
+            return
+        starts = self.tree.start_positions([node for _, node in self._unplaced])
+        for finding, node in self._unplaced:
+            finding.line, finding.col = starts.get(id(node), (1, 1))
+        self._unplaced = []
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if self._region_ids is not None and self._in_region is None:
@@ -207,9 +226,10 @@ class XlaCodemod(VisitorBasedCodemodCommand):
             ok = False
         else:
             ok = True
-        line, col, _ = self.position(node)
+        finding = Finding(code, message, 0, 0, fix, hot)
+        self._unplaced.append((finding, node))
         findings: List[Finding] = self.context.scratch.setdefault(FINDINGS_KEY, [])  # type: ignore[assignment]
-        findings.append(Finding(code, message, line, col, fix, hot))
+        findings.append(finding)
         return ok
 
     def add_imports(self, imports: Iterable[Import]) -> None:

@@ -142,6 +142,8 @@ class Distributed(XlaCodemod):
     RULES = (PROCESS_GROUP, DDP, LAUNCH, COMPILE)
     TRIGGERS = (b"init_process_group", b"DistributedDataParallel", b"DDP", b"spawn", b"compile",
                 b"DistributedSampler")
+    NEEDS = tuple(f"name:{n}" for n in (
+        "init_process_group", "DistributedDataParallel", "DDP", "spawn", "compile", "DistributedSampler"))
 
     def regions(self, tree):
         return tree.statements_where(lambda n: isinstance(n, cst.Name) and n.value in (

@@ -90,6 +90,7 @@ class ProgressBars(XlaCodemod):
     DESCRIPTION = "Remove progress bars from hot loops (or keep them without tensor reads)."
     RULES = (BAR_ITERABLE, BAR_BLOCK, BAR_POSTFIX)
     TRIGGERS = (b"tqdm", b"trange", b"progress_bar")
+    NEEDS = ("name:tqdm", "name:trange", "name:progress_bar")  # (see regions)
 
     def regions(self, tree):
         """Statements that mention a bar: ``tqdm``/``trange``/``progress_bar``

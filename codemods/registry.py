@@ -106,5 +106,7 @@ def applicable(source: bytes, codes: Sequence[str], options: Optional[Mapping[st
     facts = file_facts(source)
     if facts is None:  # ast cannot read it: LibCST will say why
         return found
+    from codemods.analysis.prefilter import holds
+
     facts = facts | {f"option:{k}" for k, v in (options or {}).items() if v}
-    return [c for c in found if not c.needs or any(n in facts for n in c.needs)]
+    return [c for c in found if not c.needs or any(holds(n, facts) for n in c.needs)]

@@ -26,21 +26,21 @@ CODEMODS = (
         ('XLA114', 'cuda-device-query', 'device counts and indices come from `torch_xla.runtime`', True),
         ('XLA115', 'cuda-unsupported-api', 'CUDA memory statistics, streams, events, graphs, NVTX: no XLA counterpart (reported)', False),
     )),
-    ('codemods.amp', 'MixedPrecision', (b'autocast', b'GradScaler', b'scaler'), (), (
+    ('codemods.amp', 'MixedPrecision', (b'autocast', b'GradScaler', b'scaler'), ('name:autocast', 'name:GradScaler', 'name~scaler'), (
         ('XLA121', 'cuda-autocast', 'CUDA autocast -> `torch.autocast("xla", dtype=torch.bfloat16)`', True),
         ('XLA122', 'grad-scaler', 'GradScaler is not needed with bf16: removed, its call sites unwrapped', True),
     )),
-    ('codemods.checkpoints', 'Checkpoints', (b'torch.load', b'torch.save', b'map_location', b'load(', b'save('), (), (
+    ('codemods.checkpoints', 'Checkpoints', (b'torch.load', b'torch.save', b'map_location', b'load(', b'save('), ('name:load', 'name:save'), (
         ('XLA131', 'map-location', '`torch.load(..., map_location=<device>)` -> `map_location="cpu"`', True),
         ('XLA132', 'xm-save', '`torch.save` of model/optimizer state -> `xm.save`', True),
     )),
-    ('codemods.distributed', 'Distributed', (b'init_process_group', b'DistributedDataParallel', b'DDP', b'spawn', b'compile', b'DistributedSampler'), (), (
+    ('codemods.distributed', 'Distributed', (b'init_process_group', b'DistributedDataParallel', b'DDP', b'spawn', b'compile', b'DistributedSampler'), ('name:init_process_group', 'name:DistributedDataParallel', 'name:DDP', 'name:spawn', 'name:compile', 'name:DistributedSampler'), (
         ('XLA141', 'xla-process-group', '`init_process_group("nccl", ...)` -> `init_process_group("xla", init_method="xla://")`', True),
         ('XLA142', 'ddp-device-ids', '`DistributedDataParallel(m, device_ids=...)`: no device ids; `gradient_as_bucket_view=True`', True),
         ('XLA143', 'xla-launch', '`mp.spawn(fn, args, nprocs=n)` -> `torch_xla.launch(fn, args=args)`; samplers shard by the runtime', True),
         ('XLA144', 'compile-openxla', '`torch.compile(m)` -> `torch.compile(m, backend="openxla")`', True),
     )),
-    ('codemods.progress', 'ProgressBars', (b'tqdm', b'trange', b'progress_bar'), (), (
+    ('codemods.progress', 'ProgressBars', (b'tqdm', b'trange', b'progress_bar'), ('name:tqdm', 'name:trange', 'name:progress_bar'), (
         ('XLA201', 'progress-bar-iterable', '`for x in tqdm(it)` / `trange(n)`: iterate the plain iterable', True),
         ('XLA202', 'progress-bar-block', '`with tqdm(...) as bar:` / `with self.progress_bar(...)`: drop the block, keep its body', True),
         ('XLA203', 'progress-bar-tensor-postfix', 'kept bars: `set_postfix(loss=loss.item())` and the like are dropped', True),

@@ -14,7 +14,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, 
 
 import libcst as cst
 from libcst.codemod import CodemodContext
-from libcst.metadata import MetadataWrapper
+from libcst.metadata import MetadataWrapper, PositionProvider
 
 # The packages whose names the rules look for.  A name imported from any other
 # package can never match a rule, so it needs no scope analysis to be sure.
@@ -244,6 +244,16 @@ class TreeCache:
         while cur is not None and not isinstance(cur, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             cur = self.parents.get(id(cur))
         return cur or node
+
+    def start_positions(self, nodes: List[cst.CSTNode]) -> Dict[int, Tuple[int, int]]:
+        """``id(node) -> (line, col)``: from the full position metadata when
+        it was computed anyway, else from one pass for just these nodes."""
+        full = self._metadata.get(PositionProvider)
+        if full is not None:
+            return {id(n): (full[n].start.line, full[n].start.column + 1) for n in nodes if n in full}  # type: ignore[attr-defined]
+        from codemods.positions import start_positions
+
+        return start_positions(self.module, nodes)
 
     def metadata(self, context: CodemodContext, provider: type) -> Mapping[cst.CSTNode, object]:
         found = self._metadata.get(provider)

@@ -63,6 +63,8 @@ def common_options(fn):
         click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
                      help="pyproject.toml to read [tool.xlaport] from (default: nearest)."),
         click.option("--no-cache", is_flag=True, help="Neither read nor write the results cache (.xlaport_cache)."),
+        click.option("--no-prefilter", is_flag=True, hidden=True,
+                     help="Parse every triggered file with LibCST (benchmarks: results must not change)."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -229,9 +231,10 @@ def main() -> None:
 @click.option("--quiet", "-q", is_flag=True, help="Print only errors and the summary.")
 @common_options
 def convert(paths, output, show_diff, check, quiet, select, ignore, fmt, jobs, target, exclude,
-            keep_progress, prints, config_path, no_cache):
+            keep_progress, prints, config_path, no_cache, no_prefilter):
     """Rewrite CUDA code for XLA, in place or into an output tree (-o)."""
     settings, excludes = _settings(paths, select, ignore, target, exclude, keep_progress, prints, config_path)
+    settings.prefilter = not no_prefilter
     if not paths:
         if fmt == "json":
             click.echo(json.dumps({"findings": [], "cuda": _cuda_counts([])}))
@@ -316,9 +319,10 @@ def _write(results: List[FileResult], paths: Sequence[str], out_root: Optional[P
               help="Also report host reads (XLA4xx) that run once per call, not every step.")
 @common_options
 def lint(paths, show_diff, statistics, include_cold, select, ignore, fmt, jobs, target, exclude, keep_progress,
-         prints, config_path, no_cache):
+         prints, config_path, no_cache, no_prefilter):
     """Report what `convert` would change and which host reads remain. Writes nothing."""
     settings, excludes = _settings(paths, select, ignore, target, exclude, keep_progress, prints, config_path)
+    settings.prefilter = not no_prefilter
     if include_cold:
         settings.options = {**settings.options, "include_cold": True}
     if not paths:

@@ -22,7 +22,7 @@ from codemods.analysis.loops import (
     step_functions,
 )
 from codemods.analysis.tensors import tensor_names
-from codemods.base import XlaCodemod, call_name, dotted, find_all
+from codemods.base import SOURCE_KEY, XlaCodemod, call_name, dotted, find_all
 
 
 DATALOADER_NAMES = {
@@ -30,6 +30,11 @@ DATALOADER_NAMES = {
     "torch.utils.data.dataloader.DataLoader",
 }
 
+
+# Every way _is_device_loader_value can see a device loader is spelled with
+# one of these in the source.
+_DEVICE_LOADER_WORDS = (b"MpDeviceLoader", b"ParallelLoader", b"per_device_loader", b"parallel_loader",
+                        b"prepare(", b"prepare_data_loader")
 
 class LoopCodemod(XlaCodemod):
     """A codemod that knows, while it walks, whether it is inside a step loop,
@@ -172,6 +177,14 @@ class LoopCodemod(XlaCodemod):
             return _names_one_loader(node.attr.value)
         return False
 
+    def _may_make_device_loaders(self) -> bool:
+        """False when nothing in the current text (an earlier codemod may
+        have added a loader) can make a device loader: no scope analysis is
+        needed to know that no name holds one."""
+        text = self.context.scratch.get(SOURCE_KEY)
+        data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else self.tree.module.code.encode()
+        return any(w in data for w in _DEVICE_LOADER_WORDS)
+
     def _is_device_loader_value(self, value: cst.CSTNode) -> bool:
         """An MpDeviceLoader, what ``accelerator.prepare(...)`` returns (on
         XLA, accelerate's MpDeviceLoaderWrapper), or what a function of this
@@ -232,7 +245,7 @@ class LoopCodemod(XlaCodemod):
         if is_device_loader_expr(loop.iter, self.target.loader_names, self.qualnames):
             return True
         it = loop_iterable(loop)
-        if not isinstance(it, cst.Name):
+        if not isinstance(it, cst.Name) or not self._may_make_device_loaders():
             return False
         values = self.assigned_values(it)
         return any(self._is_device_loader_value(v) for v in values) or any(

@@ -401,6 +401,9 @@ def hot_methods(cls: cst.ClassDef) -> Dict[str, cst.FunctionDef]:
     (except under a first-step-only ``if self.x is None:`` guard)."""
     body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
     methods: Dict[str, cst.FunctionDef] = {s.name.value: s for s in body if isinstance(s, cst.FunctionDef)}
+    todo = [m for m in methods if m == "step" or (m.endswith("_step") and not m.startswith("set_"))]
+    if not todo:
+        return {}
     calls: Dict[str, Set[str]] = {}
     for name, fn in methods.items():
         calls[name] = {
@@ -411,7 +414,6 @@ def hot_methods(cls: cst.ClassDef) -> Dict[str, cst.FunctionDef]:
             and c.func.value.value == "self"  # type: ignore[attr-defined]
         } & set(methods)
     hot: Dict[str, cst.FunctionDef] = {}
-    todo = [m for m in methods if m == "step" or (m.endswith("_step") and not m.startswith("set_"))]
     while todo:
         m = todo.pop()
         if m not in hot:

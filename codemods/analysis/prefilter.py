@@ -12,7 +12,12 @@ from one ``ast`` walk, which of the facts the loop codemods need can hold:
   ``backward``/``step``/``optimizer_step``;
 * ``loader_loop`` -- a ``for`` over something named like a loader, or any
   ``for`` in a file that mentions ``DataLoader``;
-* ``step_method`` -- a class method named ``step`` or ``*_step``.
+* ``step_method`` -- a class method named ``step`` or ``*_step``;
+* ``name:X`` -- the identifier ``X`` occurs in the code (a name, an
+  attribute, an import, a keyword, a parameter, a definition): exactly the
+  ``Name`` nodes LibCST would show, for codemods that only look at statements
+  naming something (``tqdm``, ``init_process_group``, ``GradScaler``);
+  ``name~X`` -- an identifier contains ``X``.
 
 Each is a superset of what ``codemods.analysis.loops.ModuleFacts`` finds on
 the LibCST tree (same names, looser tests), so a codemod whose ``NEEDS`` are
@@ -55,6 +60,7 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     facts: Set[str] = set()
+    names: Set[str] = set()
     loop_calls: Set[str] = set()  # names called anywhere inside a loop
     step_functions: Set[str] = set()
     any_loader = b"DataLoader" in source
@@ -62,6 +68,12 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
     stack: List[Tuple[ast.AST, bool, Tuple[str, ...]]] = [(tree, False, ())]
     while stack:
         node, in_loop, funcs = stack.pop()
+        kind = type(node)
+        if kind is ast.Name:
+            names.add(node.id)  # type: ignore[attr-defined]
+            continue
+        if kind in _NAMED:
+            _add_names(node, names)
         if isinstance(node, ast.Call):
             name = _last_name(node.func)
             if name is not None:
@@ -85,4 +97,38 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
             stack.append((child, in_loop, funcs))
     if any(n == "self" or n in step_functions or _STEPLIKE_RE.search(n) for n in loop_calls):
         facts.add(STEP_LOOP)
+    facts.update(f"name:{n}" for n in names)
     return frozenset(facts)
+
+
+def holds(need: str, facts: FrozenSet[str]) -> bool:
+    """Whether one ``NEEDS`` entry holds for a file's facts."""
+    if need.startswith("name~"):
+        part = need[5:]
+        return any(f.startswith("name:") and part in f[5:] for f in facts)
+    return need in facts
+
+
+# nodes that carry identifiers as plain strings (ast.Name is handled inline)
+_NAMED = {ast.Attribute, ast.alias, ast.keyword, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.arg,
+          ast.ImportFrom, ast.Global, ast.Nonlocal, ast.ExceptHandler}
+
+
+def _add_names(node: ast.AST, names: Set[str]) -> None:
+    if isinstance(node, ast.Attribute):
+        names.add(node.attr)
+    elif isinstance(node, ast.alias):
+        names.update(node.name.split("."))
+        if node.asname:
+            names.add(node.asname)
+    elif isinstance(node, ast.ImportFrom):
+        if node.module:
+            names.update(node.module.split("."))
+    elif isinstance(node, (ast.Global, ast.Nonlocal)):
+        names.update(node.names)
+    elif isinstance(node, ast.arg):
+        names.add(node.arg)
+    else:  # keyword, definitions, except ... as name
+        name = getattr(node, "arg", None) or getattr(node, "name", None)
+        if isinstance(name, str):
+            names.add(name)

@@ -1,0 +1,206 @@
+"""Issue 14's targets, measured in one run on this machine (ratios only).
+
+    python benchmarks/bench_speed.py [--corpus DIR] [-j 2] [--skip-corpus] [--skip-growth] [--identity]
+
+* one file, process start included: `xlaport lint` of a 1,000-line diffusers
+  pipeline against `python -c "import libcst"`; a file no rule concerns
+  against `python -c pass` and against `python -c "import xlaport.cli"`;
+* the corpus (diffusers 0.42.1, transformers, accelerate 1.1.1, timm 1.0.11
+  from PyPI wheels unless --corpus is given): a bare LibCST parse and a bare
+  `ast` parse of every file with -j processes, a cold `xlaport lint -j`
+  (empty cache) with its peak memory (all processes together), and a warm
+  re-run from the cache;
+* --identity: the cold run's JSON against a run with no cache and no ast
+  prefilter (every shortcut off): they must be equal;
+* growth: `lint` and `convert --diff` of generated files with 400 CUDA
+  rewrites per 1,000 lines, 1,000 to 8,000 lines; the cost per doubling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from multiprocessing import Pool
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from gen_growth import generate  # noqa: E402
+
+CACHE = ROOT / ".cache" / "bench"
+PACKAGES = ["diffusers==0.42.1", "transformers==4.57.6", "accelerate==1.1.1", "timm==1.0.11"]
+PY = sys.executable
+XLAPORT = [PY, "-m", "xlaport"]
+
+
+def corpus() -> Path:
+    wheels, src = CACHE / "wheels", CACHE / "corpus"
+    wheels.mkdir(parents=True, exist_ok=True)
+    for spec in PACKAGES:
+        name, version = spec.split("==")
+        if not list(wheels.glob(f"{name}-{version}-*.whl")):
+            subprocess.run([PY, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d",
+                            str(wheels), spec], check=True)
+        whl = next(wheels.glob(f"{name}-{version}-*.whl"))
+        dest = src / name
+        if not dest.exists():
+            with zipfile.ZipFile(whl) as z:
+                for n in z.namelist():
+                    if n.endswith(".py"):
+                        z.extract(n, dest)
+    return src
+
+
+def timed(cmd, env=None, repeat=1, **kw) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kw)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def peak_rss(cmd, env) -> tuple:
+    """(seconds, peak MiB of the process and its children together, stdout)."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    peak = [0]
+
+    def tree(pid):
+        out = [pid]
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                out += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+        except OSError:
+            pass
+        return out
+
+    def poll():
+        while proc.poll() is None:
+            total = 0
+            for pid in tree(proc.pid):
+                try:
+                    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                        if line.startswith("VmRSS:"):
+                            total += int(line.split()[1])
+                except OSError:
+                    pass
+            peak[0] = max(peak[0], total)
+            time.sleep(0.05)
+
+    t = time.perf_counter()
+    watcher = threading.Thread(target=poll, daemon=True)
+    watcher.start()
+    out = proc.communicate()[0]
+    elapsed = time.perf_counter() - t
+    watcher.join()
+    return elapsed, peak[0] / 1024, out
+
+
+def _parse_cst(path):
+    import libcst
+
+    try:
+        libcst.parse_module(Path(path).read_bytes())
+    except Exception:
+        pass
+
+
+def _parse_ast(path):
+    import ast
+
+    try:
+        ast.parse(Path(path).read_bytes())
+    except Exception:
+        pass
+
+
+def bare(func, files, jobs) -> float:
+    t = time.perf_counter()
+    with Pool(jobs) as pool:
+        pool.map(func, files, chunksize=8)
+    return time.perf_counter() - t
+
+
+def one_file(env, tmp: Path, src: Path) -> None:
+    pipeline = next(src.rglob("pipelines/stable_diffusion/pipeline_stable_diffusion.py"))
+    plain = tmp / "plain.py"
+    plain.write_text("import os\n\nHERE = os.path.dirname(__file__)\n")
+    r = 5
+    libcst_t = timed([PY, "-c", "import libcst"], env, r)
+    pass_t = timed([PY, "-c", "pass"], env, r)
+    cli_t = timed([PY, "-c", "import xlaport.cli"], env, r)
+    lint_t = timed(XLAPORT + ["lint", "--no-cache", str(pipeline)], env, r)
+    plain_t = timed(XLAPORT + ["lint", "--no-cache", str(plain)], env, r)
+    lines = pipeline.read_text().count("\n")
+    print(f"one file ({lines} lines, {pipeline.name}): {lint_t:.2f} s; python -c 'import libcst': {libcst_t:.2f} s "
+          f"-> {lint_t / libcst_t:.1f}x (target <= 3x)")
+    print(f"a file no rule concerns: {plain_t:.3f} s; python -c pass: {pass_t:.3f} s; "
+          f"python -c 'import xlaport.cli': {cli_t:.3f} s -> {plain_t / cli_t:.2f}x the CLI import "
+          f"(target <= 1.5x)")
+
+
+def on_corpus(env, src: Path, jobs: int, identity: bool) -> None:
+    files = sorted(str(p) for p in src.rglob("*.py"))
+    cst_t = bare(_parse_cst, files, jobs)
+    ast_t = bare(_parse_ast, files, jobs)
+    with tempfile.TemporaryDirectory() as cache:
+        cenv = {**env, "XLAPORT_CACHE_DIR": cache}
+        cmd = XLAPORT + ["lint", "-j", str(jobs), "--format", "json", str(src)]
+        cold_t, cold_mb, cold_out = peak_rss(cmd, cenv)
+        warm_t, warm_mb, warm_out = peak_rss(cmd, cenv)
+    print(f"corpus: {len(files)} files, -j {jobs}")
+    print(f"  bare LibCST parse: {cst_t:.1f} s; bare ast parse: {ast_t:.1f} s")
+    print(f"  cold lint: {cold_t:.1f} s = {cold_t / cst_t:.2f}x the LibCST parse (target <= 1x), "
+          f"{cold_t / ast_t:.1f}x the ast parse; peak memory {cold_mb:.0f} MiB (all processes)")
+    print(f"  warm lint: {warm_t:.2f} s = {100 * warm_t / cst_t:.1f}% of the LibCST parse (target <= 5%); "
+          f"same output as cold: {warm_out == cold_out}")
+    n = len(json.loads(cold_out)["findings"])
+    print(f"  findings: {n}")
+    if identity:
+        plain_t, _, plain_out = peak_rss(XLAPORT + ["lint", "-j", str(jobs), "--format", "json", "--no-cache",
+                                                    "--no-prefilter", str(src)], env)
+        print(f"  every shortcut off: {plain_t:.1f} s; same findings as the cold run: {plain_out == cold_out}")
+
+
+def growth(env, tmp: Path) -> None:
+    print("growth (400 CUDA rewrites per 1,000 lines):")
+    prev = None
+    for n in (1000, 2000, 4000, 8000):
+        path = tmp / f"gen{n}.py"
+        path.write_text(generate(n))
+        lint_t = timed(XLAPORT + ["lint", "--no-cache", str(path)], env)
+        conv_t = timed(XLAPORT + ["convert", "--no-cache", "--diff", str(path)], env)
+        ratio = f"  x{lint_t / prev[0]:.2f} lint, x{conv_t / prev[1]:.2f} convert per doubling" if prev else ""
+        print(f"  {n:5d} lines: lint {lint_t:.2f} s, convert --diff {conv_t:.2f} s{ratio}")
+        prev = (lint_t, conv_t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--corpus", type=Path, default=None)
+    ap.add_argument("-j", "--jobs", type=int, default=2)
+    ap.add_argument("--skip-corpus", action="store_true")
+    ap.add_argument("--skip-growth", action="store_true")
+    ap.add_argument("--identity", action="store_true")
+    args = ap.parse_args()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PJRT_DEVICE": "CPU"}
+    env.pop("XLAPORT_NO_CACHE", None)
+    src = args.corpus or corpus()
+    with tempfile.TemporaryDirectory() as tmp:
+        one_file(env, Path(tmp), src)
+        if not args.skip_growth:
+            growth(env, Path(tmp))
+    if not args.skip_corpus:
+        on_corpus(env, src, args.jobs, args.identity)
+
+
+if __name__ == "__main__":
+    main()

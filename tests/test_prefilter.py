@@ -1,0 +1,115 @@
+"""The ast prefilter (codemods.analysis.prefilter) and the light positions
+(codemods.positions): shortcuts that must not change a single result."""
+
+import random
+import sysconfig
+from pathlib import Path
+
+import libcst as cst
+import pytest
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from codemods import registry
+from codemods.analysis.loops import ModuleFacts
+from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP, STEP_METHOD, file_facts, holds
+from codemods.positions import start_positions
+from codemods.tree import TreeCache, walk
+from xlaport.engine import Settings, transform
+
+SITE = Path(sysconfig.get_paths()["purelib"])
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _real_files():
+    """A fixed sample of real modules: schedulers and pipelines (step loops),
+    training utilities, models (layer loops only), and the fixtures."""
+    picks = []
+    for pattern, n in (("diffusers/schedulers/scheduling_*.py", 12), ("diffusers/pipelines/*/pipeline_*.py", 12),
+                       ("diffusers/models/*.py", 8), ("diffusers/training_utils.py", 1),
+                       ("transformers/models/bert/*.py", 6), ("transformers/generation/*.py", 4)):
+        found = sorted(SITE.glob(pattern))
+        picks += random.Random(pattern).sample(found, min(n, len(found)))
+    picks += sorted((ROOT / "fixtures").glob("*/input.py"))
+    return [p for p in picks if p.stat().st_size < 120_000]
+
+
+REAL = _real_files()
+
+
+@pytest.mark.skipif(not REAL, reason="diffusers/transformers not installed")
+def test_findings_and_rewrites_are_the_same_with_and_without_the_prefilter():
+    skipped = 0
+    for path in REAL:
+        data = path.read_bytes()
+        fast = transform(data, Settings(), str(path))
+        slow = transform(data, Settings(prefilter=False), str(path))
+        assert fast.code == slow.code, path
+        assert [f.as_dict() for f in fast.findings] == [f.as_dict() for f in slow.findings], path
+        codes = Settings().selected_codes()
+        skipped += len(registry.applicable(data, codes, prefilter=False)) - len(registry.applicable(data, codes))
+    assert skipped > len(REAL)  # the filter did rule codemods out on these files
+
+
+@pytest.mark.skipif(not REAL, reason="diffusers/transformers not installed")
+def test_prefilter_facts_cover_what_the_libcst_analysis_finds():
+    for path in REAL:
+        data = path.read_bytes()
+        facts = file_facts(data)
+        assert facts is not None
+        found = ModuleFacts(cst.parse_module(data), data)
+        if found.step_loops:
+            assert STEP_LOOP in facts, path
+        if found.loader_loops:
+            assert LOADER_LOOP in facts, path
+        if found.step_methods:
+            assert STEP_METHOD in facts, path
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("for x, y in loader:\n    loss = model(x)\n    loss.backward()\n", {STEP_LOOP, LOADER_LOOP}),
+    ("def train_one(b):\n    opt.step()\nfor b in batches:\n    train_one(b)\n", {STEP_LOOP}),
+    ("while True:\n    logits = self(idx)\n", {STEP_LOOP}),
+    ("class Sched:\n    def step(self, out, t, x):\n        return x\n", {STEP_METHOD}),
+    ("class Net:\n    def forward(self, x):\n        for layer in self.layers:\n            x = layer(x)\n"
+     "        return x\n", set()),
+    ("for name in names:\n    print(name.upper())\n", set()),
+    ("from torch.utils.data import DataLoader\nfor batch in make_batches():\n    pass\n", {LOADER_LOOP}),
+])
+def test_facts(source, expected):
+    assert {f for f in file_facts(source.encode()) if not f.startswith("name:")} == expected
+
+
+def test_names_are_the_identifiers_libcst_would_show():
+    facts = file_facts(b"import torch.distributed as dist\nfrom a.b import c as d\n"
+                       b"def f(p, *, kw=1):\n    global g\n    return dist.init_process_group(backend=p)\n"
+                       b"# tqdm in a comment\ns = 'tqdm in a string'\n")
+    names = {f[5:] for f in facts if f.startswith("name:")}
+    assert {"torch", "distributed", "dist", "a", "b", "c", "d", "f", "p", "kw", "g", "init_process_group",
+            "backend", "s"} == names
+    assert holds("name~distrib", facts) and not holds("name:tqdm", facts)
+
+
+def test_unreadable_source_is_not_filtered():
+    assert file_facts(b"print 'python 2'\nfor x in loader: pass\n") is None
+    assert [c.name for c in registry.applicable(b"print 'python 2'\n", Settings().selected_codes())] == [
+        c.name for c in registry.applicable(b"print 'python 2'\n", Settings().selected_codes(), prefilter=False)]
+
+
+@pytest.mark.skipif(not REAL, reason="diffusers/transformers not installed")
+@pytest.mark.parametrize("seed", range(3))
+def test_light_positions_equal_libcst_positions(seed):
+    rng = random.Random(seed)
+    for path in rng.sample(REAL, 4):
+        module = cst.parse_module(path.read_bytes())
+        nodes = list(walk(module))
+        full = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+        pick = rng.sample(nodes, min(300, len(nodes)))
+        light = start_positions(module, pick)
+        assert {id(n): (full[n].start.line, full[n].start.column + 1) for n in pick} == light, path
+
+
+def test_tree_cache_reuses_full_positions_when_computed():
+    module = cst.parse_module(b"x = 1\nif x:\n    y = 2\n")
+    cache = TreeCache(module, b"")
+    block = module.body[1].body
+    assert cache.start_positions([block]) == {id(block): (3, 5)}
