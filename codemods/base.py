@@ -52,6 +52,8 @@ SELECT_KEY = "xlaport.select"
 OPTIONS_KEY = "xlaport.options"
 TARGET_KEY = "xlaport.target"
 TREE_KEY = "xlaport.tree"
+# line in the text a codemod sees -> line of the user's file (set by the engine)
+ORIGINAL_LINE_KEY = "xlaport.original_line"
 
 
 
@@ -152,7 +154,7 @@ class XlaCodemod(CodemodCommand, cst.CSTTransformer):
             return
         starts = self.tree.start_positions([node for _, node in self._unplaced])
         for finding, node in self._unplaced:
-            finding.line, finding.col = starts.get(id(node), (1, 1))
+            finding.line, finding.col, finding.end_line, finding.end_col = starts.get(id(node), (1, 1, 0, 0))
         self._unplaced = []
 
     def on_visit(self, node: cst.CSTNode) -> bool:
@@ -217,7 +219,7 @@ class XlaCodemod(CodemodCommand, cst.CSTTransformer):
         Returns True when the rule is enabled and not suppressed on that line,
         i.e. when the caller may go on and rewrite.
         """
-        if not self.enabled(code) or self.is_suppressed(node, code):
+        if not self.enabled(code) or self.is_suppressed(node, code) or not self._in_changed_lines(node):
             return False
         if fix and self.RESPECTS_HAND_PORTS and self.tree.knows_xla:
             # code its authors already made work on XLA: their CUDA branches are
@@ -231,6 +233,15 @@ class XlaCodemod(CodemodCommand, cst.CSTTransformer):
         findings: List[Finding] = self.context.scratch.setdefault(FINDINGS_KEY, [])  # type: ignore[assignment]
         findings.append(finding)
         return ok
+
+    def _in_changed_lines(self, node: cst.CSTNode) -> bool:
+        """``--diff-base``: does the node touch a line the change made?"""
+        only = self.options.get("only_lines")
+        if only is None:
+            return True
+        start, _, end = self.position(node)
+        back = self.context.scratch.get(ORIGINAL_LINE_KEY) or (lambda line: line)
+        return any(back(line) in only for line in range(start, end + 1))  # type: ignore[operator, union-attr]
 
     def add_imports(self, imports: Iterable[Import]) -> None:
         for module, obj, asname in imports:
@@ -276,7 +287,7 @@ def statement(expr: cst.BaseExpression) -> cst.SimpleStatementLine:
 
 
 __all__ = [
-    "ALL", "FILE_SUPPRESS_RE", "FINDINGS_KEY", "OPTIONS_KEY", "SELECT_KEY", "SOURCE_KEY", "TARGET_KEY", "TREE_KEY", "RULE_PACKAGES", "Finding",
+    "ALL", "FILE_SUPPRESS_RE", "FINDINGS_KEY", "ORIGINAL_LINE_KEY", "OPTIONS_KEY", "SELECT_KEY", "SOURCE_KEY", "TARGET_KEY", "TREE_KEY", "RULE_PACKAGES", "Finding",
     "Rule", "TreeCache", "XlaCodemod", "call_name", "code_matches", "dotted", "file_suppressions", "find_all",
     "parse_suppressions",
     "statement", "string_value", "tree_cache", "unique", "walk",

@@ -7,7 +7,7 @@ codemods record their findings first and place them all in one pass over the
 tree that records only the nodes asked for (``start_positions``).  The
 positions are the same as ``PositionProvider``'s: the same code generation,
 with the same syntactic rules (an indented block starts at its first
-statement); ``tests/test_positions.py``
+statement and ends with its last); ``tests/test_positions.py``
 compares the two on real files.
 
 This leans on LibCST's code generation state (``PositionProvidingCodegenState``,
@@ -61,14 +61,15 @@ class _StartsOnly(PositionProvidingCodegenState):
             computed[node] = CodeRange(start, end)
 
 
-def start_positions(module: cst.Module, nodes: Iterable[cst.CSTNode]) -> Dict[int, Tuple[int, int]]:
-    """``id(node) -> (line, column)`` (1-based line, 1-based column) for each
-    of ``nodes`` found in ``module``."""
+def start_positions(module: cst.Module, nodes: Iterable[cst.CSTNode]) -> Dict[int, Tuple[int, int, int, int]]:
+    """``id(node) -> (line, column, end line, end column)`` (lines 1-based,
+    columns 1-based, the end exclusive) for each of ``nodes`` in ``module``."""
+    from codemods.tree import walk
+
     nodes = list(nodes)
-    wanted = {id(n) for n in nodes}
-    for n in nodes:  # an indented block takes its start from its first statement
-        if isinstance(n, cst.IndentedBlock) and n.body:
-            wanted.add(id(n.body[0]))
+    # a node's range can come from its children's (an indented block starts at
+    # its first statement and ends with its last): record those too
+    wanted = {id(d) for n in nodes for d in walk(n)}
     provider = PositionProvider()
     state = _StartsOnly(default_indent=module.default_indent, default_newline=module.default_newline,
                         provider=provider)
@@ -78,5 +79,5 @@ def start_positions(module: cst.Module, nodes: Iterable[cst.CSTNode]) -> Dict[in
     for n in nodes:
         rng = provider._computed.get(n)
         if rng is not None:
-            out[id(n)] = (rng.start.line, rng.start.column + 1)
+            out[id(n)] = (rng.start.line, rng.start.column + 1, rng.end.line, rng.end.column + 1)
     return out

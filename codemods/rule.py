@@ -47,6 +47,8 @@ class Finding:
     hot: Optional[bool] = None  # host reads: runs every step?
     path: str = ""
     cell: Optional[int] = None  # notebooks: 1-based cell number
+    end_line: int = 0  # where the flagged code ends (0: not known)
+    end_col: int = 0
 
     def as_dict(self) -> Dict[str, object]:
         d: Dict[str, object] = {
@@ -61,6 +63,9 @@ class Finding:
             d["hot"] = self.hot
         if self.cell is not None:
             d["cell"] = self.cell
+        if self.end_line:
+            d["end_line"] = self.end_line
+            d["end_col"] = self.end_col
         return d
 
 

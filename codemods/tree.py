@@ -245,12 +245,13 @@ class TreeCache:
             cur = self.parents.get(id(cur))
         return cur or node
 
-    def start_positions(self, nodes: List[cst.CSTNode]) -> Dict[int, Tuple[int, int]]:
+    def start_positions(self, nodes: List[cst.CSTNode]) -> Dict[int, Tuple[int, int, int, int]]:
         """``id(node) -> (line, col)``: from the full position metadata when
         it was computed anyway, else from one pass for just these nodes."""
         full = self._metadata.get(PositionProvider)
         if full is not None:
-            return {id(n): (full[n].start.line, full[n].start.column + 1) for n in nodes if n in full}  # type: ignore[attr-defined]
+            return {id(n): (full[n].start.line, full[n].start.column + 1, full[n].end.line,  # type: ignore[attr-defined]
+                            full[n].end.column + 1) for n in nodes if n in full}  # type: ignore[attr-defined]
         from codemods.positions import start_positions
 
         return start_positions(self.module, nodes)

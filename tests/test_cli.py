@@ -60,7 +60,7 @@ def test_github_format(tmp_path):
     f = tmp_path / "a.py"
     f.write_bytes(CUDA)
     out = run("lint", "--format", "github", f).output
-    assert out.startswith(f"::warning file={f},line=2,col=5,title=xlaport XLA101::")
+    assert out.startswith(f"::warning file={f},line=2,col=5,endLine=2,endColumn=26,title=xlaport XLA101 (fixable)::")
 
 
 def test_convert_in_place_check_and_diff(tmp_path):

@@ -105,11 +105,12 @@ def test_light_positions_equal_libcst_positions(seed):
         full = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
         pick = rng.sample(nodes, min(300, len(nodes)))
         light = start_positions(module, pick)
-        assert {id(n): (full[n].start.line, full[n].start.column + 1) for n in pick} == light, path
+        assert {id(n): (full[n].start.line, full[n].start.column + 1, full[n].end.line, full[n].end.column + 1)
+                for n in pick} == light, path
 
 
-def test_tree_cache_reuses_full_positions_when_computed():
+def test_tree_cache_places_a_block_at_its_first_statement():
     module = cst.parse_module(b"x = 1\nif x:\n    y = 2\n")
     cache = TreeCache(module, b"")
     block = module.body[1].body
-    assert cache.start_positions([block]) == {id(block): (3, 5)}
+    assert cache.start_positions([block]) == {id(block): (3, 5, 3, 10)}

@@ -51,3 +51,14 @@ def test_a_file_no_rule_concerns_is_answered_without_libcst(tmp_path):
 def test_a_file_with_cuda_code_loads_libcst(tmp_path):
     (tmp_path / "gpu.py").write_text("import torch\nx = torch.ones(2).cuda()\n")
     assert "'libcst'" in _modules_after(["lint", "gpu.py"], tmp_path)
+
+
+def test_rule_pages_are_in_sync_with_the_rules():
+    # a failure here means: run `python -m xlaport.docs`
+    from xlaport.docs import main as docs
+
+    assert docs(["--check"]) == 0
+    for rule in all_rules():
+        page = (ROOT / "docs" / "rules" / f"{rule.code}.md").read_text()
+        assert page.startswith(f"# {rule.code} ({rule.name})")
+        assert "## What it does" in page and "## Why it matters on XLA" in page and "## Example" in page

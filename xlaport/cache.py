@@ -30,12 +30,13 @@ from xlaport.settings import Settings
 
 DIR_NAME = ".xlaport_cache"
 _PACKAGES = ("codemods", "xlaport")
+FORMAT = "2"  # of an entry; part of the key
 
 
 @lru_cache(maxsize=None)
 def code_fingerprint() -> str:
     """The version and the state of the modules that compute results."""
-    h = hashlib.sha256(__version__.encode())
+    h = hashlib.sha256(f"{__version__}/{FORMAT}".encode())
     root = Path(__file__).resolve().parent.parent
     for package in _PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
@@ -113,7 +114,7 @@ def encode(output: Optional[bytes], original: bytes, findings: List[Finding], pr
     return {
         "output": None if output is None or output == original else base64.b64encode(output).decode(),
         "same": output is not None and output == original,
-        "findings": [[f.code, f.message, f.line, f.col, f.fix, f.hot, f.cell] for f in findings],
+        "findings": [[f.code, f.message, f.line, f.col, f.fix, f.hot, f.cell, f.end_line, f.end_col] for f in findings],
         "problem": list(problem) if problem is not None else None,
         "cuda": list(cuda),
     }
@@ -128,7 +129,7 @@ def decode(entry: Dict[str, object], original: bytes, path: str):
         out = base64.b64decode(entry["output"])  # type: ignore[arg-type]
     else:
         out = None
-    findings = [Finding(c, m, line, col, fix, hot, path=path, cell=cell)
-                for c, m, line, col, fix, hot, cell in entry["findings"]]  # type: ignore[union-attr]
+    findings = [Finding(c, m, line, col, fix, hot, path=path, cell=cell, end_line=end_line, end_col=end_col)
+                for c, m, line, col, fix, hot, cell, end_line, end_col in entry["findings"]]  # type: ignore[union-attr]
     problem = tuple(entry["problem"]) if entry.get("problem") is not None else None  # type: ignore[arg-type]
     return out, findings, problem, tuple(entry["cuda"])  # type: ignore[arg-type]

@@ -1,7 +1,8 @@
 """The ``xlaport`` command line.
 
-``convert`` and ``lint`` never import torch: they must start fast enough for
-a pre-commit hook.  ``verify`` imports its runtime only when it runs.
+``convert`` and ``lint`` never import torch (nor LibCST for files no rule
+concerns): they must start fast enough for a pre-commit hook.  ``verify``
+imports its runtime only when it runs.  Printing lives in ``xlaport.output``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import difflib
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -17,9 +19,10 @@ import click
 
 from codemods import registry
 from codemods.target import DEFAULT_TARGET, TARGETS
+from xlaport import output
 from xlaport.config import load_config
-from xlaport.settings import Settings
 from xlaport.files import (
+    Entry,
     FileProblem,
     atomic_write,
     check_writable,
@@ -29,8 +32,7 @@ from xlaport.files import (
     remove_stale_temps,
 )
 from xlaport.runner import ERROR_CODE, FileResult, process
-
-FORMATS = ("text", "json", "github")
+from xlaport.settings import Settings
 
 
 def _codes(value: Optional[str]) -> Optional[List[str]]:
@@ -50,18 +52,33 @@ def common_options(fn):
     options = [
         click.option("--select", help="Comma-separated rule codes or prefixes to run (default: all)."),
         click.option("--ignore", help="Comma-separated rule codes or prefixes to skip."),
-        click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,
+        click.option("--format", "fmt", type=click.Choice(output.FORMATS), default="text", show_default=True,
                      help="How to print findings."),
+        click.option("--output-file", type=click.Path(dir_okay=False), default=None,
+                     help="Write the findings to this file instead of standard output."),
+        click.option("--statistics", is_flag=True, help="Print counts per rule instead of each finding."),
+        click.option("-q", "--quiet", is_flag=True,
+                     help="Leave out the rewrites; print the items needing review and the summary."),
+        click.option("-v", "--verbose", is_flag=True, help="Also say what happened to every file."),
         click.option("-j", "--jobs", type=int, default=0, help="Worker processes (default: one per core)."),
         click.option("--target", type=click.Choice(sorted(TARGETS)), default=None,
                      help=f"API to emit (default: {DEFAULT_TARGET})."),
         click.option("--exclude", multiple=True, help="Glob of paths to skip (repeatable)."),
+        click.option("--force-exclude", is_flag=True, default=None,
+                     help="Apply excludes to files named on the command line too (for pre-commit)."),
+        click.option("--no-respect-gitignore", "no_gitignore", is_flag=True,
+                     help="Also look at files that .gitignore excludes."),
+        click.option("--diff-base", metavar="REF", default=None,
+                     help="Only lines changed since this git ref (findings; and rewrites in convert)."),
+        click.option("--stdin-filename", default=None,
+                     help="The path to report (and match config against) for source read from `-`."),
         click.option("--keep-progress", is_flag=True, default=None,
                      help="Keep progress bars; only drop their tensor-reading postfixes."),
         click.option("--prints", type=click.Choice(["defer", "delete", "keep"]), default=None,
                      help="Hot-loop prints that read tensors: defer to a step closure (default), delete, or keep."),
-        click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-                     help="pyproject.toml to read [tool.xlaport] from (default: nearest)."),
+        click.option("--config", "config_args", multiple=True, metavar="PATH | KEY=VALUE",
+                     help="A pyproject.toml to read [tool.xlaport] from (default: the nearest), or a "
+                          "`KEY = VALUE` TOML setting that overrides it (repeatable)."),
         click.option("--no-cache", is_flag=True, help="Neither read nor write the results cache (.xlaport_cache)."),
         click.option("--no-prefilter", is_flag=True, hidden=True,
                      help="Parse every triggered file with LibCST (benchmarks: results must not change)."),
@@ -71,7 +88,84 @@ def common_options(fn):
     return fn
 
 
-def _run(entries, settings: Settings, jobs: int, no_cache: bool, show_progress: bool) -> List[FileResult]:
+@dataclass
+class Run:
+    """What a `convert`/`lint` invocation was asked to do."""
+
+    settings: Settings
+    entries: List[Entry]
+    fmt: str
+    quiet: bool
+    verbose: bool
+    statistics: bool
+    output_file: Optional[str]
+    jobs: int
+    no_cache: bool
+
+    def process(self) -> List[FileResult]:
+        return _process(self.entries, self.settings, self.jobs, self.no_cache,
+                        show_progress=self.fmt == "text" and not self.quiet and not self.output_file)
+
+    def report(self, results: List[FileResult]) -> None:
+        """The findings, in the chosen format, to stdout or --output-file."""
+        show_fixes = not self.quiet
+        if self.output_file:
+            with open(self.output_file, "w", encoding="utf-8") as fh:
+                output.write(results, self.fmt, fh, show_fixes, self.statistics)
+        else:
+            output.write(results, self.fmt, sys.stdout, show_fixes, self.statistics)
+        if self.verbose:
+            for r in results:
+                state = ("error" if r.error else "changed" if r.changed else
+                         "analysed" if r.parsed else "skipped" if r.notice else "nothing to look at")
+                _echo(f"{r.path}: {state}", err=True)
+
+    @property
+    def text(self) -> bool:
+        return self.fmt in ("text", "concise")
+
+
+def _echo(message: str, err: bool = False) -> None:
+    click.echo(message, err=err, color=output.color())
+
+
+def _prepare(paths, select, ignore, target, exclude, force_exclude, no_gitignore, diff_base, stdin_filename,
+             keep_progress, prints, config_args, no_prefilter, fmt, output_file, statistics, quiet, verbose, jobs,
+             no_cache) -> Run:
+    config_path = [c for c in config_args if "=" not in c or Path(c).is_file()]
+    overrides = [c for c in config_args if c not in config_path]
+    if len(config_path) > 1:
+        raise click.UsageError("--config names more than one file")
+    config = load_config(paths if paths != ("-",) else ([stdin_filename] if stdin_filename else ()),
+                         config_path[0] if config_path else None, overrides)
+    settings = _settings(config, select, ignore, target, keep_progress, prints)
+    settings.prefilter = not no_prefilter
+    excludes = list(exclude) + list(config.get("exclude", []))  # type: ignore[call-overload]
+    force = force_exclude if force_exclude is not None else bool(config.get("force_exclude", False))
+    if diff_base is not None:
+        from xlaport.vcs import GitError, changed_lines
+
+        try:
+            settings.changed_lines = changed_lines(diff_base, Path(paths[0] if paths and paths[0] != "-" else "."))
+        except GitError as exc:
+            raise click.UsageError(f"--diff-base {diff_base}: {exc}") from None
+        no_cache = True  # the answer depends on the diff too
+    if "-" in paths:
+        if len(paths) > 1:
+            raise click.UsageError("`-` (standard input) cannot be mixed with other paths")
+        name = Path(stdin_filename or "-")
+        entries = [Entry(name, None, data=sys.stdin.buffer.read())]
+        if force and stdin_filename and discover([stdin_filename], excludes, force_exclude=True,
+                                                 missing_ok=True) == [] and Path(stdin_filename).exists():
+            entries = []
+    else:
+        entries = discover(paths, excludes, force_exclude=force,
+                           respect_gitignore=not no_gitignore and config.get("respect_gitignore", True) is not False,
+                           missing_ok=diff_base is not None)
+    return Run(settings, entries, fmt, quiet, verbose, statistics, output_file, jobs, no_cache)
+
+
+def _process(entries, settings: Settings, jobs: int, no_cache: bool, show_progress: bool) -> List[FileResult]:
     """``process`` with the cache, a progress bar on a terminal, and a clean
     stop on Ctrl-C or SIGTERM (workers are killed, nothing is written)."""
     import signal
@@ -87,9 +181,10 @@ def _run(entries, settings: Settings, jobs: int, no_cache: bool, show_progress: 
     old = signal.signal(signal.SIGTERM, on_term)
     try:
         if show_progress and len(entries) > 20 and sys.stderr.isatty():
+            from rich.console import Console
             from rich.progress import Progress
 
-            with Progress(transient=True, console=_stderr_console()) as bar:
+            with Progress(transient=True, console=Console(stderr=True)) as bar:
                 task = bar.add_task("xlaport", total=len(entries))
                 return process(entries, settings, jobs, cache, lambda n: bar.advance(task, n))
         return process(entries, settings, jobs, cache)
@@ -100,18 +195,11 @@ def _run(entries, settings: Settings, jobs: int, no_cache: bool, show_progress: 
         signal.signal(signal.SIGTERM, old)
 
 
-def _stderr_console():
-    from rich.console import Console
-
-    return Console(stderr=True)
-
-
-def _settings(paths, select, ignore, target, exclude, keep_progress, prints, config_path):
-    config = load_config(paths, config_path)
+def _settings(config, select, ignore, target, keep_progress, prints) -> Settings:
     sel = _codes(select) if select is not None else config.get("select")
     ign = (_codes(ignore) or []) + list(config.get("ignore", []))
-    extend = list(config.get("extend_select", []))  # type: ignore[call-overload]
-    per_file = dict(config.get("per_file_ignores", {}))  # type: ignore[call-overload]
+    extend = list(config.get("extend_select", []))
+    per_file = dict(config.get("per_file_ignores", {}))
     _check_codes(sel, "--select")
     _check_codes(ign, "--ignore")
     _check_codes(extend, "extend-select")
@@ -129,44 +217,10 @@ def _settings(paths, select, ignore, target, exclude, keep_progress, prints, con
     target_name = target or config.get("target") or DEFAULT_TARGET
     if target_name not in TARGETS:
         raise click.UsageError(f"[tool.xlaport] target {target_name!r} is not one of {', '.join(sorted(TARGETS))}")
-    settings = Settings(
-        select=sel,
-        ignore=ign,
-        target=target_name,  # type: ignore[arg-type]
-        options=options,
-        per_file_ignores=per_file,
-    )
-    return settings, list(exclude) + list(config.get("exclude", []))
+    return Settings(select=sel, ignore=ign, target=target_name, options=options, per_file_ignores=per_file)
 
 
-# ------------------------------------------------------------------ output
-
-
-def _location(f, path: str) -> str:
-    if f.cell is not None:
-        return f"{path}:cell {f.cell}:{f.line}:{f.col}"
-    return f"{path}:{f.line}:{f.col}"
-
-
-def _emit(results: List[FileResult], fmt: str, show_fixes: bool) -> None:
-    rows = []
-    for r in results:
-        if r.error:
-            rows.append(r.error_finding())
-        rows.extend(f for f in r.findings if show_fixes or not f.fix)
-    if fmt == "json":
-        click.echo(json.dumps({"findings": [f.as_dict() for f in rows], "cuda": _cuda_counts(results)}, indent=2))
-        return
-    for f in rows:
-        path = f.path
-        if fmt == "github":
-            level = "error" if f.code == ERROR_CODE else "warning"
-            msg = f.message.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-            click.echo(f"::{level} file={path},line={f.line},col={f.col},title=xlaport {f.code}::{f.code} {msg}")
-            continue
-        mark = click.style(" [*]", fg="green") if f.fix else ""
-        code = click.style(f.code, fg="red" if f.code == ERROR_CODE else "yellow", bold=True)
-        click.echo(f"{click.style(_location(f, path), bold=True)}: {code}{mark} {f.message}")
+# ------------------------------------------------------------------ output helpers
 
 
 def _diff(r: FileResult) -> str:
@@ -187,30 +241,24 @@ def _diff(r: FileResult) -> str:
     )
 
 
-def _cuda_counts(results: List[FileResult]) -> Dict[str, int]:
-    found = sum(r.cuda[0] for r in results)
-    left = sum(r.cuda[1] for r in results)
-    return {"found": found, "rewritten": max(found - left, 0), "left_for_review": left}
-
-
-def _coverage_line(results: List[FileResult], after: str) -> None:
-    """HIPIFY-style statistics: the CUDA references of the input, how many
-    the conversion removes, how many stay (each one reported above)."""
-    c = _cuda_counts(results)
-    if not c["found"]:
-        return
-    pct = 100.0 * c["rewritten"] / c["found"]
-    click.echo(f"CUDA references: {c['found']} found, {c['rewritten']} {after} ({pct:.0f}%), "
-               f"{c['left_for_review']} left for review (each reported above, unless its rule is turned off "
-               "or suppressed).", err=True)
-
-
-def _notices(results: List[FileResult], fmt: str) -> None:
-    if fmt != "text":
+def _closing(results: List[FileResult], run: Run, first_line: str, after: str, fixes_done: bool) -> None:
+    """The summary on stderr (text formats): totals, then counts per rule with
+    rewrites and items needing review apart, then CUDA coverage."""
+    if not run.text:
         return
     for r in results:
         if r.notice:
-            click.echo(f"{r.path}: skipped: {r.notice}", err=True)
+            _echo(f"{r.path}: skipped: {r.notice}", err=True)
+    _echo(first_line, err=True)
+    if any(r.findings or r.error for r in results) and not run.statistics:
+        for line in output.summary_by_rule(results, fixes_done):
+            _echo(line, err=True)
+    c = output.cuda_counts(results)
+    if c["found"]:
+        pct = 100.0 * c["rewritten"] / c["found"]
+        _echo(f"CUDA references: {c['found']} found, {c['rewritten']} {after} ({pct:.0f}%), "
+              f"{c['left_for_review']} left for review (each reported above, unless its rule is turned off "
+              "or suppressed).", err=True)
 
 
 # ------------------------------------------------------------------ commands
@@ -224,57 +272,59 @@ def main() -> None:
 
 @main.command()
 @click.argument("paths", nargs=-1, type=click.Path())
-@click.option("-o", "--output", "output", type=click.Path(file_okay=False), default=None,
+@click.option("-o", "--output", "output_dir", type=click.Path(file_okay=False), default=None,
               help="Write a converted copy of the tree here (other files are copied) instead of in place.")
-@click.option("--diff", "show_diff", is_flag=True, help="Print a unified diff; write nothing.")
+@click.option("--diff", "show_diff", is_flag=True, help="Print a unified diff; write nothing; exit 1 if it is not empty.")
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 if anything would change.")
-@click.option("--quiet", "-q", is_flag=True, help="Print only errors and the summary.")
+@click.option("--exit-non-zero-on-fix", is_flag=True, help="Exit 1 when any file was rewritten.")
 @common_options
-def convert(paths, output, show_diff, check, quiet, select, ignore, fmt, jobs, target, exclude,
-            keep_progress, prints, config_path, no_cache, no_prefilter):
-    """Rewrite CUDA code for XLA, in place or into an output tree (-o)."""
-    settings, excludes = _settings(paths, select, ignore, target, exclude, keep_progress, prints, config_path)
-    settings.prefilter = not no_prefilter
+def convert(paths, output_dir, show_diff, check, exit_non_zero_on_fix, **kw):
+    """Rewrite CUDA code for XLA, in place or into an output tree (-o).
+
+    `-` reads the program from standard input and prints the converted
+    program to standard output (the findings go to standard error)."""
+    run = _prepare(paths, **kw)
     if not paths:
-        if fmt == "json":
-            click.echo(json.dumps({"findings": [], "cuda": _cuda_counts([])}))
+        output.write([], run.fmt, sys.stdout) if run.fmt != "text" else None
         sys.exit(0)
-    out_root = Path(output) if output else None
+    stdin = paths == ("-",)
+    out_root = Path(output_dir) if output_dir else None
     if out_root is not None:
         for p in paths:
             if Path(p).is_dir() and (is_inside(out_root, Path(p))):
-                raise click.UsageError(f"output directory {output} is inside input {p}; choose another place")
+                raise click.UsageError(f"output directory {output_dir} is inside input {p}; choose another place")
             if Path(p).is_file() and out_root.resolve() == Path(p).resolve().parent:
-                raise click.UsageError(f"output directory {output} would overwrite input {p}")
-    entries = discover(paths, excludes)
-    results = _run(entries, settings, jobs, no_cache, show_progress=fmt == "text" and not quiet)
+                raise click.UsageError(f"output directory {output_dir} would overwrite input {p}")
+    results = run.process()
     write = not (show_diff or check)
-    if write:
+    if write and stdin:
+        for r in results:
+            sys.stdout.buffer.write(r.output if r.output is not None else (r.entry.data or b""))
+        sys.stdout.flush()
+    elif write:
         for stale in remove_stale_temps({r.path.parent for r in results}):
-            click.echo(f"{stale}: removed a temporary file left by an interrupted run", err=True)
+            _echo(f"{stale}: removed a temporary file left by an interrupted run", err=True)
         _write(results, paths, out_root)
     if show_diff:
         for r in results:
             if r.changed:
                 click.echo(_diff(r), nl=False)
-    elif not quiet or fmt != "text":
-        _emit(results, fmt, show_fixes=True)
-    _notices(results, fmt)
+    elif stdin and write:
+        output.write(results, run.fmt, sys.stderr, not run.quiet, run.statistics)
+    else:
+        run.report(results)
     changed = [r for r in results if r.changed]
     errors = [r for r in results if r.error]
-    if fmt == "text":
-        fixes = sum(1 for r in results for f in r.findings if f.fix)
-        left = sum(1 for r in results for f in r.findings if not f.fix)
-        verb = "would change" if not write else "changed"
-        click.echo(
-            f"{len(changed)} file(s) {verb} ({fixes} rewrite(s)), {left} finding(s) left for review, "
-            f"{len(errors)} file(s) could not be processed, {len(results)} file(s) seen.",
-            err=True,
-        )
-        _coverage_line(results, "would be rewritten" if not write else "rewritten")
+    fixes = sum(1 for r in results for f in r.findings if f.fix)
+    left = sum(1 for r in results for f in r.findings if not f.fix)
+    verb = "would change" if not write else "changed"
+    _closing(results, run,
+             f"{len(changed)} file(s) {verb} ({fixes} rewrite(s)), {left} finding(s) left for review, "
+             f"{len(errors)} file(s) could not be processed, {len(results)} file(s) seen.",
+             "would be rewritten" if not write else "rewritten", fixes_done=write)
     if errors:
         sys.exit(2)
-    if check and changed:
+    if changed and (check or show_diff or exit_non_zero_on_fix):
         sys.exit(1)
 
 
@@ -308,59 +358,40 @@ def _write(results: List[FileResult], paths: Sequence[str], out_root: Optional[P
         if Path(p).is_dir():
             dest = out_root if single_dir else out_root / Path(p).name
             for src, reason in copy_tree_files(Path(p), dest, written):
-                click.echo(f"{src}: {reason}", err=True)
+                _echo(f"{src}: {reason}", err=True)
 
 
 @main.command()
 @click.argument("paths", nargs=-1, type=click.Path())
 @click.option("--diff", "show_diff", is_flag=True, help="Also print the diff `convert` would apply.")
-@click.option("--statistics", is_flag=True, help="Print counts per rule instead of each finding.")
 @click.option("--include-cold", is_flag=True,
               help="Also report host reads (XLA4xx) that run once per call, not every step.")
 @common_options
-def lint(paths, show_diff, statistics, include_cold, select, ignore, fmt, jobs, target, exclude, keep_progress,
-         prints, config_path, no_cache, no_prefilter):
-    """Report what `convert` would change and which host reads remain. Writes nothing."""
-    settings, excludes = _settings(paths, select, ignore, target, exclude, keep_progress, prints, config_path)
-    settings.prefilter = not no_prefilter
+def lint(paths, show_diff, include_cold, **kw):
+    """Report what `convert` would change and which host reads remain. Writes nothing.
+
+    `-` reads the program from standard input (see --stdin-filename)."""
+    run = _prepare(paths, **kw)
     if include_cold:
-        settings.options = {**settings.options, "include_cold": True}
+        run.settings.options = {**run.settings.options, "include_cold": True}
     if not paths:
-        if fmt == "json":
-            click.echo(json.dumps({"findings": [], "cuda": _cuda_counts([])}))
+        output.write([], run.fmt, sys.stdout) if run.fmt != "text" else None
         sys.exit(0)
-    results = _run(discover(paths, excludes), settings, jobs, no_cache, show_progress=fmt == "text")
-    if statistics and fmt == "text":
-        counts: Dict[str, List[int]] = {}
-        for r in results:
-            for f in r.findings:
-                c = counts.setdefault(f.code, [0, 0])
-                c[0] += 1
-                c[1] += f.fix
-        index = registry.rule_info()
-        for code, (n, fixable) in sorted(counts.items()):
-            name = index[code].name if code in index else ""
-            click.echo(f"{n:6d}  {code}  {name}{'  [*]' if fixable else ''}")
-    else:
-        _emit(results, fmt, show_fixes=True)
+    results = run.process()
+    run.report(results)
     if show_diff:
         for r in results:
             if r.changed:
                 click.echo(_diff(r), nl=False)
-    _notices(results, fmt)
     findings = sum(len(r.findings) for r in results)
     errors = [r for r in results if r.error]
-    if fmt == "text":
-        fixable = sum(1 for r in results for f in r.findings if f.fix)
-        if findings or errors:
-            click.echo(
-                f"Found {findings} finding(s) ({fixable} fixable with `xlaport convert`) in "
-                f"{sum(1 for r in results if r.findings)} file(s); {len(errors)} file(s) could not be processed.",
-                err=True,
-            )
-        else:
-            click.echo(f"All checks passed ({len(results)} file(s)).", err=True)
-        _coverage_line(results, "would be rewritten by `xlaport convert`")
+    fixable = sum(1 for r in results for f in r.findings if f.fix)
+    if findings or errors:
+        first = (f"Found {findings} finding(s) ({fixable} fixable with `xlaport convert`) in "
+                 f"{sum(1 for r in results if r.findings)} file(s); {len(errors)} file(s) could not be processed.")
+    else:
+        first = f"All checks passed ({len(results)} file(s))."
+    _closing(results, run, first, "would be rewritten by `xlaport convert`", fixes_done=False)
     if errors:
         sys.exit(2)
     if findings:
@@ -373,7 +404,8 @@ def rules(fmt):
     """List every rule code with its one-line summary."""
     items = registry.rules()
     if fmt == "json":
-        click.echo(json.dumps([{"code": r.code, "name": r.name, "summary": r.summary, "fix": r.fix} for r in items], indent=2))
+        click.echo(json.dumps([{"code": r.code, "name": r.name, "summary": r.summary, "fix": r.fix,
+                                "docs": output.DOCS_PATH.format(code=r.code)} for r in items], indent=2))
         return
     for r in items:
         click.echo(f"{r.code}  {'[*]' if r.fix else '   '}  {r.name:32s} {r.summary}")

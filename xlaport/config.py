@@ -2,8 +2,10 @@
 
 Keys: ``select``, ``extend-select``, ``ignore``, ``exclude`` (lists),
 ``per-file-ignores`` (glob -> codes), ``target`` (string), ``keep-progress``
-(bool), ``prints`` ("defer" | "delete" | "keep").  Unknown keys and values
-of the wrong kind are errors.
+(bool), ``prints`` ("defer" | "delete" | "keep"), ``force-exclude`` (bool:
+``exclude`` applies to files named on the command line too, as pre-commit
+passes them), ``respect-gitignore`` (bool, default true).  Unknown keys and
+values of the wrong kind are errors.
 """
 
 from __future__ import annotations
@@ -25,26 +27,36 @@ def _find(paths: Sequence[str]) -> Optional[Path]:
     return None
 
 
-KNOWN_KEYS = ("select", "extend-select", "ignore", "exclude", "per-file-ignores", "target", "keep-progress", "prints")
+KNOWN_KEYS = ("select", "extend-select", "ignore", "exclude", "per-file-ignores", "target", "keep-progress", "prints",
+              "force-exclude", "respect-gitignore")
 PRINTS = ("defer", "delete", "keep")
 
 
-def load_config(paths: Sequence[str], explicit: Optional[str] = None) -> Dict[str, object]:
+def load_config(paths: Sequence[str], explicit: Optional[str] = None,
+                overrides: Sequence[str] = ()) -> Dict[str, object]:
     """The ``[tool.xlaport]`` table, checked strictly: an unknown key or a
-    value of the wrong kind stops the run (exit 2) naming the key, as Ruff does."""
+    value of the wrong kind stops the run (exit 2) naming the key, as Ruff does.
+    ``overrides`` are ``KEY = VALUE`` TOML lines (``--config``) that win over
+    the file."""
     path = Path(explicit) if explicit else _find(paths)
-    if path is None:
-        return {}
     try:
         import tomllib
     except ImportError:  # Python 3.10
         return {}
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise click.UsageError(f"{path}: cannot read [tool.xlaport]: {exc}") from None
-    table = data.get("tool", {}).get("xlaport", {})
-    where = f"{path}: [tool.xlaport]"
+    table: Dict[str, object] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise click.UsageError(f"{path}: cannot read [tool.xlaport]: {exc}") from None
+        table = dict(data.get("tool", {}).get("xlaport", {}))
+    where = f"{path}: [tool.xlaport]" if path is not None else "--config"
+    for line in overrides:
+        try:
+            table.update(tomllib.loads(line))
+        except ValueError as exc:
+            raise click.UsageError(f"--config {line!r} is not `KEY = VALUE` in TOML: {exc}") from None
+        where = f"{where} (with --config)" if "--config" not in where else where
     unknown = [k for k in table if k not in KNOWN_KEYS]
     if unknown:
         import difflib
@@ -78,5 +90,10 @@ def load_config(paths: Sequence[str], explicit: Optional[str] = None) -> Dict[st
         if table["prints"] not in PRINTS:
             raise click.UsageError(f"{where} prints must be one of {', '.join(PRINTS)}, not {table['prints']!r}")
         options["prints"] = table["prints"]
+    for key in ("force-exclude", "respect-gitignore"):
+        if key in table:
+            if not isinstance(table[key], bool):
+                raise click.UsageError(f"{where} {key} must be true or false, not {table[key]!r}")
+            config[key.replace("-", "_")] = table[key]
     config["options"] = options
     return config

@@ -20,6 +20,7 @@ from codemods.analysis.cuda import count_references
 from codemods.coverage import CATCH_ALL, COVERAGE_KEY, CudaCatchAll
 from codemods.base import (
     FINDINGS_KEY,
+    ORIGINAL_LINE_KEY,
     OPTIONS_KEY,
     SELECT_KEY,
     SOURCE_KEY,
@@ -132,11 +133,14 @@ def transform(source: bytes, settings: Settings, filename: str = "") -> Outcome:
             continue
         context.scratch[SOURCE_KEY] = text
         context.scratch[FINDINGS_KEY] = []
+        context.scratch[ORIGINAL_LINE_KEY] = _back_through(list(maps))
         new_tree = cls(context).transform_module_impl(tree)
         new = context.scratch[FINDINGS_KEY]
         for f in new:
             for back in reversed(maps):
                 f.line = back(f.line)
+                if f.end_line:
+                    f.end_line = max(back(f.end_line), f.line)
         findings.extend(new)
         # A codemod changes the tree only where it records a fix; without
         # one, the rebuilt tree equals the old one and the old tree (with its
@@ -157,6 +161,15 @@ def transform(source: bytes, settings: Settings, filename: str = "") -> Outcome:
     findings.sort(key=lambda f: (f.line, f.col, f.code))
     left = int(context.scratch.get(COVERAGE_KEY, 0))  # type: ignore[call-overload]
     return Outcome(out, findings, (found, left))
+
+
+def _back_through(maps: List[Callable[[int], int]]) -> Callable[[int], int]:
+    def back(line: int) -> int:
+        for m in reversed(maps):
+            line = m(line)
+        return line
+
+    return back
 
 
 def _without_repeats(findings: List[Finding]) -> List[Finding]:

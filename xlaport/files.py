@@ -54,6 +54,7 @@ class Entry:
     root: Optional[Path]  # the directory argument it was found under (None: given directly)
     notice: Optional[str] = None  # set when the entry is skipped, not processed
     error: Optional[str] = None  # set when the entry cannot be processed at all
+    data: Optional[bytes] = None  # the text itself, when it came on standard input
 
     @property
     def relative(self) -> Path:
@@ -62,15 +63,22 @@ class Entry:
         return self.path.relative_to(self.root)
 
 
-def discover(paths: Sequence[str], exclude: Sequence[str] = ()) -> List[Entry]:
+def discover(paths: Sequence[str], exclude: Sequence[str] = (), force_exclude: bool = False,
+             respect_gitignore: bool = True, missing_ok: bool = False) -> List[Entry]:
     """Expand files and directories into entries, sorted, without duplicates.
 
-    Directory walks skip hidden and tool directories, never follow directory
+    Directory walks skip hidden and tool directories, files git ignores
+    (``respect_gitignore``) and ``exclude`` globs, never follow directory
     symlinks (so a symlink loop cannot hang the walk) and skip file symlinks
     with a notice (converting through a link would replace it with a file).
+    A file named on the command line is taken as it is, unless
+    ``force_exclude`` (then ``exclude`` and the skipped directories apply to
+    it too).  ``missing_ok``: a named file that does not exist is left out
+    (a file a PR deleted, with ``--diff-base``).
     """
     seen = set()
     entries: List[Entry] = []
+    walked: List[Entry] = []
 
     def add(entry: Entry) -> None:
         key = os.path.abspath(entry.path)
@@ -87,14 +95,27 @@ def discover(paths: Sequence[str], exclude: Sequence[str] = ()) -> List[Entry]:
                 add(Entry(p, None, notice="symbolic link: convert the file it points to instead"))
             continue
         if not p.exists():
-            add(Entry(p, None, error="no such file or directory"))
+            if not missing_ok:
+                add(Entry(p, None, error="no such file or directory"))
             continue
         if p.is_file():
+            if force_exclude and (_excluded(str(p), exclude) or _in_skipped_dir(p)):
+                continue
             add(Entry(p, None))
             continue
         for found in _walk(p, exclude):
+            walked.append(found)
             add(found)
+    if respect_gitignore and walked:
+        from xlaport.vcs import ignored
+
+        drop = {os.path.abspath(p) for p in ignored([e.path for e in walked if not e.error])}
+        entries = [e for e in entries if e.root is None or os.path.abspath(e.path) not in drop]
     return entries
+
+
+def _in_skipped_dir(path: Path) -> bool:
+    return any(part in SKIP_DIRS or part.endswith(".egg-info") for part in path.parent.parts)
 
 
 def _excluded(rel: str, exclude: Sequence[str]) -> bool:

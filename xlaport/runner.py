@@ -109,21 +109,24 @@ def process(entries: Sequence[Entry], settings: Settings, jobs: int = 0, cache: 
         if entry.notice or entry.error:
             continue
         try:
-            data = read_bytes(entry.path)
+            data = entry.data if entry.data is not None else read_bytes(entry.path)
         except FileProblem as exc:
             result.error = str(exc)
             continue
         result.original = data
         result.output = data
-        if not (data.strip() and _needs_parse(data, settings)):
-            continue
+        if not (data.strip() and _needs_parse(data, settings)) or settings.lines_for(str(entry.path)) == frozenset():
+            continue  # (nothing to look at, or --diff-base and the file did not change)
         key = ""
         if cache is not None:
             key = cache.key(str(entry.path), data)
             hit = cache.get(key)
             if hit is not None:
-                _fill(result, decode(hit, data, str(entry.path)))
-                continue
+                try:
+                    _fill(result, decode(hit, data, str(entry.path)))
+                    continue
+                except (KeyError, TypeError, ValueError):
+                    pass  # an entry of another shape: a miss
         work.append((result, (str(entry.path), data, settings), key))
     if progress is not None:
         progress(len(results) - len(work))

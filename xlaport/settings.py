@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Mapping, Optional, Sequence
+import os
+from typing import FrozenSet, List, Mapping, Optional, Sequence
 
 from codemods import registry
 from codemods.rule import file_suppressions
@@ -18,6 +19,13 @@ class Settings:
     options: Mapping[str, object] = field(default_factory=dict)
     per_file_ignores: Mapping[str, Sequence[str]] = field(default_factory=dict)  # glob -> codes
     prefilter: bool = True  # skip codemods the ast prefilter rules out (same results, faster)
+    # --diff-base: absolute path -> the lines changed; None: every line counts
+    changed_lines: Optional[Mapping[str, FrozenSet[int]]] = None
+
+    def lines_for(self, filename: str) -> Optional[FrozenSet[int]]:
+        if self.changed_lines is None:
+            return None
+        return self.changed_lines.get(os.path.abspath(filename), frozenset())
 
     def for_file(self, filename: str, source: bytes = b"") -> "Settings":
         """These settings with the file's own ignores: ``per-file-ignores``
@@ -29,9 +37,13 @@ class Settings:
         in_file = file_suppressions(source) if source else None
         if in_file:
             extra += ["XLA" if c == "*" else c for c in in_file]
-        if not extra:
+        options = self.options
+        only = self.lines_for(filename)
+        if only is not None:
+            options = {**options, "only_lines": only}
+        if not extra and only is None:
             return self
-        return Settings(self.select, list(self.ignore) + extra, self.target, self.options, self.per_file_ignores,
+        return Settings(self.select, list(self.ignore) + extra, self.target, options, self.per_file_ignores,
                         self.prefilter)
 
     def selected_codes(self) -> List[str]:

@@ -1,0 +1,211 @@
+"""Issue 13: formats, changed lines, config on the command line, excludes,
+stdin, exit codes and colour -- each checked through the real CLI."""
+
+import json
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from xlaport.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+CUDA = "import torch\nx = torch.zeros(2).cuda()\nprint(torch.cuda.memory_allocated())\n"
+
+
+def run(*args, env=None, input=None, cwd=None):
+    import os
+
+    old = os.getcwd()
+    try:
+        if cwd:
+            os.chdir(cwd)
+        return CliRunner().invoke(main, list(map(str, args)), env=env, input=input, catch_exceptions=False)
+    finally:
+        os.chdir(old)
+
+
+@pytest.fixture
+def gpu(tmp_path):
+    f = tmp_path / "gpu.py"
+    f.write_text(CUDA)
+    return f
+
+
+def test_concise_is_one_line_per_finding(gpu):
+    out = run("lint", "--format", "concise", gpu).stdout.splitlines()
+    assert out[0] == f"{gpu}:2:5: XLA101 [*] `.cuda()` -> `.to(<XLA device>)`"
+    assert out[1].startswith(f"{gpu}:3:7: XLA115 `cuda.memory_allocated`: no XLA counterpart")
+    assert len(out) == 2
+
+
+def test_json_links_docs_and_carries_statistics(gpu):
+    data = json.loads(run("lint", "--format", "json", "--statistics", gpu).stdout)
+    assert {f["docs"] for f in data["findings"]} == {"docs/rules/XLA101.md", "docs/rules/XLA115.md"}
+    assert all((ROOT / f["docs"]).is_file() for f in data["findings"])
+    assert [(s["code"], s["count"], s["fixable"]) for s in data["statistics"]] == [
+        ("XLA101", 1, True), ("XLA115", 1, False)]
+    assert data["findings"][0]["end_line"] == 2
+
+
+def test_sarif_has_rules_with_help_and_results_that_point_at_them(gpu, monkeypatch):
+    monkeypatch.setenv("XLAPORT_DOCS_URL", "https://docs.example/xlaport/{code}")
+    log = json.loads(run("lint", "--format", "sarif", gpu).stdout)
+    assert log["version"] == "2.1.0" and "sarif-2.1.0" in log["$schema"]
+    driver = log["runs"][0]["tool"]["driver"]
+    rules = driver["rules"]
+    assert [r["id"] for r in rules] == ["XLA101", "XLA115"]
+    assert all(r["help"]["text"] and r["shortDescription"]["text"] for r in rules)
+    assert rules[0]["helpUri"] == "https://docs.example/xlaport/XLA101"
+    results = log["runs"][0]["results"]
+    assert [r["ruleId"] for r in results] == ["XLA101", "XLA115"]
+    for r in results:
+        assert rules[r["ruleIndex"]]["id"] == r["ruleId"]
+        loc = r["locations"][0]["physicalLocation"]
+        assert loc["artifactLocation"]["uri"].endswith("gpu.py")
+        assert loc["region"]["startLine"] >= 1 and loc["region"]["endLine"] >= loc["region"]["startLine"]
+
+
+def test_markdown_table_keeps_review_and_rewrites_apart(tmp_path):
+    f = tmp_path / "a.py"
+    f.write_text(CUDA)
+    md = run("lint", "--format", "markdown", f).stdout
+    assert md.startswith("### xlaport: 1 to review, 1 rewritable")
+    review, rewrites = md.split("#### Rewrites")
+    assert "#### Needs review" in review and "XLA115" in review and "XLA101" not in review
+    assert "XLA101" in rewrites and "| Rule | Location | Message |" in rewrites
+    broken = tmp_path / "broken.py"
+    broken.write_text("import torch\nx = torch.ones(1).cuda(\ny = (1 |\n")  # the parser lists `|` as expected
+    rows = [r for r in run("lint", "--format", "markdown", broken).stdout.splitlines() if r.startswith("| [")]
+    assert rows and all(r.replace("\\|", "").count("|") == 4 for r in rows)
+
+
+def test_junit_is_xml_with_a_failure_per_finding(gpu):
+    root = ET.fromstring(run("lint", "--format", "junit", gpu).stdout)
+    cases = root.findall(".//testcase")
+    assert len(cases) == 2 and all(c.find("failure") is not None for c in cases)
+    assert root.get("failures") == "2"
+
+
+def test_github_annotations_escape_properties(tmp_path):
+    odd = tmp_path / "odd,dir"
+    odd.mkdir()
+    f = odd / "a:b.py"
+    f.write_text(CUDA)
+    line = run("lint", "--format", "github", f).stdout.splitlines()[0]
+    assert line.startswith("::warning file=") and "odd%2Cdir/a%3Ab.py,line=2,col=5,endLine=2," in line
+
+
+def test_output_file_and_statistics_in_text(gpu, tmp_path):
+    target = tmp_path / "report.json"
+    result = run("lint", "--format", "json", "--output-file", target, gpu)
+    assert result.exit_code == 1 and result.stdout == ""
+    assert len(json.loads(target.read_text())["findings"]) == 2
+    stats = run("lint", "--statistics", gpu).stdout
+    assert "XLA101" in stats and "XLA115" in stats and "gpu.py" not in stats
+
+
+def test_convert_diff_and_exit_non_zero_on_fix(gpu, tmp_path):
+    clean = tmp_path / "clean.py"
+    clean.write_text("import os\n")
+    assert run("convert", "--diff", gpu).exit_code == 1
+    assert run("convert", "--diff", clean).exit_code == 0
+    assert run("convert", "--exit-non-zero-on-fix", clean).exit_code == 0
+    assert run("convert", "--exit-non-zero-on-fix", gpu).exit_code == 1
+    assert "xla" in gpu.read_text()
+    assert run("convert", "--exit-non-zero-on-fix", gpu).exit_code == 0  # nothing left to rewrite
+
+
+def test_quiet_keeps_the_review_items_and_the_summary_groups_by_rule(gpu):
+    result = run("lint", "-q", gpu)
+    assert "XLA115" in result.stdout and "XLA101" not in result.stdout
+    assert "Would be rewritten by `xlaport convert`:" in result.stderr
+    assert "Needs review (not rewritten):" in result.stderr
+    converted = run("convert", "-q", gpu)
+    assert "XLA115" in converted.stdout and "XLA101" not in converted.stdout
+    assert "Rewritten:" in converted.stderr
+
+
+def test_no_color_and_force_color(gpu):
+    assert "\x1b[" in run("lint", gpu, env={"FORCE_COLOR": "1"}).stdout
+    assert "\x1b[" not in run("lint", gpu, env={"FORCE_COLOR": "1", "NO_COLOR": "1"}).stdout
+    assert "\x1b[" not in run("lint", gpu).stdout  # not a terminal
+
+
+def test_stdin(tmp_path):
+    result = run("lint", "--format", "json", "-", "--stdin-filename", "pkg/train.py", input=CUDA)
+    assert {f["path"] for f in json.loads(result.stdout)["findings"]} == {"pkg/train.py"}
+    converted = run("convert", "-", input=CUDA)
+    assert converted.exit_code == 0
+    assert ".to(" in converted.stdout and converted.stdout.startswith("import torch")
+    assert "XLA115" in converted.stderr
+
+
+def test_config_key_value_overrides_and_is_checked(gpu):
+    only = json.loads(run("lint", "--format", "json", "--config", "select = ['XLA115']", gpu).stdout)
+    assert {f["code"] for f in only["findings"]} == {"XLA115"}
+    bad = run("lint", "--config", "selct = ['XLA1']", gpu)
+    assert bad.exit_code == 2 and "selct" in bad.output and "select" in bad.output
+
+
+def test_force_exclude_applies_to_named_files(tmp_path, gpu):
+    (tmp_path / "pyproject.toml").write_text("[tool.xlaport]\nexclude = ['gpu.py']\n")
+    assert run("lint", gpu, cwd=tmp_path).exit_code == 1  # named explicitly: linted
+    assert run("lint", "--force-exclude", gpu, cwd=tmp_path).exit_code == 0
+    (tmp_path / "pyproject.toml").write_text("[tool.xlaport]\nexclude = ['gpu.py']\nforce-exclude = true\n")
+    assert run("lint", gpu, cwd=tmp_path).exit_code == 0
+
+
+def _git(repo, *args):
+    subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True,
+                   env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                        "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin", "HOME": str(repo)})
+
+
+@pytest.fixture
+def repo(tmp_path):
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "old.py").write_text("import torch\n" + "a = torch.ones(1).cuda()\n" + "x = 1\n" * 6
+                                     + "b = torch.ones(1).cuda()\n")
+    (tmp_path / "gone.py").write_text(CUDA)
+    (tmp_path / ".gitignore").write_text("generated/\n")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-qm", "base")
+    return tmp_path
+
+
+def test_gitignored_files_are_skipped_in_walks(repo):
+    (repo / "generated").mkdir()
+    (repo / "generated" / "g.py").write_text(CUDA)
+    paths = {f["path"] for f in json.loads(run("lint", "--format", "json", repo).stdout)["findings"]}
+    assert not any("generated" in p for p in paths) and any(p.endswith("old.py") for p in paths)
+    paths = {f["path"] for f in json.loads(run("lint", "--format", "json", "--no-respect-gitignore",
+                                               repo).stdout)["findings"]}
+    assert any("generated" in p for p in paths)
+
+
+def test_diff_base_reports_and_rewrites_only_changed_lines(repo):
+    old = repo / "old.py"
+    old.write_text(old.read_text().replace("b = torch.ones(1)", "b = torch.ones(2)"))  # line 9 changed
+    (repo / "gone.py").unlink()
+    (repo / "new.py").write_text(CUDA)  # untracked: every line is new
+    result = run("lint", "--format", "json", "--diff-base", "HEAD", old, repo / "gone.py", repo / "new.py")
+    assert result.exit_code == 1, result.output
+    found = [(Path(f["path"]).name, f["line"], f["code"]) for f in json.loads(result.stdout)["findings"]]
+    assert ("old.py", 9, "XLA101") in found and ("old.py", 2, "XLA101") not in found
+    assert ("new.py", 2, "XLA101") in found
+    assert not any(name == "gone.py" for name, _, _ in found)
+    converted = run("convert", "--diff-base", "HEAD", old)
+    assert converted.exit_code == 0, converted.output
+    text = old.read_text()
+    assert "a = torch.ones(1).cuda()" in text  # an unchanged line: left alone
+    assert "b = torch.ones(2).to(" in text
+
+
+def test_diff_base_outside_git_or_bad_ref_is_a_usage_error(repo, tmp_path_factory):
+    assert run("lint", "--diff-base", "no-such-ref", repo / "old.py").exit_code == 2
+    outside = tmp_path_factory.mktemp("nogit") / "a.py"
+    outside.write_text(CUDA)
+    assert run("lint", "--diff-base", "HEAD", outside).exit_code == 2

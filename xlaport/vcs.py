@@ -1,0 +1,105 @@
+"""What git knows: lines changed since a ref (``--diff-base``) and ignored
+files (``.gitignore``), read through the ``git`` command."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Dict, FrozenSet, List, Optional, Sequence, Set
+
+_HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,(\d+))? @@")
+
+
+class GitError(Exception):
+    pass
+
+
+def _git(args: Sequence[str], cwd: Path, stdin: Optional[bytes] = None, ok=(0,)) -> bytes:
+    try:
+        proc = subprocess.run(["git", "-c", "core.quotepath=off", *args], cwd=cwd, input=stdin,
+                              capture_output=True)
+    except OSError as exc:
+        raise GitError(f"cannot run git: {exc}") from None
+    if proc.returncode not in ok:
+        raise GitError(proc.stderr.decode(errors="replace").strip() or f"git {args[0]} failed")
+    return proc.stdout
+
+
+def repo_root(start: Path) -> Optional[Path]:
+    try:
+        out = _git(["rev-parse", "--show-toplevel"], start if start.is_dir() else start.parent)
+    except GitError:
+        return None
+    return Path(out.decode().strip())
+
+
+def changed_lines(base: str, start: Path) -> Dict[str, FrozenSet[int]]:
+    """``absolute path -> lines (1-based) added or changed since base``, for
+    every file that differs from ``base`` in the working tree, untracked files
+    included (all their lines).  Raises GitError outside a repository or for
+    an unknown ref."""
+    root = repo_root(start)
+    if root is None:
+        raise GitError(f"{start} is not in a git repository (needed by --diff-base)")
+    _git(["rev-parse", "--verify", "--quiet", f"{base}^{{commit}}"], root)
+    diff = _git(["diff", "--unified=0", "--no-color", "--no-ext-diff", "--no-renames", base, "--"], root)
+    out: Dict[str, Set[int]] = {}
+    current: Optional[Set[int]] = None
+    for raw in diff.decode("utf-8", "surrogateescape").splitlines():
+        if raw.startswith("+++ "):
+            name = raw[4:]
+            current = None if name == "/dev/null" else out.setdefault(str(root / name[2:]), set())
+        elif raw.startswith("@@") and current is not None:
+            m = _HUNK.match(raw)
+            if m:
+                first, count = int(m.group(1)), int(m.group(2) or 1)
+                current.update(range(first, first + count))
+    untracked = _git(["ls-files", "--others", "--exclude-standard", "-z"], root)
+    for name in filter(None, untracked.decode("utf-8", "surrogateescape").split("\0")):
+        path = root / name
+        try:
+            n = path.read_bytes().count(b"\n") + 1
+        except OSError:
+            continue
+        out[str(path)] = set(range(1, n + 1))
+    return {k: frozenset(v) for k, v in out.items()}
+
+
+def ignored(paths: List[Path]) -> Set[Path]:
+    """The paths that git ignores (``.gitignore``, ``.git/info/exclude``),
+    asked once per repository; nothing outside a repository."""
+    by_root: Dict[Path, List[Path]] = {}
+    for p in paths:
+        root = _root_of(p.parent)
+        if root is not None:
+            by_root.setdefault(root, []).append(p)
+    found: Set[Path] = set()
+    for root, group in by_root.items():
+        real = {str(p.resolve()): p for p in group}
+        data = b"\0".join(os.fsencode(k) for k in real) + b"\0"
+        try:  # (a tracked file is never ignored: git's own rule)
+            out = _git(["check-ignore", "--stdin", "-z"], root, stdin=data, ok=(0, 1))
+        except GitError:
+            continue
+        found.update(real[k] for k in (os.fsdecode(x) for x in out.split(b"\0") if x) if k in real)
+    return found
+
+
+_ROOTS: Dict[Path, Optional[Path]] = {}
+
+
+def _root_of(directory: Path) -> Optional[Path]:
+    """The repository holding ``directory`` (looked up once per directory)."""
+    directory = directory.resolve()
+    if directory not in _ROOTS:
+        cur: Optional[Path] = directory
+        root = None
+        while cur is not None:
+            if (cur / ".git").exists():
+                root = cur
+                break
+            cur = cur.parent if cur.parent != cur else None
+        _ROOTS[directory] = root
+    return _ROOTS[directory]
