@@ -54,6 +54,8 @@ TARGET_KEY = "xlaport.target"
 TREE_KEY = "xlaport.tree"
 # line in the text a codemod sees -> line of the user's file (set by the engine)
 ORIGINAL_LINE_KEY = "xlaport.original_line"
+# {(line of the user's file, code)} that a suppression comment silenced
+USED_SUPPRESSIONS_KEY = "xlaport.used_suppressions"
 
 
 
@@ -203,6 +205,10 @@ class XlaCodemod(CodemodCommand, cst.CSTTransformer):
         for line in {start, end}:
             codes = self._suppressed.get(line)
             if codes and code_matches(code, codes):
+                # remembered for XLA002 (unused suppressions), by the user's line
+                back = self.context.scratch.get(ORIGINAL_LINE_KEY) or (lambda n: n)
+                used = self.context.scratch.setdefault(USED_SUPPRESSIONS_KEY, set())
+                used.add((back(line), code))  # type: ignore[union-attr, operator]
                 return True
         return False
 
@@ -287,7 +293,7 @@ def statement(expr: cst.BaseExpression) -> cst.SimpleStatementLine:
 
 
 __all__ = [
-    "ALL", "FILE_SUPPRESS_RE", "FINDINGS_KEY", "ORIGINAL_LINE_KEY", "OPTIONS_KEY", "SELECT_KEY", "SOURCE_KEY", "TARGET_KEY", "TREE_KEY", "RULE_PACKAGES", "Finding",
+    "ALL", "FILE_SUPPRESS_RE", "FINDINGS_KEY", "ORIGINAL_LINE_KEY", "OPTIONS_KEY", "USED_SUPPRESSIONS_KEY", "SELECT_KEY", "SOURCE_KEY", "TARGET_KEY", "TREE_KEY", "RULE_PACKAGES", "Finding",
     "Rule", "TreeCache", "XlaCodemod", "call_name", "code_matches", "dotted", "file_suppressions", "find_all",
     "parse_suppressions",
     "statement", "string_value", "tree_cache", "unique", "walk",

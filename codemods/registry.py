@@ -30,6 +30,7 @@ ORDER: Tuple[Tuple[str, str], ...] = (
     ("codemods.barriers", "StepBarrier"),
     ("codemods.host_reads", "HostReads"),
     ("codemods.coverage", "CudaCatchAll"),
+    ("codemods.suppressions", "UnusedSuppressions"),  # last: it reads what the others silenced
 )
 
 

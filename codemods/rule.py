@@ -97,16 +97,17 @@ def parse_suppressions(source: str) -> Dict[int, FrozenSet[str]]:
             continue
         m = _SUPPRESS_RE.search(tok.string)
         noqa = _NOQA_RE.search(tok.string)
+        if not (m or noqa):
+            continue
+        codes: FrozenSet[str] = frozenset()
         if m:
             codes = (
                 frozenset(c.strip().upper() for c in m.group(1).split(",") if c.strip())
                 if m.group(1) is not None
                 else frozenset({ALL})
             )
-        elif noqa:
-            codes = frozenset(c.upper() for c in re.findall(r"XLA\d*", noqa.group(1), re.IGNORECASE))
-        else:
-            continue
+        if noqa:
+            codes |= frozenset(c.upper() for c in re.findall(r"XLA\d*", noqa.group(1), re.IGNORECASE))
         result[tok.start[0]] = result.get(tok.start[0], frozenset()) | codes
     return result
 

@@ -225,6 +225,12 @@ def _settings(config, select, ignore, target, keep_progress, prints) -> Settings
 
 def _diff(r: FileResult) -> str:
     assert r.original is not None and r.output is not None
+    if str(r.path).endswith(".ipynb"):
+        from xlaport.notebook import cell_diff
+
+        cells = cell_diff(r.original, r.output, str(r.path).lstrip("/"))
+        if cells is not None:
+            return cells
     try:
         old = r.original.decode("utf-8")
         new = r.output.decode("utf-8")
