@@ -66,6 +66,15 @@ def _source(cell) -> str:
     return cell.source if isinstance(cell.source, str) else "".join(cell.source)
 
 
+def _code_cells(nb):
+    """(cell number, cell, source, source with magics masked, the magics)."""
+    for index, cell in enumerate(nb.cells, start=1):
+        if cell.get("cell_type") == "code":
+            source = _source(cell)
+            masked, saved = _mask(source)
+            yield index, cell, source, masked, saved
+
+
 def transform_notebook(data: bytes, settings: Settings, filename: str = "") -> Result:
     """Returns (new bytes, findings with ``cell`` set, per-cell problems,
     CUDA references found and left)."""
@@ -75,11 +84,7 @@ def transform_notebook(data: bytes, settings: Settings, filename: str = "") -> R
     cells = []  # (cell index, cell, original source, masked-out magics, first program line)
     parts: List[str] = [_HEAD]
     line = 2
-    for index, cell in enumerate(nb.cells, start=1):
-        if cell.get("cell_type") != "code":
-            continue
-        source = _source(cell)
-        masked, saved = _mask(source)
+    for index, cell, source, masked, saved in _code_cells(nb):
         try:
             ast.parse(masked)
         except SyntaxError as exc:
@@ -159,11 +164,7 @@ def _cell_by_cell(data: bytes, nb, settings: Settings, filename: str) -> Result:
     problems: List[str] = []
     changed = False
     found = left = 0
-    for index, cell in enumerate(nb.cells, start=1):
-        if cell.get("cell_type") != "code":
-            continue
-        source = _source(cell)
-        masked, saved = _mask(source)
+    for index, cell, source, masked, saved in _code_cells(nb):
         try:
             outcome = transform(masked.encode("utf-8"), settings, filename)
         except SourceError as exc:
