@@ -384,6 +384,10 @@ def lint(paths, show_diff, include_cold, **kw):
         output.write([], run.fmt, sys.stdout) if run.fmt != "text" else None
         sys.exit(0)
     results = run.process()
+    for r in results:  # lint proposes; convert reports what it did
+        for f in r.findings:
+            if f.fix:
+                f.message = output.as_proposal(f.message)
     run.report(results)
     if show_diff:
         for r in results:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Dict, List, Optional, Sequence, TextIO, Tuple
 from xml.sax.saxutils import escape, quoteattr
 
@@ -238,6 +239,16 @@ def junit(results: Sequence[FileResult], found: Sequence[Finding]) -> str:
         out.append("  </testsuite>")
     out.append("</testsuites>")
     return "\n".join(out) + "\n"
+
+
+_DONE_RE = re.compile(r"\b(added|removed|dropped|deferred|dedented|replaced|unwrapped|wrapped|deleted|rewritten|"
+                      r"inserted|moved)\b|\b(becomes|become)\b")
+
+
+def as_proposal(message: str) -> str:
+    """A rewrite's message as `lint` says it: what `convert` *would* do
+    (``sync() added`` -> ``sync() would be added``)."""
+    return _DONE_RE.sub(lambda m: f"would be {m.group(1)}" if m.group(1) else "would become", message)
 
 
 # ------------------------------------------------------------------ summary
