@@ -218,3 +218,18 @@ def test_lint_words_rewrites_as_proposals_and_convert_as_done(tmp_path):
     assert any("would be added" in m for m in proposed), proposed
     done = run("convert", "--format", "json", f).stdout
     assert "would be" not in done and " added" in done
+
+
+def test_github_and_sarif_point_notebook_findings_at_the_notebook_line(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# title"),
+                nbformat.v4.new_code_cell("import torch\nx = 1\nmodel = torch.nn.Linear(2, 2).cuda()")]
+    f = tmp_path / "n.ipynb"
+    f.write_text(nbformat.writes(nb))
+    file_lines = f.read_text().splitlines()
+    line = run("lint", "--format", "github", f).stdout.splitlines()[0]
+    at = int(line.split(",line=")[1].split(",")[0])
+    assert ".cuda()" in file_lines[at - 1] and "cell 2, line 3:" in line
+    result = json.loads(run("lint", "--format", "sarif", f).stdout)["runs"][0]["results"][0]
+    assert result["locations"][0]["physicalLocation"]["region"]["startLine"] == at

@@ -182,6 +182,24 @@ def _cell_by_cell(data: bytes, nb, settings: Settings, filename: str) -> Result:
     return (_write(nb, data) if changed else data), findings, problems, (found, left)
 
 
+def file_line(data: bytes, cell: int, line: int) -> int:
+    """The line of the notebook *file* that holds ``line`` of cell number
+    ``cell``, for annotations that point into the file (GitHub, SARIF): the
+    cell's ``"source": [`` line plus ``line`` when the JSON is laid out one
+    source line per JSON line (as Jupyter writes it); else the key's line."""
+    text = data.decode("utf-8", "replace").splitlines()
+    starts = [k for k, t in enumerate(text) if t.lstrip().startswith('"cell_type":')]
+    if not starts:
+        return 1
+    indent = len(text[starts[0]]) - len(text[starts[0]].lstrip())
+    keys = [k for k, t in enumerate(text)
+            if t.startswith(" " * indent + '"source":') and len(t) - len(t.lstrip()) == indent]
+    if cell - 1 >= len(keys) or len(keys) != len(starts):
+        return 1
+    k = keys[cell - 1]
+    return k + 1 + (line if text[k].rstrip().endswith("[") else 0)
+
+
 def cell_diff(old: bytes, new: bytes, path: str) -> Optional[str]:
     """A unified diff per changed code cell (``path:cell N``), not of the JSON."""
     try:

@@ -132,12 +132,39 @@ def _escape_property(text: str) -> str:
     return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
+def _in_file(f: Finding) -> Tuple[int, int, int, int]:
+    """(line, col, end line, end col) in the file itself: a notebook cell's
+    line is mapped to the line of the .ipynb that holds it."""
+    if f.cell is None:
+        return f.line, f.col, f.end_line, f.end_col
+    from xlaport.notebook import file_line
+
+    try:
+        data = _read_cached(f.path)
+    except OSError:
+        return 1, 1, 0, 0
+    line = file_line(data, f.cell, f.line)
+    end = file_line(data, f.cell, f.end_line) if f.end_line else 0
+    return line, 1, end, 0
+
+
+_FILES: Dict[str, bytes] = {}
+
+
+def _read_cached(path: str) -> bytes:
+    if path not in _FILES:
+        with open(path, "rb") as fh:
+            _FILES[path] = fh.read()
+    return _FILES[path]
+
+
 def github(f: Finding) -> str:
     """A workflow command; properties escaped as GitHub's toolkit does."""
     level = "error" if f.code == ERROR_CODE else "warning"
-    props = [f"file={_escape_property(f.path)}", f"line={f.line}", f"col={f.col}"]
-    if f.end_line:
-        props += [f"endLine={f.end_line}", f"endColumn={f.end_col}"]
+    line, col, end_line, end_col = _in_file(f)
+    props = [f"file={_escape_property(f.path)}", f"line={line}", f"col={col}"]
+    if end_line:
+        props += [f"endLine={end_line}"] + ([f"endColumn={end_col}"] if end_col else [])
     title = f"xlaport {f.code}" + (" (fixable)" if f.fix else "")
     props.append(f"title={_escape_property(title)}")
     where = f"cell {f.cell}, line {f.line}: " if f.cell is not None else ""
@@ -170,13 +197,16 @@ def sarif(found: Sequence[Finding]) -> Dict[str, object]:
     position = {code: k for k, code in enumerate(codes)}
     results = []
     for f in found:
-        region: Dict[str, int] = {"startLine": f.line, "startColumn": f.col}
-        if f.end_line:
-            region.update(endLine=f.end_line, endColumn=f.end_col)
+        line, col, end_line, end_col = _in_file(f)
+        region: Dict[str, int] = {"startLine": line, "startColumn": col}
+        if end_line:
+            region["endLine"] = end_line
+            if end_col:
+                region["endColumn"] = end_col
         result: Dict[str, object] = {
             "ruleId": f.code,
             "level": "error" if f.code == ERROR_CODE else "warning",
-            "message": {"text": f.message + (f" (notebook cell {f.cell})" if f.cell is not None else "")},
+            "message": {"text": f.message + (f" (notebook cell {f.cell}, line {f.line})" if f.cell is not None else "")},
             "locations": [{"physicalLocation": {
                 "artifactLocation": {"uri": f.path.replace(os.sep, "/")},
                 "region": region,
