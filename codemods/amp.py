@@ -77,8 +77,8 @@ class MixedPrecision(DropsStatements, XlaCodemod):
     NEEDS = ("name:autocast", "name:GradScaler", "name~scaler")  # (see regions)
 
     def regions(self, tree):
-        return tree.statements_where(lambda n: isinstance(n, cst.Name) and (
-            n.value in ("autocast", "GradScaler") or "scaler" in n.value))
+        return tree.statements_where(lambda n: n.value in ("autocast", "GradScaler") or "scaler" in n.value,
+                                     (cst.Name,))
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]

@@ -67,7 +67,7 @@ class Checkpoints(XlaCodemod):
     NEEDS = ("name:load", "name:save")  # (see regions)
 
     def regions(self, tree):
-        return tree.statements_where(lambda n: isinstance(n, cst.Name) and n.value in ("load", "save"))
+        return tree.statements_where(lambda n: n.value in ("load", "save"), (cst.Name,))
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         q = self.qualnames(original_node.func)

@@ -147,10 +147,10 @@ class CudaApi(DropsStatements, XlaCodemod):
 
     def regions(self, tree):
         return tree.statements_where(lambda n: (
-            (isinstance(n, cst.Name) and n.value in ("cuda", "accelerator", "cudnn", "pin_memory"))
-            or (isinstance(n, cst.Name) and n.value.startswith("cuda"))
+            (isinstance(n, cst.Name) and (n.value in ("accelerator", "cudnn", "pin_memory")
+                                          or n.value.startswith("cuda")))
             or (isinstance(n, cst.SimpleString) and "pin_memory" in n.value)
-        ))
+        ), (cst.Name, cst.SimpleString))
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]

@@ -57,8 +57,7 @@ class DeviceStrings(XlaCodemod):
     TRIGGERS = (b"cuda",)
 
     def regions(self, tree):
-        return tree.statements_where(lambda n: isinstance(n, (cst.SimpleString, cst.FormattedStringText))
-                                     and "cuda" in n.value)
+        return tree.statements_where(lambda n: "cuda" in n.value, (cst.SimpleString, cst.FormattedStringText))
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]

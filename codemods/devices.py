@@ -160,10 +160,8 @@ class DeviceSwap(XlaCodemod):
     def regions(self, tree):
         """Statements that mention CUDA: a "cuda..." string, or a name such as
         ``cuda``, ``is_available``'s module or a ``use_cuda`` flag."""
-        return tree.statements_where(lambda n: (
-            (isinstance(n, cst.Name) and "cuda" in n.value)
-            or (isinstance(n, (cst.SimpleString, cst.FormattedStringText)) and "cuda" in n.value)
-        ))
+        return tree.statements_where(lambda n: "cuda" in n.value,
+                                     (cst.Name, cst.SimpleString, cst.FormattedStringText))
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]

@@ -146,8 +146,9 @@ class Distributed(XlaCodemod):
         "init_process_group", "DistributedDataParallel", "DDP", "spawn", "compile", "DistributedSampler"))
 
     def regions(self, tree):
-        return tree.statements_where(lambda n: isinstance(n, cst.Name) and n.value in (
-            "init_process_group", "DistributedDataParallel", "DDP", "spawn", "compile", "DistributedSampler"))
+        return tree.statements_where(lambda n: n.value in (
+            "init_process_group", "DistributedDataParallel", "DDP", "spawn", "compile", "DistributedSampler"),
+            (cst.Name,))
 
     def visit_Module(self, node: cst.Module) -> None:
         source = self.tree.source

@@ -105,7 +105,7 @@ class ProgressBars(XlaCodemod):
                 continue
             if isinstance(bound, cst.Name) and any(isinstance(x, cst.Name) and x.value in names for x in walk(value)):
                 names.add(bound.value)
-        return tree.statements_where(lambda n: isinstance(n, cst.Name) and n.value in names)
+        return tree.statements_where(lambda n: n.value in names, (cst.Name,))
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]

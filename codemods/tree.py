@@ -123,6 +123,7 @@ class TreeCache:
         self.source = source
         self.memo: Dict[str, object] = {}
         self._parents: Optional[Dict[int, cst.CSTNode]] = None
+        self._by_type: Dict[type, List[cst.CSTNode]] = {}
         self._imports: Optional[Dict[str, str]] = None
         self._rebound: Optional[Set[str]] = None
         self._metadata: Dict[type, Mapping[cst.CSTNode, object]] = {}
@@ -132,10 +133,16 @@ class TreeCache:
     def parents(self) -> Dict[int, cst.CSTNode]:
         if self._parents is None:
             parents: Dict[int, cst.CSTNode] = {}
+            by_type = self._by_type
             stack: List[cst.CSTNode] = [self.module]
             while stack:
                 n = stack.pop()
-                for name in _child_fields(type(n)):
+                kind = type(n)
+                bucket = by_type.get(kind)
+                if bucket is None:
+                    bucket = by_type[kind] = []
+                bucket.append(n)
+                for name in _child_fields(kind):
                     value = getattr(n, name)
                     kids = [value] if isinstance(value, cst.CSTNode) else value if isinstance(value, (list, tuple)) else ()
                     for k in kids:
@@ -232,10 +239,16 @@ class TreeCache:
                 cur = parents.get(id(cur))
         return keep
 
-    def statements_where(self, pred: Callable[[cst.CSTNode], bool]) -> List[cst.CSTNode]:
-        """The innermost statements holding a node for which ``pred`` is true
-        (each once): the usual ``regions`` of a codemod."""
-        found = {id(st): st for st in (self.statement_of(n) for n in walk(self.module) if pred(n))}
+    def nodes(self, kinds: Tuple[type, ...]) -> List[cst.CSTNode]:
+        """Every node of the module of one of ``kinds`` (exact types), from an
+        index built with the parent links: no walk of the tree."""
+        self.parents  # builds the index
+        return [n for kind in kinds for n in self._by_type.get(kind, ())]
+
+    def statements_where(self, pred: Callable[[cst.CSTNode], bool], kinds: Tuple[type, ...]) -> List[cst.CSTNode]:
+        """The innermost statements holding a node of ``kinds`` for which
+        ``pred`` is true (each once): the usual ``regions`` of a codemod."""
+        found = {id(st): st for st in (self.statement_of(n) for n in self.nodes(kinds) if pred(n))}
         return list(found.values())
 
     def statement_of(self, node: cst.CSTNode) -> cst.CSTNode:

@@ -115,10 +115,8 @@ def process(entries: Sequence[Entry], settings: Settings, jobs: int = 0, cache: 
             continue
         result.original = data
         result.output = data
-        if not (data.strip() and _needs_parse(data, settings)) or settings.lines_for(str(entry.path)) == frozenset():
-            continue  # (nothing to look at, or --diff-base and the file did not change)
         key = ""
-        if cache is not None:
+        if cache is not None:  # first: a warm run answers before any other look at the file
             key = cache.key(str(entry.path), data)
             hit = cache.get(key)
             if hit is not None:
@@ -127,6 +125,8 @@ def process(entries: Sequence[Entry], settings: Settings, jobs: int = 0, cache: 
                     continue
                 except (KeyError, TypeError, ValueError):
                     pass  # an entry of another shape: a miss
+        if not (data.strip() and _needs_parse(data, settings)) or settings.lines_for(str(entry.path)) == frozenset():
+            continue  # (nothing to look at, or --diff-base and the file did not change)
         work.append((result, (str(entry.path), data, settings), key))
     if progress is not None:
         progress(len(results) - len(work))

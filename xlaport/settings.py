@@ -21,6 +21,7 @@ class Settings:
     prefilter: bool = True  # skip codemods the ast prefilter rules out (same results, faster)
     # --diff-base: absolute path -> the lines changed; None: every line counts
     changed_lines: Optional[Mapping[str, FrozenSet[int]]] = None
+    _codes: Optional[tuple] = field(default=None, repr=False, compare=False)  # selected_codes, memoised
 
     def lines_for(self, filename: str) -> Optional[FrozenSet[int]]:
         if self.changed_lines is None:
@@ -47,4 +48,7 @@ class Settings:
                         self.prefilter)
 
     def selected_codes(self) -> List[str]:
-        return registry.selected_codes(self.select, self.ignore)
+        key = (tuple(self.select) if self.select is not None else None, tuple(self.ignore))
+        if self._codes is None or self._codes[0] != key:
+            self._codes = (key, registry.selected_codes(self.select, self.ignore))
+        return self._codes[1]

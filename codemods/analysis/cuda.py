@@ -123,8 +123,13 @@ def cuda_references(tree: TreeCache, qualnames: QualNames) -> List[Tuple[cst.CST
 
 def count_references(tree: TreeCache) -> int:
     """How many CUDA references the module holds, reading names through its
-    imports only: the same count before and after conversion."""
-    return len(cuda_references(tree, lambda n: tree.import_qualnames(n) or set()))
+    imports only: the same count before and after conversion.  Once per tree
+    (the engine counts the input; the catch-all counts what is left, often
+    the same tree)."""
+    count = tree.memo.get("cuda_count")
+    if not isinstance(count, int):
+        count = tree.memo["cuda_count"] = len(cuda_references(tree, lambda n: tree.import_qualnames(n) or set()))
+    return count
 
 
 # a name that says it holds a device (last resort where no assignment says so)
