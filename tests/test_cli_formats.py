@@ -233,3 +233,26 @@ def test_github_and_sarif_point_notebook_findings_at_the_notebook_line(tmp_path)
     assert ".cuda()" in file_lines[at - 1] and "cell 2, line 3:" in line
     result = json.loads(run("lint", "--format", "sarif", f).stdout)["runs"][0]["results"][0]
     assert result["locations"][0]["physicalLocation"]["region"]["startLine"] == at
+
+
+@pytest.mark.parametrize("fmt", ["text", "concise", "json", "github", "sarif", "markdown", "junit"])
+def test_statistics_in_every_format(gpu, fmt):
+    out = run("lint", "--format", fmt, "--statistics", gpu).stdout
+    assert "XLA101" in out and "XLA115" in out
+    if fmt == "json":
+        assert json.loads(out)["statistics"]
+    elif fmt == "sarif":
+        assert json.loads(out)["runs"][0]["properties"]["statistics"]
+    elif fmt == "junit":
+        assert ET.fromstring(out).find(".//property[@name='XLA101']").get("value") == "1"
+
+
+def test_explain_file_error_and_every_rule():
+    assert "could not be read" in run("explain", "XLA001").stdout
+    assert "silences nothing" in run("explain", "xla002").stdout
+
+
+def test_every_command_that_reports_takes_quiet_and_verbose():
+    for command in ("lint", "convert", "verify"):
+        text = run(command, "--help").stdout
+        assert "-q, --quiet" in text and "-v, --verbose" in text, command

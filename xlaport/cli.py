@@ -432,6 +432,11 @@ def explain(code):
 
     index = rule_index()
     code = code.upper()
+    if code == ERROR_CODE:
+        from xlaport.docs import FILE_ERROR
+
+        click.echo(f"{ERROR_CODE} ({FILE_ERROR[1]})\n\nWhat it does: {FILE_ERROR[2]}.\n\n{FILE_ERROR[3]}")
+        return
     if code not in index:
         raise click.UsageError(f"unknown rule {code!r}; `xlaport rules` lists them")
     click.echo(render_rule(index[code][0], index[code][1]))

@@ -86,14 +86,20 @@ def write(results: Sequence[FileResult], fmt: str, out: TextIO, show_fixes: bool
             data["statistics"] = statistics(results)
         out.write(json.dumps(data, indent=2) + "\n")
     elif fmt == "sarif":
-        out.write(json.dumps(sarif(found), indent=2) + "\n")
+        log = sarif(found)
+        if stats:
+            log["runs"][0]["properties"] = {"statistics": statistics(results)}  # type: ignore[index]
+        out.write(json.dumps(log, indent=2) + "\n")
     elif fmt == "junit":
-        out.write(junit(results, found))
+        out.write(junit(results, found, statistics(results) if stats else None))
     elif fmt == "markdown":
         out.write(markdown(results, found, stats))
     elif fmt == "github":
         for f in found:
             out.write(github(f) + "\n")
+        if stats:
+            counts = ", ".join(f"{s['code']} x{s['count']}" for s in statistics(results)) or "no findings"
+            out.write(f"::notice title=xlaport statistics::{_escape_data(counts)}\n")
     elif stats:
         for s in statistics(results):
             out.write(f"{s['count']:6d}  {s['code']}  {s['name']}{'  [*]' if s['fixable'] else ''}\n")
@@ -252,12 +258,18 @@ def markdown(results: Sequence[FileResult], found: Sequence[Finding], stats: boo
     return "\n".join(lines)
 
 
-def junit(results: Sequence[FileResult], found: Sequence[Finding]) -> str:
+def junit(results: Sequence[FileResult], found: Sequence[Finding], stats=None) -> str:
     by_file: Dict[str, List[Finding]] = {}
     for f in found:
         by_file.setdefault(f.path, []).append(f)
     out = ['<?xml version="1.0" encoding="UTF-8"?>',
            f'<testsuites name="xlaport" tests="{len(found)}" failures="{len(found)}">']
+    if stats:  # counts per rule, as the properties of a suite of their own
+        out.append('  <testsuite name="xlaport statistics" tests="0" failures="0">')
+        out.append("    <properties>")
+        out += [f'      <property name={quoteattr(str(s["code"]))} value="{s["count"]}"/>' for s in stats]
+        out.append("    </properties>")
+        out.append("  </testsuite>")
     for path, group in by_file.items():
         out.append(f'  <testsuite name={quoteattr(path)} tests="{len(group)}" failures="{len(group)}">')
         for f in group:

@@ -40,8 +40,10 @@ import click
               help="Run both sides as `torchrun --nproc_per_node=1` would (RANK, WORLD_SIZE, MASTER_* set).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write a per-step compiles/executions/transfers plot to this PNG (needs matplotlib).")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
+@click.option("-v", "--verbose", is_flag=True, help="Also print the whole report as JSON (on stderr).")
 def verify(script, script_args, converted, device, reference, rtol, atol, warmup_steps, max_host_reads_per_step,
-           timeout, json_out, reference_runs, lengths, record_to, against, keep, torchrun, plot):
+           timeout, json_out, reference_runs, lengths, record_to, against, keep, torchrun, plot, quiet, verbose):
     """Run SCRIPT as the reference and its XLA conversion; compare outputs and compile behaviour.
 
     Exit 0: pass; 1: outputs differ or a budget is exceeded; 2: could not verify.
@@ -75,7 +77,12 @@ def verify(script, script_args, converted, device, reference, rtol, atol, warmup
     if report.verdict == "recorded":
         click.echo(f"recorded {report.metrics['runs']} {report.metrics['reference']} reference run(s) to {record_to}")
         sys.exit(0)
-    render(report)
+    if quiet:
+        click.echo(f"verify: {report.verdict}")
+    else:
+        render(report)
+    if verbose:
+        click.echo(json.dumps(report.as_dict(), indent=2), err=True)
     if plot:
         try:
             plot_steps(report, Path(plot))
