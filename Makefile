@@ -31,7 +31,7 @@ test: setup
 	$(PY) -m pytest -q
 
 bench: setup
-	$(PY) benchmarks/bench_lint.py
+	$(PY) benchmarks/bench_speed.py
 	$(PY) benchmarks/bench_fixtures.py
 	$(PY) benchmarks/bench_diffusers.py
 

@@ -241,13 +241,15 @@ class XlaCodemod(CodemodCommand, cst.CSTTransformer):
         return ok
 
     def _in_changed_lines(self, node: cst.CSTNode) -> bool:
-        """``--diff-base``: does the node touch a line the change made?"""
+        """``--diff-base``: is the line a finding would point at (where the
+        node starts) one the change made?  As Ruff judges a diagnostic by its
+        line: a loop edited inside keeps its old findings out of the review."""
         only = self.options.get("only_lines")
         if only is None:
             return True
-        start, _, end = self.position(node)
+        start, _, _ = self.position(node)
         back = self.context.scratch.get(ORIGINAL_LINE_KEY) or (lambda line: line)
-        return any(back(line) in only for line in range(start, end + 1))  # type: ignore[operator, union-attr]
+        return back(start) in only  # type: ignore[operator]
 
     def add_imports(self, imports: Iterable[Import]) -> None:
         for module, obj, asname in imports:

@@ -123,7 +123,8 @@ class HostReads(LoopCodemod):
     @staticmethod
     def hot_regions(tree: TreeCache) -> List[cst.CSTNode]:
         facts = module_facts(tree)
-        return facts.hot_loops + facts.step_methods
+        per_step = [fn for fn in find_all(tree.module, cst.FunctionDef) if id(fn) in facts.per_step]
+        return facts.hot_loops + facts.step_methods + per_step
 
     def regions(self, tree):
         return None if self.include_cold else self.hot_regions(tree)
@@ -133,6 +134,7 @@ class HostReads(LoopCodemod):
         self.include_cold = bool(self.option("include_cold", False))
         self.hot_methods: List[Set[str]] = []
         self.function_stack: List[str] = []
+        self.function_nodes: List[cst.FunctionDef] = []
 
     # --------------------------------------------------------------- where
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
@@ -145,9 +147,11 @@ class HostReads(LoopCodemod):
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         super().visit_FunctionDef(node)
         self.function_stack.append(node.name.value)
+        self.function_nodes.append(node)
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.CSTNode:
         self.function_stack.pop()
+        self.function_nodes.pop()
         return super().leave_FunctionDef(original_node, updated_node)
 
     def _where(self) -> Optional[str]:
@@ -160,6 +164,10 @@ class HostReads(LoopCodemod):
             fn = self.function_stack[-1]
             via = "" if fn == "step" else " (reached from `step()`)"
             return f"runs every step: in `{fn}()`{via}"
+        if self.function_nodes:
+            caller = module_facts(self.tree).per_step.get(id(self.function_nodes[-1]))
+            if caller is not None:
+                return f"runs every step: in `{self.function_stack[-1]}()`, called from {caller}"
         return None
 
     def _report(self, node: cst.CSTNode, rule: Rule, what: str) -> None:

@@ -66,7 +66,7 @@ CODEMODS = (
     ('codemods.coverage', 'CudaCatchAll', (b'cuda', b'nccl', b'pin_memory', b'map_location', b'device_ids', b'output_device', b'GradScaler', b'spawn'), (), (
         ('XLA199', 'cuda-left-over', 'a CUDA-specific construct no rule converted (reported, with a hint)', False),
     )),
-    ('codemods.suppressions', 'UnusedSuppressions', (b'xlaport:', b'noqa', b'NOQA'), (), (
+    ('codemods.suppressions', 'UnusedSuppressions', (b'xlaport:', b'noqa: XLA', b'noqa:XLA', b'NOQA: XLA', b'noqa: xla'), (), (
         ('XLA002', 'unused-suppression', 'a suppression comment silences nothing, or names no xlaport rule', False),
     )),
 )

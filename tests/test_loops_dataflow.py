@@ -165,3 +165,21 @@ def test_module_that_already_supports_xla_keeps_its_own_loaders():
     out, findings = convert_text(src)
     assert out == src
     assert all(not f.fix for f in findings)
+
+
+def test_functions_called_from_the_step_loop_run_every_step():
+    src = ("def log_metrics(loss):\n    print(loss.item())\n\n\n"
+           "def train_step(batch):\n    loss = model(batch).sum()\n    loss.backward()\n    opt.step()\n"
+           "    log_metrics(loss)\n\n\n"
+           "class Trainer:\n    def fit(self):\n        for b in batches:\n            self.one(b)\n\n"
+           "    def one(self, b):\n        loss = model(b).sum()\n        loss.backward()\n        opt.step()\n"
+           "        return float(loss.sum().item())\n\n\n"
+           "def evaluate(data):\n    return [model(x).sum().item() for x in data]\n\n\n"
+           "for batch in batches:\n    train_step(batch)\nevaluate(batches)\n")
+    _, findings = convert_text(src, select=["XLA401"])
+    every = {(f.line, f.hot) for f in findings}
+    assert (2, True) in every  # log_metrics, reached through train_step
+    assert (21, True) in every  # Trainer.one, through self.one in fit's loop
+    assert not any(f.line == 25 for f in findings)  # evaluate runs once: not reported without --include-cold
+    msg = next(f.message for f in findings if f.line == 2)
+    assert "called from `train_step()`" in msg

@@ -357,10 +357,52 @@ class ModuleFacts:
         self.step_methods: List[cst.CSTNode] = [
             fn for cls in find_all(module, cst.ClassDef) for fn in hot_methods(cls).values()  # type: ignore[arg-type]
         ]
+        # functions of this module run once per step: called (by name, or as
+        # ``self.m`` in the same class) from a hot loop, or from such a function
+        self.per_step: Dict[int, str] = per_step_functions(module, self.hot_loops)
 
     @property
     def hot_loops(self) -> List[cst.CSTNode]:
         return self.step_loops + self.loader_loops
+
+
+def per_step_functions(module: cst.Module, loops: List[cst.CSTNode]) -> Dict[int, str]:
+    """``id(FunctionDef) -> name of its caller`` for the module's functions
+    that run once per step: called from one of ``loops`` (a step or loader
+    loop), directly or through other functions of the module.  Module-level
+    functions are followed by name; methods as ``self.name(...)`` within the
+    class that holds the caller."""
+    if not loops:
+        return {}
+    defs = {fn.name.value: fn for fn in find_all(module, cst.FunctionDef, stop=(cst.FunctionDef, cst.ClassDef))
+            if fn is not module}  # type: ignore[attr-defined]
+    owner: Dict[int, Dict[str, cst.FunctionDef]] = {}  # id(method) -> its class's methods
+    for cls in find_all(module, cst.ClassDef):
+        body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()  # type: ignore[attr-defined]
+        methods = {s.name.value: s for s in body if isinstance(s, cst.FunctionDef)}
+        for m in methods.values():
+            owner[id(m)] = methods
+    enclosing: Dict[int, Dict[str, cst.FunctionDef]] = {}
+    for fn in find_all(module, cst.FunctionDef):
+        if id(fn) in owner:
+            for inner in find_all(fn, (cst.For, cst.While)):
+                enclosing[id(inner)] = owner[id(fn)]
+    found: Dict[int, str] = {}
+    todo: List[tuple] = [(loop, enclosing.get(id(loop), {}), "the loop") for loop in loops]
+    while todo:
+        node, methods, caller = todo.pop()
+        for call in find_all(node, cst.Call, stop=(cst.ClassDef, cst.Lambda)):
+            func = call.func  # type: ignore[attr-defined]
+            target = None
+            if isinstance(func, cst.Name) and func.value in defs:
+                target, scope = defs[func.value], {}
+            elif (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)
+                  and func.value.value == "self" and func.attr.value in methods):
+                target, scope = methods[func.attr.value], methods
+            if target is not None and id(target) not in found and target is not node:
+                found[id(target)] = caller
+                todo.append((target, scope, f"`{target.name.value}()`"))
+    return found
 
 
 def module_facts(tree: TreeCache) -> ModuleFacts:
