@@ -10,12 +10,13 @@ call (``hot`` is then false).
 
 from __future__ import annotations
 
-from typing import List, Optional, Set
+from typing import Dict, List, Optional, Set
 
 import libcst as cst
 
 from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP, STEP_METHOD
 from codemods.analysis import LoopCodemod, hot_methods, is_tensor_expr, loop_iterable, module_facts
+from codemods.analysis.loops import per_step_functions, step_functions
 from codemods.base import Rule, TreeCache, call_name, find_all
 
 ITEM = Rule(
@@ -123,11 +124,25 @@ class HostReads(LoopCodemod):
     @staticmethod
     def hot_regions(tree: TreeCache) -> List[cst.CSTNode]:
         facts = module_facts(tree)
-        per_step = [fn for fn in find_all(tree.module, cst.FunctionDef) if id(fn) in facts.per_step]
-        return facts.hot_loops + facts.step_methods + per_step
+        return facts.hot_loops + facts.step_methods
 
     def regions(self, tree):
-        return None if self.include_cold else self.hot_regions(tree)
+        if self.include_cold:
+            return None
+        per_step = self.per_step()
+        return self.hot_regions(tree) + [fn for fn in tree.nodes((cst.FunctionDef,)) if id(fn) in per_step]
+
+    def per_step(self) -> Dict[int, str]:
+        """The module's functions run once per step, from the loops that really
+        are step or loader loops (judged as the walk judges them)."""
+        def compute() -> Dict[int, str]:
+            module = self.tree.module
+            self.steps = self._memo("steps", module, lambda: step_functions(module, self.qualnames))
+            loops = [lp for lp in module_facts(self.tree).hot_loops
+                     if self.is_step_loop(lp) or (isinstance(lp, cst.For) and self.is_loader_loop(lp))]  # type: ignore[arg-type]
+            return per_step_functions(module, loops)
+
+        return self._memo("per_step", self.tree.module, compute)  # type: ignore[return-value]
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -165,7 +180,7 @@ class HostReads(LoopCodemod):
             via = "" if fn == "step" else " (reached from `step()`)"
             return f"runs every step: in `{fn}()`{via}"
         if self.function_nodes:
-            caller = module_facts(self.tree).per_step.get(id(self.function_nodes[-1]))
+            caller = self.per_step().get(id(self.function_nodes[-1]))
             if caller is not None:
                 return f"runs every step: in `{self.function_stack[-1]}()`, called from {caller}"
         return None

@@ -357,9 +357,6 @@ class ModuleFacts:
         self.step_methods: List[cst.CSTNode] = [
             fn for cls in find_all(module, cst.ClassDef) for fn in hot_methods(cls).values()  # type: ignore[arg-type]
         ]
-        # functions of this module run once per step: called (by name, or as
-        # ``self.m`` in the same class) from a hot loop, or from such a function
-        self.per_step: Dict[int, str] = per_step_functions(module, self.hot_loops)
 
     @property
     def hot_loops(self) -> List[cst.CSTNode]:
