@@ -67,11 +67,12 @@ class UnusedSuppressions(XlaCodemod):
         back = self.context.scratch.get(ORIGINAL_LINE_KEY) or (lambda n: n)
         used: Set[Tuple[int, str]] = self.context.scratch.get(USED_SUPPRESSIONS_KEY) or set()  # type: ignore[assignment]
         columns = _comment_columns(text)
+        only = self.options.get("only_lines")  # --diff-base
         findings: List[Finding] = self.context.scratch.setdefault(FINDINGS_KEY, [])  # type: ignore[assignment]
         for line, codes in sorted(comments.items()):
             original = back(line)  # type: ignore[operator]
-            if UNUSED_SUPPRESSION.code in codes:
-                continue  # this rule silenced on the line by name
+            if UNUSED_SUPPRESSION.code in codes or (only is not None and original not in only):  # type: ignore[operator]
+                continue  # this rule silenced on the line by name, or a line the change did not touch
             for code in sorted(codes):
                 covered = [k for k in known if code_matches(k, [code])]
                 if not covered:

@@ -256,3 +256,17 @@ def test_every_command_that_reports_takes_quiet_and_verbose():
     for command in ("lint", "convert", "verify"):
         text = run(command, "--help").stdout
         assert "-q, --quiet" in text and "-v, --verbose" in text, command
+
+
+def test_bad_output_file_and_stdin_with_output_dir_are_usage_errors(gpu, tmp_path):
+    result = run("lint", "--output-file", tmp_path / "no" / "such" / "dir.json", gpu)
+    assert result.exit_code == 2 and "cannot write --output-file" in result.stderr
+    assert run("convert", "-", "-o", tmp_path / "out", input=CUDA).exit_code == 2
+
+
+def test_unused_suppression_is_reported_and_a_used_one_is_not(tmp_path):
+    f = tmp_path / "s.py"
+    f.write_text("import torch\nx = torch.ones(2).cuda()  # noqa: XLA101\ny = torch.ones(2)  # noqa: XLA101\n"
+                 "z = 1  # xlaport: ignore[XLA950]\n")
+    found = [(x["line"], x["code"]) for x in json.loads(run("lint", "--format", "json", f).stdout)["findings"]]
+    assert found == [(3, "XLA002"), (4, "XLA002")]

@@ -110,8 +110,12 @@ class Run:
         """The findings, in the chosen format, to stdout or --output-file."""
         show_fixes = not self.quiet
         if self.output_file:
-            with open(self.output_file, "w", encoding="utf-8") as fh:
-                output.write(results, self.fmt, fh, show_fixes, self.statistics)
+            try:
+                with open(self.output_file, "w", encoding="utf-8") as fh:
+                    output.write(results, self.fmt, fh, show_fixes, self.statistics)
+            except OSError as exc:
+                _echo(f"xlaport: cannot write --output-file {self.output_file}: {exc.strerror or exc}", err=True)
+                sys.exit(2)
         else:
             output.write(results, self.fmt, sys.stdout, show_fixes, self.statistics)
         if self.verbose:
@@ -294,6 +298,8 @@ def convert(paths, output_dir, show_diff, check, exit_non_zero_on_fix, **kw):
         output.write([], run.fmt, sys.stdout) if run.fmt != "text" else None
         sys.exit(0)
     stdin = paths == ("-",)
+    if stdin and output_dir:
+        raise click.UsageError("`-` (standard input) prints the converted program; it does not go with -o")
     out_root = Path(output_dir) if output_dir else None
     if out_root is not None:
         for p in paths:
@@ -310,7 +316,11 @@ def convert(paths, output_dir, show_diff, check, exit_non_zero_on_fix, **kw):
     elif write:
         for stale in remove_stale_temps({r.path.parent for r in results}):
             _echo(f"{stale}: removed a temporary file left by an interrupted run", err=True)
-        _write(results, paths, out_root)
+        try:
+            _write(results, paths, out_root)
+        except KeyboardInterrupt:  # every file is replaced whole or not at all
+            _echo("xlaport: interrupted while writing; each file is either converted or unchanged.", err=True)
+            sys.exit(130)
     if show_diff:
         for r in results:
             if r.changed:
