@@ -20,10 +20,7 @@ import libcst as cst
 from libcst.codemod import CodemodCommand, CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst._metadata_dependent import LazyValue
-from libcst.metadata import (
-    PositionProvider,
-    QualifiedNameProvider,
-)
+from libcst.metadata import QualifiedNameProvider
 
 from codemods.rule import (  # noqa: F401 -- re-exported
     ALL,
@@ -195,8 +192,9 @@ class XlaCodemod(CodemodCommand, cst.CSTTransformer):
         return self.options.get(name, default)
 
     def position(self, node: cst.CSTNode) -> Tuple[int, int, int]:
-        pos = self.meta(PositionProvider, node)
-        return pos.start.line, pos.start.column + 1, pos.end.line
+        """(line, column, end line) of ``node`` in the tree this pass reads."""
+        line, col, end, _ = self.tree.position(self.context, node)
+        return line, col, end
 
     def is_suppressed(self, node: cst.CSTNode, code: str) -> bool:
         if not self._suppressed:

@@ -15,8 +15,8 @@ import re
 from typing import List
 
 import libcst as cst
-from libcst.metadata import Assignment, ScopeProvider
 
+from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP
 from codemods.analysis import LoopCodemod, module_facts, reads_tensor_value
 from codemods.base import Rule, call_name, dotted
@@ -138,13 +138,8 @@ class HotPrints(LoopCodemod):
             def visit_Name(self, node: cst.Name) -> None:
                 if node.value in names:
                     return
-                scope = outer.meta(ScopeProvider, node)
-                if scope is None:
-                    return
-                for a in scope[node.value]:
-                    if isinstance(a, Assignment) and not isinstance(
-                        a.node, (cst.Import, cst.ImportFrom, cst.FunctionDef, cst.ClassDef)
-                    ):
+                for bound in binding_nodes(outer.tree, node):
+                    if not isinstance(bound, (cst.Import, cst.ImportFrom, cst.FunctionDef, cst.ClassDef)):
                         names.append(node.value)
                         return
 

@@ -124,6 +124,8 @@ class TreeCache:
         self.memo: Dict[str, object] = {}
         self._parents: Optional[Dict[int, cst.CSTNode]] = None
         self._by_type: Dict[type, List[cst.CSTNode]] = {}
+        self._light_calls = 0
+        self._positions: Dict[int, Tuple[int, int, int, int]] = {}
         self._imports: Optional[Dict[str, str]] = None
         self._rebound: Optional[Set[str]] = None
         self._metadata: Dict[type, Mapping[cst.CSTNode, object]] = {}
@@ -257,6 +259,21 @@ class TreeCache:
         while cur is not None and not isinstance(cur, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             cur = self.parents.get(id(cur))
         return cur or node
+
+    def position(self, context: CodemodContext, node: cst.CSTNode) -> Tuple[int, int, int, int]:
+        """One node's (line, col, end line, end col).  The first few questions
+        on a tree are answered by light passes for just those nodes; past
+        that, LibCST's full position metadata is computed once and used."""
+        if id(node) in self._positions:
+            return self._positions[id(node)]
+        if PositionProvider not in self._metadata and self._light_calls < 3:
+            self._light_calls += 1
+            found = self.start_positions([node]).get(id(node))
+            if found is not None:
+                self._positions[id(node)] = found
+                return found
+        pos = self.metadata(context, PositionProvider)[node]
+        return pos.start.line, pos.start.column + 1, pos.end.line, pos.end.column + 1  # type: ignore[attr-defined]
 
     def start_positions(self, nodes: List[cst.CSTNode]) -> Dict[int, Tuple[int, int, int, int]]:
         """``id(node) -> (line, col)``: from the full position metadata when

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Callable, List, Set
 
 import libcst as cst
-from libcst.metadata import Assignment, ScopeProvider
 
+from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.loops import (
     _DEFS,
     LOADER_NAME_RE,
@@ -19,6 +19,7 @@ from codemods.analysis.loops import (
     is_step_loop,
     loop_iterable,
     model_functions,
+    module_facts,
     step_functions,
 )
 from codemods.analysis.tensors import tensor_names
@@ -114,7 +115,9 @@ class LoopCodemod(XlaCodemod):
     def hot_loop_line(self) -> int:
         for loop, step, loader in self.loop_stack:
             if step or loader:
-                return self.position(loop)[0]
+                lines = self._memo("loop_lines", self.tree.module, lambda: {  # every candidate loop, one pass
+                    k: v[0] for k, v in self.tree.start_positions(module_facts(self.tree).hot_loops).items()})
+                return lines.get(id(loop)) or self.position(loop)[0]  # type: ignore[union-attr]
         return 0
 
     def is_step_closure(self, call: cst.Call) -> bool:
@@ -126,14 +129,8 @@ class LoopCodemod(XlaCodemod):
         """Values assigned to ``name`` in its scope: plain assignments, and
         the whole right-hand side of a tuple unpacking (``model, dl =
         accelerator.prepare(model, dl)``); parameters as ``Param`` nodes."""
-        scope = self.meta(ScopeProvider, name)
-        if scope is None:
-            return []
         values: List[cst.CSTNode] = []
-        for a in scope[name.value]:
-            if not isinstance(a, Assignment):
-                continue
-            target = a.node
+        for target in binding_nodes(self.tree, name):
             parent = self.parent(target)
             while isinstance(parent, (cst.Element, cst.StarredElement, cst.Tuple, cst.List)):
                 parent = self.parent(parent)
