@@ -184,6 +184,9 @@ def test_gitignored_files_are_skipped_in_walks(repo):
     paths = {f["path"] for f in json.loads(run("lint", "--format", "json", "--no-respect-gitignore",
                                                repo).stdout)["findings"]}
     assert any("generated" in p for p in paths)
+    # a directory named on the command line is walked even when git ignores it
+    paths = {f["path"] for f in json.loads(run("lint", "--format", "json", repo / "generated").stdout)["findings"]}
+    assert any(p.endswith("g.py") for p in paths)
 
 
 def test_diff_base_reports_and_rewrites_only_changed_lines(repo):

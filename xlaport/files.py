@@ -109,7 +109,12 @@ def discover(paths: Sequence[str], exclude: Sequence[str] = (), force_exclude: b
     if respect_gitignore and walked:
         from xlaport.vcs import ignored
 
-        drop = {os.path.abspath(p) for p in ignored([e.path for e in walked if not e.error])}
+        # a directory named on the command line is walked even when git
+        # ignores it (the user asked for it); what git ignores inside it is not
+        roots = {e.root for e in walked if e.root is not None}
+        asked = {os.path.abspath(r) for r in ignored([r / "." for r in roots])} if roots else set()
+        drop = {os.path.abspath(p) for p in ignored([e.path for e in walked if not e.error
+                                                     and os.path.abspath(e.root) not in asked])}  # type: ignore[arg-type]
         entries = [e for e in entries if e.root is None or os.path.abspath(e.path) not in drop]
     return entries
 

@@ -443,21 +443,18 @@ def hot_methods(cls: cst.ClassDef) -> Dict[str, cst.FunctionDef]:
     todo = [m for m in methods if m == "step" or (m.endswith("_step") and not m.startswith("set_"))]
     if not todo:
         return {}
-    calls: Dict[str, Set[str]] = {}
-    for name, fn in methods.items():
-        calls[name] = {
-            c.func.attr.value  # type: ignore[attr-defined]
-            for c in _calls_outside_lazy_init(fn)
-            if isinstance(c.func, cst.Attribute)  # type: ignore[attr-defined]
-            and isinstance(c.func.value, cst.Name)  # type: ignore[attr-defined]
-            and c.func.value.value == "self"  # type: ignore[attr-defined]
-        } & set(methods)
     hot: Dict[str, cst.FunctionDef] = {}
-    while todo:
+    while todo:  # only the methods reached are read
         m = todo.pop()
         if m not in hot:
             hot[m] = methods[m]
-            todo.extend(calls.get(m, ()))
+            todo.extend({
+                c.func.attr.value  # type: ignore[attr-defined]
+                for c in _calls_outside_lazy_init(methods[m])
+                if isinstance(c.func, cst.Attribute)  # type: ignore[attr-defined]
+                and isinstance(c.func.value, cst.Name)  # type: ignore[attr-defined]
+                and c.func.value.value == "self"  # type: ignore[attr-defined]
+            } & set(methods))
     return hot
 
 
