@@ -147,7 +147,7 @@ def one_file(env, tmp: Path, src: Path) -> None:
           f"(target <= 1.5x)")
 
 
-def on_corpus(env, src: Path, jobs: int, identity: bool) -> None:
+def on_corpus(env, src: Path, jobs: int, identity: bool, save: str = "") -> None:
     files = sorted(str(p) for p in src.rglob("*.py"))
     cst_t = bare(_parse_cst, files, jobs)
     ast_t = bare(_parse_ast, files, jobs)
@@ -164,6 +164,8 @@ def on_corpus(env, src: Path, jobs: int, identity: bool) -> None:
           f"same output as cold: {warm_out == cold_out}")
     n = len(json.loads(cold_out)["findings"])
     print(f"  findings: {n}")
+    if save:
+        Path(save).write_bytes(cold_out)
     if identity:
         plain_t, _, plain_out = peak_rss(XLAPORT + ["lint", "-j", str(jobs), "--format", "json", "--no-cache",
                                                     "--no-prefilter", str(src)], env)
@@ -190,6 +192,7 @@ def main() -> None:
     ap.add_argument("--skip-corpus", action="store_true")
     ap.add_argument("--skip-growth", action="store_true")
     ap.add_argument("--identity", action="store_true")
+    ap.add_argument("--save", default="", help="write the cold run's JSON here")
     args = ap.parse_args()
     src = args.corpus or corpus()
     with tempfile.TemporaryDirectory() as tmp:
@@ -204,7 +207,7 @@ def main() -> None:
         if not args.skip_growth:
             growth(env, Path(tmp))
         if not args.skip_corpus:
-            on_corpus(env, src, args.jobs, args.identity)
+            on_corpus(env, src, args.jobs, args.identity, args.save)
 
 
 if __name__ == "__main__":
