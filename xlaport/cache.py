@@ -62,7 +62,6 @@ class Cache:
     def __init__(self, root: Path, settings: Settings) -> None:
         self.dir = root / code_fingerprint()
         self.settings_key = settings_fingerprint(settings)
-        self.hits = 0
         self._ready = False
 
     @classmethod
@@ -84,7 +83,6 @@ class Cache:
             return None
         if not isinstance(entry, dict) or entry.get("key") != key:
             return None
-        self.hits += 1
         return entry
 
     def put(self, key: str, entry: Dict[str, object]) -> None:

@@ -129,6 +129,13 @@ class Run:
         return self.fmt in ("text", "concise")
 
 
+def _nothing_to_do(run: Run) -> None:
+    """No paths: exit 0, with an empty report in the machine formats."""
+    if run.fmt != "text":
+        output.write([], run.fmt, sys.stdout)
+    sys.exit(0)
+
+
 def _echo(message: str, err: bool = False) -> None:
     click.echo(message, err=err, color=output.color())
 
@@ -295,8 +302,7 @@ def convert(paths, output_dir, show_diff, check, exit_non_zero_on_fix, **kw):
     program to standard output (the findings go to standard error)."""
     run = _prepare(paths, **kw)
     if not paths:
-        output.write([], run.fmt, sys.stdout) if run.fmt != "text" else None
-        sys.exit(0)
+        _nothing_to_do(run)
     stdin = paths == ("-",)
     if stdin and output_dir:
         raise click.UsageError("`-` (standard input) prints the converted program; it does not go with -o")
@@ -391,8 +397,7 @@ def lint(paths, show_diff, include_cold, **kw):
     if include_cold:
         run.settings.options = {**run.settings.options, "include_cold": True}
     if not paths:
-        output.write([], run.fmt, sys.stdout) if run.fmt != "text" else None
-        sys.exit(0)
+        _nothing_to_do(run)
     results = run.process()
     for r in results:  # lint proposes; convert reports what it did
         for f in r.findings:
