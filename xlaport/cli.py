@@ -201,7 +201,11 @@ def _process(entries, settings: Settings, jobs: int, no_cache: bool, show_progre
         return process(entries, settings, jobs, cache)
     except KeyboardInterrupt:
         click.echo("xlaport: interrupted; nothing was written.", err=True)
-        sys.exit(130)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # not sys.exit: the pool's exit hook would join its manager thread,
+        # which can wait forever on the workers just killed
+        os._exit(130)
     finally:
         signal.signal(signal.SIGTERM, old)
 

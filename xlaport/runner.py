@@ -175,9 +175,9 @@ def _run(jobs_in: List[Tuple[str, bytes, Settings]], jobs: int, progress) -> Ite
                 progress(1)
     except BaseException:
         _kill_workers(pool)
+        pool.shutdown(wait=False, cancel_futures=True)  # waiting on killed workers can hang
         raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    pool.shutdown(wait=True)
 
 
 def _kill_workers(pool) -> None:
