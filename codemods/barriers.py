@@ -24,6 +24,7 @@ from codemods.analysis import (
     is_barrier_call,
     module_facts,
 )
+from codemods.analysis.loops import syncing_functions
 from codemods.base import Rule, find_all, statement
 
 STEP_BARRIER = Rule(
@@ -93,6 +94,12 @@ STEP_BARRIER = Rule(
         # ring attention inside an autograd Function's forward (diffusers' attention_dispatch)
         "class Ring(torch.autograd.Function):\n    def forward(ctx, q, k):\n        for i in range(world):\n"
         "            out, lse = forward_op(ctx, q, k, prev_out=out, prev_lse=lse)\n        return out\n",
+        # a loop whose step function syncs on every call syncs already
+        "import torch_xla.core.xla_model as xm\n\ndef train_step(x):\n    model(x).sum().backward()\n"
+        "    opt.step()\n    xm.mark_step()\n\nfor x in batches:\n    train_step(x)\n",
+        # an LR scheduler's step with arguments steps no model (known from what built it)
+        "import torch\nsched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)\nfor epoch in range(9):\n"
+        "    sched.step(val_loss, epoch)\n",
         # a loop over a device loader handed in by the caller syncs already (torch_xla's examples)
         "import torch_xla.distributed.parallel_loader as pl\n\ndef loop_fn(loader):\n    for x in loader:\n"
         "        model(x).sum().backward()\n        opt.step()\n\nloop_fn(pl.MpDeviceLoader(train_loader, device))\n",
@@ -113,8 +120,11 @@ def _other_framework(tree) -> bool:
 class StepBarrier(LoopCodemod):
     DESCRIPTION = "Insert the XLA step barrier at the end of each step loop."
     RULES = (STEP_BARRIER,)
-    # every word a step loop can be recognised by (analysis.loops: steps and model calls)
-    TRIGGERS = (b"backward", b"step", b"sampl", b"denois", b"model", b"unet", b"forward", b"generate", b"predict")
+    # every word a step loop can be recognised by: step and model names (analysis.loops), and every
+    # source of a model the dataflow knows (analysis.values)
+    TRIGGERS = (b"backward", b"step", b"sampl", b"denois", b"model", b"unet", b"forward", b"generate", b"predict",
+                b"Module", b"nn.", b"from torch import", b"from_pretrained", b"from_config", b"from_single_file",
+                b"create_model", b"torchvision", b"fsdp")
     NEEDS = (STEP_LOOP,)
 
     @classmethod
@@ -129,7 +139,9 @@ class StepBarrier(LoopCodemod):
             return updated
         if not self.is_step_loop(original):
             return updated
-        if has_barrier(original, self.target.barrier_names, self.qualnames):
+        syncing = self._memo("syncing", self.tree.module, lambda: syncing_functions(
+            self.tree.module, self.target.barrier_names, self.qualnames))
+        if has_barrier(original, self.target.barrier_names, self.qualnames, syncing):
             return updated
         body = updated.body
         if not isinstance(body, cst.IndentedBlock) or not body.body:

@@ -79,6 +79,19 @@ def _child_fields(kind: type) -> Tuple[str, ...]:
     return names
 
 
+def children(node: cst.CSTNode) -> List[cst.CSTNode]:
+    """``node.children`` without LibCST's visitor machinery (and without
+    whitespace): an order of magnitude cheaper; source order."""
+    out: List[cst.CSTNode] = []
+    for name in _child_fields(type(node)):
+        value = getattr(node, name)
+        if isinstance(value, cst.CSTNode):
+            out.append(value)
+        elif isinstance(value, (list, tuple)):
+            out.extend(v for v in value if isinstance(v, cst.CSTNode))
+    return out
+
+
 def walk(node: cst.CSTNode, stop: Tuple[type, ...] = ()) -> Iterator[cst.CSTNode]:
     """Every descendant of ``node`` (itself first), without building new nodes.
 

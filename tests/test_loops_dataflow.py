@@ -183,3 +183,28 @@ def test_functions_called_from_the_step_loop_run_every_step():
     assert not any(f.line == 25 for f in findings)  # evaluate runs once: not reported without --include-cold
     msg = next(f.message for f in findings if f.line == 2)
     assert "called from `train_step()`" in msg
+
+
+@pytest.mark.xla
+@needs_xla
+def test_models_known_by_dataflow_get_barriers_and_compile_the_same_at_two_lengths(tmp_path):
+    """`net` (a parameter) and `policy` match no model name: before the
+    dataflow analysis both loops ran as one graph that grew with --steps."""
+    from xlaport.verify.core import verify
+
+    source = FIXTURES / "edm_policy" / "input.py"
+    report = verify(source, lengths="--steps=4,8", timeout=300)
+    assert report.verdict == "pass", report.failures
+    a, b = report.metrics["lengths"]
+    assert a["compiles"] == b["compiles"]
+    assert a["largest_graph"] == b["largest_graph"]
+    # the same program with both barriers suppressed: verify sees the growth
+    text = source.read_text()
+    for header in ("    for i in range(num_steps):\n", "for t in range(args.steps):\n"):
+        assert header in text
+        text = text.replace(header, header[:-1] + "  # xlaport: ignore[XLA302]\n")
+    unsynced = tmp_path / "input.py"
+    unsynced.write_text(text)
+    report = verify(unsynced, lengths="--steps=4,8", timeout=300)
+    assert report.verdict == "fail"
+    assert any("largest graph grows with --steps" in f for f in report.failures), report.failures

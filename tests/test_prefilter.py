@@ -56,7 +56,7 @@ def test_prefilter_facts_cover_what_the_libcst_analysis_finds():
         data = path.read_bytes()
         facts = file_facts(data)
         assert facts is not None
-        found = ModuleFacts(cst.parse_module(data), data)
+        found = ModuleFacts(TreeCache(cst.parse_module(data), data))
         if found.step_loops:
             assert STEP_LOOP in facts, path
         if found.loader_loops:

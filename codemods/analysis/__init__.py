@@ -1,9 +1,14 @@
 """What xlaport knows about a program, computed once per tree and shared by
 every codemod (no rules here).
 
+* :mod:`codemods.analysis.values` -- what each name **holds**, by dataflow
+  (reaching definitions, the module's own classes, functions, call sites and
+  attributes): a tensor, a device, a model, an optimizer, an LR scheduler, a
+  sampler, a loader, a device loader, a host value;
 * :mod:`codemods.analysis.loops` -- how a **step loop** is recognised (state
-  carried through a model or sampler call, a training step), layer loops,
-  which loops already sync, what runs every step;
+  carried through a model or sampler call, a training step -- asking
+  ``values`` first, names only when it cannot tell), layer loops, which loops
+  already sync (also through a function that syncs), what runs every step;
 * :mod:`codemods.analysis.tensors` -- which names hold tensors;
 * :mod:`codemods.analysis.loop_codemod` -- the base class of the loop rules:
   the hot region while walking, data loaders and device loaders by every

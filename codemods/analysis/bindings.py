@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Set
 
 import libcst as cst
 
-from codemods.tree import TreeCache
+from codemods.tree import TreeCache, children
 
 _SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef, cst.Module)
 _COMPS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
@@ -120,7 +120,7 @@ def _index(tree: TreeCache) -> Dict[int, _Scope]:
                 scope.globals.update(item.name.value for item in n.names)
             elif isinstance(n, cst.Nonlocal):
                 scope.nonlocals.update(item.name.value for item in n.names)
-            stack.extend(n.children)
+            stack.extend(children(n))
 
     def fill_comp(scope: _Scope, comp: cst.CSTNode) -> None:
         parts: List[cst.CSTNode] = []

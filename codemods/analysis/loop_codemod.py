@@ -23,6 +23,8 @@ from codemods.analysis.loops import (
     step_functions,
 )
 from codemods.analysis.tensors import tensor_names
+from codemods.analysis.values import DEVICE_LOADER, LOADER, UNKNOWN
+from codemods.analysis.values import values as dataflow
 from codemods.base import SOURCE_KEY, XlaCodemod, call_name, dotted, find_all
 
 
@@ -75,7 +77,8 @@ class LoopCodemod(XlaCodemod):
     def is_step_loop(self, loop: Loop) -> bool:
         """:func:`is_step_loop`, and not inside a model's own forward/backward."""
         called = self._memo("model_functions", self.tree.module, lambda: model_functions(self.tree.module))
-        return is_step_loop(loop, self.steps, self.qualnames) and not in_model_code(loop, self.tree.parents, called)
+        return is_step_loop(loop, self.steps, self.qualnames, dataflow(self.tree)) and not in_model_code(
+            loop, self.tree.parents, called)
 
     def visit_For(self, node: cst.For) -> None:
         self.loop_stack.append((node, self.is_step_loop(node), self.is_loader_loop(node)))
@@ -153,6 +156,11 @@ class LoopCodemod(XlaCodemod):
         if isinstance(node, cst.Name):
             if not LOADER_NAME_RE.search(node.value) and b"DataLoader" not in self.tree.source:
                 return False  # nothing in this file could bind it to a DataLoader
+            kinds = dataflow(self.tree).of(node)
+            if DEVICE_LOADER in kinds:
+                return False  # one device loader reaching the loop decides: it must not be wrapped again
+            if kinds and UNKNOWN not in kinds:
+                return LOADER in kinds
             values = self.assigned_values(node)
             # every binding counts (`dl = accelerator.prepare(dl)` rebinds a
             # DataLoader to a device loader): one device loader decides
@@ -244,6 +252,8 @@ class LoopCodemod(XlaCodemod):
         it = loop_iterable(loop)
         if not isinstance(it, cst.Name) or not self._may_make_device_loaders():
             return False
+        if DEVICE_LOADER in dataflow(self.tree).of(it):
+            return True
         values = self.assigned_values(it)
         return any(self._is_device_loader_value(v) for v in values) or any(
             isinstance(v, cst.Param) and self._fed_device_loader(v) for v in values)

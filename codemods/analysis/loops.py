@@ -2,8 +2,12 @@
 
 * a **step loop** carries state from one iteration to the next: its own body
   (not a nested loop's) calls ``.backward()``, an optimizer step, a sampling
-  ``scheduler.step(x, t, ...)``, feeds a model's output back into the next
-  iteration, or calls a function of the same module that does one of these;
+  ``scheduler.step(x, t, ...)``, carries a model's output into the next
+  iteration (a value read before it is written, rewritten from a model call
+  through any number of statements), or calls a function of the same module
+  that does one of these.  What is a model, an optimizer or a sampler comes
+  from :mod:`codemods.analysis.values` (dataflow); the name patterns below
+  decide only where that has no answer (a parameter no call site feeds);
 * the **hot region** is every step loop and every loop over a data loader,
   with whatever is nested inside them: code there runs once per step;
 * **tensor names** are names that (as far as a syntactic look can tell) hold
@@ -14,11 +18,23 @@
 from __future__ import annotations
 
 import re
-from typing import Callable, Dict, Iterable, List, Set, Union
+from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 import libcst as cst
 
+from codemods.analysis.values import (
+    LR_SCHEDULER,
+    MODULE,
+    OPTIMIZER,
+    SAMPLER,
+    SCALER,
+    UNKNOWN,
+    Values,
+    definitely_not,
+    values as values_of,
+)
 from codemods.base import TreeCache, call_name, dotted, find_all
+from codemods.tree import children
 
 Loop = Union[cst.For, cst.While]
 _NESTED = (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)
@@ -51,7 +67,13 @@ def own_nodes(node: cst.CSTNode, kind: type) -> List[cst.CSTNode]:
     return find_all(node, kind, stop=_NESTED)
 
 
-def is_step_call(call: cst.Call, step_functions: Set[str], qualnames: QualNames) -> bool:
+def is_step_call(call: cst.Call, step_functions: Set[str], qualnames: QualNames,
+                 values: Optional[Values] = None) -> bool:
+    """A training or sampling step: ``.backward()``, an optimizer's or a
+    scaler's ``step()``, a sampler's ``step(x, t, ...)``, or a call of a
+    function of the module that takes one.  What the receiver holds is read
+    from the dataflow (``values``); its name decides only when that cannot
+    tell."""
     name = call_name(call)
     func = call.func
     receiver = dotted(func.value) if isinstance(func, cst.Attribute) else None
@@ -59,12 +81,18 @@ def is_step_call(call: cst.Call, step_functions: Set[str], qualnames: QualNames)
         return True
     if name == "optimizer_step" and receiver is not None:
         return True
+    if name == "step" and isinstance(func, cst.Attribute) and values is not None:
+        kinds = values.of(func.value)
+        if kinds & {OPTIMIZER, SCALER} or (SAMPLER in kinds and len(call.args) >= 2):
+            return True
+        if kinds and UNKNOWN not in kinds:
+            return False  # an LR scheduler, a streamer, a helper object: no step of the model
     if name == "step" and receiver is not None:
         last = receiver.split(".")[-1]
         if _OPTIMIZER_RE.search(last):
             return True
         # another object's step(a, b) (a streamer, accelerate's scheduler
-        # wrapper) is a step only when its output is fed back (_feeds_back)
+        # wrapper) is a step only when its output is carried to the next step (_carries_model_state)
         if _SAMPLER_RE.search(last) and len(call.args) >= 2:
             return True
     if isinstance(func, cst.Name) and func.value in step_functions:
@@ -105,38 +133,68 @@ def _root(node: cst.CSTNode, through_calls: bool = True) -> cst.CSTNode:
     return node
 
 
-def _feeds_back(stmt: cst.CSTNode, layers: Set[str] = frozenset()) -> bool:  # type: ignore[assignment]
-    """``x = f(x, ...)``-like assignments: an output fed to the next step.
-
-    A call of the loop's own target (``for block in self.blocks: x = block(x)``)
-    is a model's layer loop, not a step, and does not count."""
-    for assign in find_all(stmt, cst.Assign, stop=_NESTED):
-        targets: Set[str] = set()
-        for t in assign.targets:  # type: ignore[attr-defined]
-            targets |= _bound_roots(t.target)
-        targets -= layers  # the loop's own target is rebound by the loop, not fed back
-        for call in find_all(assign.value, cst.Call, stop=_DEFS):  # type: ignore[attr-defined]
-            if not _is_model_call(call, layers):  # type: ignore[arg-type]
-                continue
-            arg_names = {n.value for a in call.args for n in find_all(a.value, cst.Name)}
-            if targets & arg_names:
-                return True
-    return False
-
-
-def _is_model_call(call: cst.Call, layers: Set[str]) -> bool:
-    """A call that runs a model or a sampler step: judged by the called name
-    itself (``self.unet(...)``, ``scheduler.step(...)``, ``p_sample(...)``),
-    not by its receiver (``step_size.unsqueeze(-1)`` is no step)."""
+def _is_model_call(call: cst.Call, layers: Set[str], values: Optional[Values] = None) -> bool:
+    """A call that runs a model or a sampler step.  The dataflow decides
+    first: the callee holds a model (``policy = Policy().to(dev)``), is a
+    function of the module that runs one, or is known to be something else.
+    When it cannot tell, the called name itself (``self.unet(...)``,
+    ``scheduler.step(...)``, ``p_sample(...)``) does, never its receiver
+    (``step_size.unsqueeze(-1)`` is no step)."""
     callee = dotted(call.func) or ""
     if callee == "self":
         return True  # a module running itself (nanoGPT's generate: `logits, _ = self(idx_cond)`)
+    if callee.split(".")[0] in layers:
+        return False
+    if values is not None:
+        known = _model_call_by_dataflow(call, values)
+        if known is not None:
+            return known
     last = callee.split(".")[-1]
     if last[:1].isupper():
         return False  # building a module (`SamFeedForward(...)`) is not running one
     if not _FEEDBACK_CALL_RE.search(last) or callee.split(".")[0] in layers:
         return False
     return not (_NOT_FEEDBACK_RE.search(last) or last in _CONTAINER_METHODS)
+
+
+def _model_call_by_dataflow(call: cst.Call, values: Values) -> Optional[bool]:
+    """True/False when the dataflow knows whether ``call`` runs a model (or
+    takes a sampler step); None when it cannot tell."""
+    func = call.func
+    if isinstance(func, cst.Attribute) and func.attr.value == "step":
+        kinds = values.of(func.value)
+        if SAMPLER in kinds:
+            return True
+        if kinds & {OPTIMIZER, SCALER, LR_SCHEDULER}:
+            return False
+    # only a plain name or `self.x` can be bound to a model or to a function
+    # of the module; `torch.cat`, `x.view`, `self.vae.decode` are answered by name
+    if isinstance(func, cst.Attribute) and not (isinstance(func.value, cst.Name) and func.value.value == "self"):
+        return None
+    if not isinstance(func, (cst.Name, cst.Attribute)) or values.tree.import_qualnames(func):
+        return None
+    local = values.local_function(call)
+    if isinstance(local, cst.FunctionDef):
+        return runs_model(local, values)
+    if isinstance(local, cst.ClassDef):
+        return False  # building an object
+    kinds = values.of(func)
+    if MODULE in kinds:
+        return True
+    return False if definitely_not(kinds, MODULE) else None
+
+
+def runs_model(fn: cst.FunctionDef, values: Values) -> bool:
+    """A function of the module whose own body runs a model or takes a
+    sampler step (directly or through another function of the module)."""
+    memo = values.tree.memo
+    key = f"runs_model:{id(fn)}"
+    if key not in memo:
+        memo[key] = False  # recursion: no more than what is known
+        memo[key] = any(_is_model_call(c, set(), values) or (  # type: ignore[arg-type]
+            call_name(c) == "step" and is_step_call(c, set(), lambda n: set(), values))  # type: ignore[arg-type]
+            for c in find_all(fn.body, cst.Call, stop=_DEFS))
+    return bool(memo[key])
 
 
 _MODEL_CODE = {"forward", "backward", "_forward", "__init__"}
@@ -205,7 +263,7 @@ def in_model_code(node: cst.CSTNode, parents: Dict[int, cst.CSTNode], called_by_
     return False
 
 
-def _carries_model_state(loop: Loop, layers: Set[str]) -> bool:
+def _carries_model_state(loop: Loop, layers: Set[str], values: Optional[Values] = None) -> bool:
     """State carried from one iteration to the next through a model call, over
     any number of statements: a name read in the body before it is written,
     and written from a value that depends (through earlier assignments of this
@@ -215,7 +273,7 @@ def _carries_model_state(loop: Loop, layers: Set[str]) -> bool:
     written: Set[str] = set()
     driven: Set[str] = set()
     counters = {n.value for n in find_all(loop.target, cst.Name)} if isinstance(loop, cst.For) else set()
-    for assign in _own_assignments(loop):
+    for assign, conditional in _own_assignments(loop):
         value = assign.value  # type: ignore[attr-defined]
         if value is None:
             continue
@@ -231,26 +289,28 @@ def _carries_model_state(loop: Loop, layers: Set[str]) -> bool:
             targets |= _bound_roots(t)
         targets -= layers
         calls = find_all(value, cst.Call, stop=_DEFS)
-        if any(_is_model_call(c, layers) for c in calls) or names & driven:  # type: ignore[arg-type]
+        if any(_is_model_call(c, layers, values) for c in calls) or names & driven:  # type: ignore[arg-type]
             driven |= targets
-        written |= targets
+        if not conditional:
+            written |= targets  # (a write under an `if` may not happen: what it writes may still come from the last step)
     return bool(driven & read_first)
 
 
-def _own_assignments(loop: Loop) -> List[cst.CSTNode]:
+def _own_assignments(loop: Loop) -> List[Tuple[cst.CSTNode, bool]]:
     """The loop's own assignments (not a nested loop's or function's), in
-    source order."""
-    found: List[cst.CSTNode] = []
+    source order, each with whether it is conditional (under an ``if``,
+    ``try`` or ``match`` of the body)."""
+    found: List[Tuple[cst.CSTNode, bool]] = []
 
-    def visit(node: cst.CSTNode) -> None:
-        for child in node.children:
+    def visit(node: cst.CSTNode, conditional: bool) -> None:
+        for child in children(node):
             if isinstance(child, _NESTED):
                 continue
             if isinstance(child, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
-                found.append(child)
-            visit(child)
+                found.append((child, conditional))
+            visit(child, conditional or isinstance(child, (cst.If, cst.Try, cst.TryStar, cst.Match, cst.IfExp)))
 
-    visit(loop.body)
+    visit(loop.body, False)
     return found
 
 
@@ -281,7 +341,7 @@ def _state_moves_to_host(loop: Loop) -> bool:
     return False
 
 
-def is_step_loop(loop: Loop, steps: Set[str], qualnames: QualNames) -> bool:
+def is_step_loop(loop: Loop, steps: Set[str], qualnames: QualNames, values: Optional[Values] = None) -> bool:
     layers = {n.value for n in find_all(loop.target, cst.Name)} if isinstance(loop, cst.For) else set()
     if _state_moves_to_host(loop):
         return False
@@ -289,11 +349,9 @@ def is_step_loop(loop: Loop, steps: Set[str], qualnames: QualNames) -> bool:
         if isinstance(stmt, _NESTED):
             continue  # a nested loop's steps are its own (the epoch loop is not a step loop)
         for call in own_nodes(stmt, cst.Call):
-            if is_step_call(call, steps, qualnames):  # type: ignore[arg-type]
+            if is_step_call(call, steps, qualnames, values):  # type: ignore[arg-type]
                 return True
-        if _feeds_back(stmt, layers):
-            return True
-    return _carries_model_state(loop, layers)
+    return _carries_model_state(loop, layers, values)
 
 
 def is_barrier_call(call: cst.Call, names: Iterable[str], qualnames: QualNames) -> bool:
@@ -310,8 +368,52 @@ def is_barrier_call(call: cst.Call, names: Iterable[str], qualnames: QualNames) 
     return False
 
 
-def has_barrier(loop: Loop, names: Iterable[str], qualnames: QualNames) -> bool:
-    return any(is_barrier_call(c, names, qualnames) for c in find_all(loop.body, cst.Call))  # type: ignore[arg-type]
+def has_barrier(loop: Loop, names: Iterable[str], qualnames: QualNames, syncing: Set[str] = frozenset()) -> bool:  # type: ignore[assignment]
+    """The loop already syncs: a barrier in its body, or a call of one of the
+    module's functions that syncs (``syncing``, see :func:`syncing_functions`)."""
+    for c in find_all(loop.body, cst.Call):
+        if is_barrier_call(c, names, qualnames):  # type: ignore[arg-type]
+            return True
+        if syncing and _local_callee(c) in syncing:  # type: ignore[arg-type]
+            return True
+    return False
+
+
+def _local_callee(call: cst.Call) -> Optional[str]:
+    """``f`` of ``f(...)`` or ``self.f(...)``: how the module calls its own functions."""
+    func = call.func
+    if isinstance(func, cst.Name):
+        return func.value
+    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+        return func.attr.value
+    return None
+
+
+def syncing_functions(module: cst.Module, names: Iterable[str], qualnames: QualNames) -> Set[str]:
+    """Names of the module's functions and methods that run a barrier on
+    every call -- in their own body (not under a branch or a nested loop:
+    ``if step % 10 == 0: xm.mark_step()`` does not sync every step), directly
+    or through another such function: a loop calling one already syncs."""
+    bodies: Dict[str, List[cst.CSTNode]] = {}
+    for fn in find_all(module, cst.FunctionDef):
+        body = fn.body.body if isinstance(fn.body, cst.IndentedBlock) else ()  # type: ignore[attr-defined]
+        bodies.setdefault(fn.name.value, []).append(body)  # type: ignore[attr-defined]
+    found: Set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, versions in bodies.items():
+            if name in found:
+                continue
+            for body in versions:
+                calls = [c for st in body if isinstance(st, (cst.SimpleStatementLine, cst.With))
+                         for c in find_all(st, cst.Call, stop=_NESTED)]
+                if any(is_barrier_call(c, names, qualnames) or _local_callee(c) in found  # type: ignore[arg-type]
+                       for c in calls):
+                    found.add(name)
+                    changed = True
+                    break
+    return found
 
 
 def is_device_loader_expr(node: cst.CSTNode, names: Iterable[str], qualnames: QualNames) -> bool:
@@ -344,11 +446,13 @@ class ModuleFacts:
     step or loader loop once names are resolved, never the other way round.
     """
 
-    def __init__(self, module: cst.Module, source: bytes = b"") -> None:
+    def __init__(self, tree: TreeCache) -> None:
+        module, source = tree.module, tree.source
         steps = step_functions(module, lambda n: set())
         loops = find_all(module, (cst.For, cst.While))
+        dataflow = values_of(tree)
         self.step_loops: List[cst.CSTNode] = [
-            lp for lp in loops if is_step_loop(lp, steps, lambda n: set())  # type: ignore[arg-type]
+            lp for lp in loops if is_step_loop(lp, steps, lambda n: set(), dataflow)  # type: ignore[arg-type]
         ]
         any_loader = b"DataLoader" in source
         self.loader_loops: List[cst.CSTNode] = [
@@ -405,7 +509,7 @@ def per_step_functions(module: cst.Module, loops: List[cst.CSTNode]) -> Dict[int
 def module_facts(tree: TreeCache) -> ModuleFacts:
     facts = tree.memo.get("facts")
     if not isinstance(facts, ModuleFacts):
-        facts = tree.memo["facts"] = ModuleFacts(tree.module, tree.source)
+        facts = tree.memo["facts"] = ModuleFacts(tree)
     return facts
 
 
@@ -430,7 +534,7 @@ def _calls_outside_lazy_init(fn: cst.FunctionDef) -> List[cst.Call]:
             continue
         if isinstance(node, cst.Call):
             calls.append(node)
-        stack.extend(node.children)
+        stack.extend(children(node))
     return calls
 
 

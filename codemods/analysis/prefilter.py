@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import FrozenSet, List, Optional, Set, Tuple
+from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 # looser than loops._FEEDBACK_CALL_RE / is_step_call: every name they accept matches
 _STEPLIKE_RE = re.compile(r"backward|step|sampl|denois|model|unet|forward|generate|predict", re.IGNORECASE)
@@ -63,11 +63,16 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
     names: Set[str] = set()
     loop_calls: Set[str] = set()  # names called anywhere inside a loop
     step_functions: Set[str] = set()
+    variables: Set[str] = set()  # names (and self.attrs) assigned or taken as parameters: may hold a model
+    calls_of: Dict[str, Set[str]] = {}  # function name -> names its body calls
+    model_source = b"torch.nn" in source  # something here can make a model (see values._library_kinds)
     any_loader = b"DataLoader" in source
     # (node, inside a loop?, enclosing function names)
-    stack: List[Tuple[ast.AST, bool, Tuple[str, ...]]] = [(tree, False, ())]
+    # (node, inside a loop?, enclosing function names, inside a model's own
+    # forward/backward/__init__ -- where no loop is a step loop)
+    stack: List[Tuple[ast.AST, bool, Tuple[str, ...], bool]] = [(tree, False, (), False)]
     while stack:
-        node, in_loop, funcs = stack.pop()
+        node, in_loop, funcs, in_model = stack.pop()
         kind = type(node)
         if kind is ast.Name:
             names.add(node.id)  # type: ignore[attr-defined]
@@ -77,10 +82,22 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
         if isinstance(node, ast.Call):
             name = _last_name(node.func)
             if name is not None:
-                if in_loop:
+                if in_loop and not in_model:
                     loop_calls.add(name)
                 if name in _TAKES_STEP:
                     step_functions.update(funcs)
+                if funcs:
+                    calls_of.setdefault(funcs[-1], set()).add(name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr)):
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                variables.update(_target_names(target))
+        elif kind is ast.arg:
+            variables.add(node.arg)  # type: ignore[attr-defined]
+            ann = node.annotation  # type: ignore[attr-defined]
+            if ann is not None and any(_last_name(n) == "Module" for n in ast.walk(ann)):
+                model_source = True
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            model_source = model_source or _imports_models(node)
         elif isinstance(node, _LOOPS):
             if not isinstance(node, ast.While) and LOADER_LOOP not in facts:
                 if any_loader or any(_LOADER_RE.search(n) for n in map(_last_name, ast.walk(node.iter)) if n):
@@ -94,11 +111,55 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
         if isinstance(node, _FUNCS):
             funcs = funcs + (node.name,)
         for child in ast.iter_child_nodes(node):
-            stack.append((child, in_loop, funcs))
-    if any(n == "self" or n in step_functions or _STEPLIKE_RE.search(n) for n in loop_calls):
+            stack.append((child, in_loop, funcs, in_model or (
+                isinstance(node, ast.ClassDef) and isinstance(child, _FUNCS) and _is_model_method(child.name))))
+    # what the dataflow of codemods.analysis.values can find a model in: a
+    # variable, or a function of the file that calls one (or a step-like name)
+    models = (variables if model_source else set()) | {"self"} | step_functions
+    runners: Set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for fn, called in calls_of.items():
+            if fn not in runners and any(c in models or c in runners or _STEPLIKE_RE.search(c) for c in called):
+                runners.add(fn)
+                changed = True
+    if any(n in models or n in runners or _STEPLIKE_RE.search(n) for n in loop_calls):
         facts.add(STEP_LOOP)
     facts.update(f"name:{n}" for n in names)
     return frozenset(facts)
+
+
+_MODEL_PACKAGES = ("timm", "torchvision", "diffusers", "transformers", "peft", "open_clip")
+
+
+def _imports_models(node: ast.AST) -> bool:
+    """An import through which ``codemods.analysis.values`` can see a model
+    made: ``torch.nn`` (and FSDP), or a model library (absolutely)."""
+    if isinstance(node, ast.ImportFrom):
+        if node.level or not node.module:
+            return False
+        mods = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    else:
+        mods = [a.name for a in node.names]  # type: ignore[attr-defined]
+    return any(m.startswith(("torch.nn", "torch.distributed.fsdp")) or m.split(".")[0] in _MODEL_PACKAGES
+               for m in mods)
+
+
+def _is_model_method(name: str) -> bool:  # == loops._is_model_method
+    return name in ("forward", "backward", "_forward", "__init__") or name.startswith(("forward", "_forward"))
+
+
+def _target_names(target: ast.AST) -> List[str]:
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, ast.Attribute):
+        return [target.attr]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [n for e in target.elts for n in _target_names(e)]
+    if isinstance(target, ast.Starred):
+        return _target_names(target.value)
+    return []
 
 
 def holds(need: str, facts: FrozenSet[str]) -> bool:

@@ -70,7 +70,11 @@ def judge_lengths(name: str, values: Sequence[str], compiles: Sequence[int], gra
     a, b = values
     if compiles[1] > compiles[0]:
         failures.append(f"compilations grow with {name}: {compiles[0]} at {a}, {compiles[1]} at {b}{where}")
-    if graph_sizes[1] > max(graph_sizes[0] * 1.5, graph_sizes[0] + 16):
+    # once every step loop is cut, the largest graph does not depend on the
+    # length at all; a little slack covers graphs that take one input per
+    # step (`torch.stack(losses)`).  (A 1.5x allowance let an unsynced
+    # sampler hide behind a larger fixed graph: 222 -> 322 IR nodes.)
+    if graph_sizes[1] > graph_sizes[0] + max(16, graph_sizes[0] * 0.1):
         failures.append(f"the largest graph grows with {name}: {graph_sizes[0]} IR nodes at {a}, "
                         f"{graph_sizes[1]} at {b}: a loop runs on the device without a barrier{where}")
     return failures

@@ -1,0 +1,201 @@
+"""What a name holds, from dataflow (codemods/analysis/values.py), and the
+loop decisions that read it instead of names (issue 11)."""
+
+import libcst as cst
+import pytest
+
+from codemods.analysis.values import (
+    DEVICE,
+    DEVICE_LOADER,
+    DEVICE_STR,
+    HOST,
+    LOADER,
+    LR_SCHEDULER,
+    MODULE,
+    OPTIMIZER,
+    SAMPLER,
+    SCALER,
+    TENSOR,
+    UNKNOWN,
+    values,
+)
+from codemods.tree import TreeCache, walk
+from tests.conftest import convert_text
+
+
+def kinds_at(src: str, name: str, nth: int = -1) -> set:
+    """Kinds of the ``nth`` load of ``name`` (in source order) in ``src``."""
+    tree = TreeCache(cst.parse_module(src), src.encode())
+    uses = []
+
+    class V(cst.CSTVisitor):
+        def visit_Name(self, node: cst.Name) -> None:
+            if node.value == name:
+                uses.append(node)
+
+    tree.module.visit(V())
+    # only loads: skip assignment targets, parameter names and keywords
+    targets = {id(t.target) for t in walk(tree.module) if isinstance(t, cst.AssignTarget)}
+    targets |= {id(p.name) for p in walk(tree.module) if isinstance(p, cst.Param)}
+    targets |= {id(a.keyword) for a in walk(tree.module) if isinstance(a, cst.Arg) and a.keyword is not None}
+    loads = [u for u in uses if id(u) not in targets]
+    return set(values(tree).of(loads[nth]))
+
+
+HEADER = ("import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader\n"
+          "import torch_xla.distributed.parallel_loader as pl\n")
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("torch.optim.AdamW(params, lr=1e-4)", {OPTIMIZER}),
+    ("torch.optim.lr_scheduler.StepLR(opt, 10)", {LR_SCHEDULER}),
+    ("torch.cuda.amp.GradScaler()", {SCALER}),
+    ("torch.amp.GradScaler('cuda')", {SCALER}),
+    ("DataLoader(ds, batch_size=8)", {LOADER}),
+    ("pl.MpDeviceLoader(DataLoader(ds), dev)", {DEVICE_LOADER}),
+    ("torch.device('cuda')", {DEVICE}),
+    ("'cuda:0'", {DEVICE_STR}),
+    ("nn.Linear(4, 4).cuda().eval()", {MODULE}),
+    ("torch.compile(nn.Linear(4, 4))", {MODULE}),
+    ("torch.randn(3, device='cuda')", {TENSOR}),
+    ("torch.randn(3).sum().item()", {HOST}),
+    ("len(xs)", {HOST}),
+])
+def test_kinds_of_library_values(value, expected):
+    src = HEADER + f"x = {value}\nprint(x)\n"
+    assert kinds_at(src, "x") == expected
+
+
+def test_kinds_of_pretrained_library_classes():
+    src = ("from diffusers import UNet2DModel, DDPMScheduler\nfrom transformers import AutoTokenizer\n"
+           "unet = UNet2DModel.from_pretrained('m').to('cuda')\nnoise = DDPMScheduler.from_pretrained('m')\n"
+           "tok = AutoTokenizer.from_pretrained('m')\nprint(unet, noise, tok)\n")
+    assert kinds_at(src, "unet") == {MODULE}
+    assert kinds_at(src, "noise") == {SAMPLER}
+    assert kinds_at(src, "tok") == {"object"}
+
+
+def test_kinds_do_not_come_from_names():
+    # an optimizer called `engine`, a model called `f`, a loader called `batches`
+    src = HEADER + ("engine = torch.optim.SGD(ps, lr=0.1)\nf = nn.Sequential(nn.Linear(2, 2))\n"
+                    "batches = DataLoader(ds)\nmodel = len(xs)\nengine.step(); f(x); iter(batches); model + 1\n")
+    assert kinds_at(src, "engine") == {OPTIMIZER}
+    assert kinds_at(src, "f") == {MODULE}
+    assert kinds_at(src, "batches") == {LOADER}
+    assert kinds_at(src, "model") == {HOST}
+
+
+def test_module_classes_functions_and_attributes():
+    src = HEADER + (
+        "class Block(nn.Module):\n    pass\n\nclass Net(Block):\n    def __init__(self):\n"
+        "        self.head = nn.Linear(2, 2)\n    def run(self, x):\n        return self.head(x)\n\n"
+        "class Plain:\n    pass\n\n"
+        "def build():\n    return Net().to('cuda'), torch.optim.Adam([])\n\n"
+        "net, opt = build()\nobj = Plain()\nout = net(x)\nprint(net, opt, obj, out)\n")
+    assert kinds_at(src, "net") == {MODULE}
+    assert kinds_at(src, "opt") == {OPTIMIZER}
+    assert kinds_at(src, "obj") == {"object"}
+    assert kinds_at(src, "out") == {TENSOR}
+
+
+def test_accelerate_prepare_maps_by_position_and_makes_device_loaders():
+    src = HEADER + ("model = nn.Linear(2, 2)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                    "dl = DataLoader(ds)\nmodel, opt, dl = accelerator.prepare(model, opt, dl)\n"
+                    "for batch in dl:\n    print(batch)\n")
+    assert kinds_at(src, "dl") == {DEVICE_LOADER}
+    assert kinds_at(src, "model") == {MODULE}
+    assert kinds_at(src, "batch") == {TENSOR}
+
+
+def test_reaching_definitions():
+    # an unconditional rebinding kills the earlier one
+    src = HEADER + "dl = DataLoader(ds)\ndl = pl.MpDeviceLoader(dl, dev)\nfor b in dl:\n    pass\n"
+    assert kinds_at(src, "dl") == {DEVICE_LOADER}
+    # the earlier binding still reaches its own uses
+    assert kinds_at(src, "dl", 0) == {LOADER}
+    # a conditional one does not kill
+    src = HEADER + "dl = DataLoader(ds)\nif xla:\n    dl = pl.MpDeviceLoader(dl, dev)\nfor b in dl:\n    pass\n"
+    assert kinds_at(src, "dl") == {LOADER, DEVICE_LOADER}
+    # a binding later in a loop reaches the next iteration
+    src = HEADER + "x = 1\nfor i in range(3):\n    print(x)\n    x = torch.zeros(2)\n"
+    assert kinds_at(src, "x", 0) == {HOST, TENSOR}
+    # ... unless the use is preceded by a binding in the same iteration
+    src = HEADER + "x = 1\nfor i in range(3):\n    x = torch.zeros(2)\n    print(x)\n    x = 3\n"
+    assert kinds_at(src, "x", 0) == {TENSOR}
+
+
+def test_parameters_from_call_sites_annotations_and_unknowns():
+    src = HEADER + ("def sample(net, z, steps: int, m: nn.Module, other):\n    return net(z), steps, m, other\n\n"
+                    "sample(nn.Linear(2, 2).cuda(), torch.randn(2), 3, None, None)\n"
+                    "sample(net=nn.Conv2d(1, 1, 1), z=None, steps=4, m=None, other=None)\n")
+    assert kinds_at(src, "net") == {MODULE}
+    assert kinds_at(src, "steps") == {HOST}
+    assert kinds_at(src, "m") == {MODULE}
+    assert kinds_at(src, "other") == {UNKNOWN}
+    assert TENSOR in kinds_at(src, "z")
+
+
+# ----------------------------------------------------------- loop decisions
+
+CUDA = "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader\n"
+
+def test_a_model_with_any_name_makes_a_step_loop():
+    """`policy` matches no model name: its class says it is a model."""
+    src = CUDA + ("class Policy(nn.Module):\n    def forward(self, s):\n        return s\n\n"
+                    "policy = Policy().cuda()\nstate = torch.zeros(4, device='cuda')\n"
+                    "for t in range(100):\n    action = policy(state)\n    state = state + action\n")
+    out, findings = convert_text(src)
+    assert out.endswith("    state = state + action\n    torch_xla.sync()\n"), out
+    assert [f.code for f in findings].count("XLA302") == 1
+
+
+def test_a_sampler_that_takes_its_network_as_a_parameter_is_a_step_loop():
+    """EDM's sampler: `net` is a parameter; the call site passes a model."""
+    src = CUDA + (
+        "def edm_sampler(net, latents, num_steps=18):\n    x_next = latents\n"
+        "    for i in range(num_steps):\n        x_cur = x_next\n        denoised = net(x_cur, i)\n"
+        "        d_cur = (x_cur - denoised) / (i + 1)\n        x_next = x_cur + d_cur\n    return x_next\n\n"
+        "net = torch.load('net.pt').to('cuda')\nnet = nn.DataParallel(net)\n"
+        "edm_sampler(net, torch.randn(1, 3, 8, 8, device='cuda'))\n")
+    out, _ = convert_text(src)
+    assert "        x_next = x_cur + d_cur\n        torch_xla.sync()\n" in out, out
+
+
+def test_an_optimizer_with_any_name_takes_a_step():
+    src = CUDA + ("adam = torch.optim.Adam(params)\nfor batch in batches:\n    grads = engine.grads(batch)\n"
+                    "    adam.step()\n    adam.zero_grad()\n")
+    out, _ = convert_text(src)
+    assert out.endswith("    adam.zero_grad()\n    torch_xla.sync()\n"), out
+
+
+def test_an_lr_scheduler_step_with_arguments_is_no_step():
+    """`scheduler.step(a, b)` of an LR scheduler (ReduceLROnPlateau's metrics, epoch) steps no model."""
+    src = CUDA + ("scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)\n"
+                    "for epoch in range(10):\n    val = evaluate(epoch)\n    scheduler.step(val, epoch)\n")
+    out, _ = convert_text(src)
+    assert "sync()" not in out, out
+
+
+def test_a_helper_named_like_a_sampler_that_runs_no_model_is_no_step():
+    src = CUDA + ("def sample_noise(x):\n    return torch.randn_like(x)\n\n"
+                    "x = torch.zeros(4)\nfor i in range(4):\n    x = sample_noise(x)\n")
+    out, _ = convert_text(src)
+    assert "sync()" not in out, out
+
+
+def test_a_helper_that_runs_the_model_makes_a_step_loop_whatever_its_name():
+    src = CUDA + ("net = nn.Linear(4, 4).cuda()\n\ndef advance(x, t):\n    return x - 0.1 * net(x)\n\n"
+                    "x = torch.zeros(4, device='cuda')\nfor t in range(4):\n    x = advance(x, t)\n")
+    out, _ = convert_text(src)
+    assert out.endswith("    x = advance(x, t)\n    torch_xla.sync()\n"), out
+
+
+def test_a_loader_with_any_name_is_wrapped_and_a_device_loader_is_not():
+    src = CUDA + ("batches = DataLoader(ds, batch_size=4)\nfor x, y in batches:\n"
+                    "    loss = model(x).sum()\n    loss.backward()\n    opt.step()\n")
+    out, findings = convert_text(src)
+    assert "XLA301" in [f.code for f in findings], out
+    src = HEADER + ("batches = DataLoader(ds, batch_size=4)\nbatches = pl.MpDeviceLoader(batches, dev)\n"
+                    "for x, y in batches:\n    loss = model(x).sum()\n    loss.backward()\n    opt.step()\n")
+    out, findings = convert_text(src)
+    assert "XLA301" not in [f.code for f in findings], out
