@@ -5,22 +5,8 @@ xm.mark_step()``, placed by its maintainers.  This strips every such
 statement that ends a loop body, converts the stripped package with the
 barrier rule alone (XLA302), and compares: recall (hand-placed barriers
 xlaport puts back, in the same loop) and every extra barrier, listed with a
-classification read from the loop's own level (not its nested loops):
-
-* ``denoise``: it steps a scheduler (``*scheduler*.step*``), or runs a
-  modular pipeline's per-timestep sub-blocks (``loop_step`` over timesteps);
-* ``train``: it calls ``.backward()`` (diffusedit/pix2pix-zero's inner
-  regularisation steps);
-* ``generate``: it runs a language model token by token;
-* ``denoiser``: it runs a denoiser (``unet``/``transformer``/``prior``) and
-  carries its output;
-* ``outer``: it runs sub-blocks per chunk/segment (``loop_step`` over
-  anything but timesteps): the denoising loops are inside those blocks;
-* ``check``: none of these.
-
-Each category was judged by reading its loops (``JUDGED`` below holds the
-verdict and why): a **real** step loop its maintainers did not port, or a
-**wrong** barrier.  A new extra in ``check`` is reported as unjudged.
+verdict (``benchmarks/judge.py``: a real step loop its maintainers did not
+port, or a wrong barrier).
 
 Usage: python benchmarks/bench_barriers.py [WHEEL] [--list]
 (default WHEEL: .cache/wheels/diffusers-0.42.1-py3-none-any.whl, which
@@ -29,7 +15,6 @@ Usage: python benchmarks/bench_barriers.py [WHEEL] [--list]
 
 from __future__ import annotations
 
-import ast
 import re
 import sys
 import time
@@ -43,61 +28,12 @@ sys.path.insert(0, str(ROOT))
 
 from xlaport.engine import Settings, SourceError, transform  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from judge import VERDICTS, judge  # noqa: E402
+
 _IF = re.compile(r"^(\s*)if XLA_AVAILABLE:\s*$")
 _MARK = re.compile(r"^\s*xm\.mark_step\(\)\s*$")
 _LOOP = re.compile(r"^(\s*)(for|while|async for)\b")
-_SCHEDULER_STEP = re.compile(r"scheduler\w*\.(step\w*|batch_step\w*)$|^scheduler\.\w*step\w*$")
-_DENOISER = re.compile(r"^self\.(unet|transformer\w*|prior|model|decoder)$|denois|^model$")
-_LANGUAGE = re.compile(r"language_model|lm_head")
-
-# How each category was judged, after reading every loop in it (diffusers 0.42.1).
-JUDGED = {
-    "denoise": ("real", "a denoising loop (scheduler step per timestep) of a pipeline the maintainers did not port: "
-                        "deprecated, modular, and newer pipelines"),
-    "train": ("real", "DiffEdit/pix2pix-zero inversion: gradient steps on the noise prediction (backward, "
-                      "update carried to the next step)"),
-    "generate": ("real", "an autoregressive token/frame loop (AudioLDM2's language model, MiniMax-Music's "
-                         "encoder): one step per token"),
-    "denoiser": ("real", "a denoising loop whose scheduler step has another name (score-SDE's step_pred, "
-                         "audio-diffusion's encode, LEDITS++'s inversion)"),
-    "outer": ("wrong", "a chunk/segment loop around per-chunk sub-blocks whose denoising loop has its own "
-                       "barrier: harmless (one extra cut per chunk) but not a step loop"),
-    "check": ("unjudged", "read it"),
-}
-# Loops in `check` that were read one by one: (path, loop header) -> (verdict, why).
-READ = {
-    ("diffusers/pipelines/deprecated/stable_diffusion_variants/pipeline_stable_diffusion_paradigms.py",
-     "while begin_idx < len(scheduler.timesteps):"): (
-        "real", "ParaDiGMS parallel sampling: each iteration denoises a window of timesteps"),
-}
-
-
-def classify(loop: ast.AST) -> str:
-    """The category of an extra barrier's loop, from its own level."""
-    calls: List[str] = []
-    stack = list(loop.body)  # type: ignore[attr-defined]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda,
-                          ast.ClassDef)):
-            continue
-        if isinstance(n, ast.Call):
-            calls.append(ast.unparse(n.func))
-        stack.extend(ast.iter_child_nodes(n))
-    over = ast.unparse(loop.iter) if isinstance(loop, (ast.For, ast.AsyncFor)) else ast.unparse(loop.test)  # type: ignore[attr-defined]
-    if any(_SCHEDULER_STEP.search(c) for c in calls):
-        return "denoise"
-    if any(c.endswith(".backward") for c in calls):
-        return "train"
-    if any(c.endswith("loop_step") for c in calls):
-        return "denoise" if re.search(r"timesteps|sigmas", over) else "outer"
-    if any(_LANGUAGE.search(c) for c in calls):
-        return "generate"
-    if any(_DENOISER.search(c) for c in calls):
-        return "denoiser"
-    return "check"
-
-
 def strip(text: str) -> Tuple[str, Set[int]]:
     """The text without the loop-ending ``if XLA_AVAILABLE: xm.mark_step()``
     pairs, and the (stripped-file) lines of the loops that had one."""
@@ -150,14 +86,8 @@ def main(argv: List[str]) -> int:
             hits = {f.line for f in outcome.findings if f.code == "XLA302"}
             if hits:
                 found[name] = hits
-                src = stripped.splitlines()
-                tree = ast.parse(stripped)
-                for node in ast.walk(tree):
-                    if isinstance(node, (ast.For, ast.AsyncFor, ast.While)) and node.lineno in hits:
-                        header = src[node.lineno - 1].strip()
-                        category = classify(node)
-                        verdict, why = READ.get((name, header)) or JUDGED[category]
-                        judged[(name, node.lineno)] = (category, verdict, why)
+                for line, verdict in judge(name, stripped, sorted(hits)).items():
+                    judged[(name, line)] = verdict
     seconds = time.perf_counter() - start
     hand = {(n, l) for n, ls in truth.items() for l in ls}
     ours = {(n, l) for n, ls in found.items() for l in ls}
@@ -170,7 +100,7 @@ def main(argv: List[str]) -> int:
     print(f"extra barriers: {len(extra)}: {verdicts['real']} real step loops left unported, "
           f"{verdicts['wrong']} wrong, {verdicts['unjudged']} unjudged")
     for category, n in sorted(kinds.items()):
-        verdict, why = JUDGED[category]
+        verdict, why = VERDICTS[category]
         print(f"  {category:9} {n:3}  {verdict}: {why}")
     if show or len(missed) <= 10:
         for n, l in missed:

@@ -94,6 +94,9 @@ STEP_BARRIER = Rule(
         # ring attention inside an autograd Function's forward (diffusers' attention_dispatch)
         "class Ring(torch.autograd.Function):\n    def forward(ctx, q, k):\n        for i in range(world):\n"
         "            out, lse = forward_op(ctx, q, k, prev_out=out, prev_lse=lse)\n        return out\n",
+        # a wrapper forwarding its arguments to another scheduler's step (accelerate's AcceleratedScheduler)
+        "class Wrapped:\n    def step(self, *args, **kwargs):\n        for _ in range(self.n):\n"
+        "            self.scheduler.step(*args, **kwargs)\n",
         # a loop whose step function syncs on every call syncs already
         "import torch_xla.core.xla_model as xm\n\ndef train_step(x):\n    model(x).sum().backward()\n"
         "    opt.step()\n    xm.mark_step()\n\nfor x in batches:\n    train_step(x)\n",
@@ -124,7 +127,7 @@ class StepBarrier(LoopCodemod):
     # source of a model the dataflow knows (analysis.values)
     TRIGGERS = (b"backward", b"step", b"sampl", b"denois", b"model", b"unet", b"forward", b"generate", b"predict",
                 b"Module", b"nn.", b"from torch import", b"from_pretrained", b"from_config", b"from_single_file",
-                b"create_model", b"torchvision", b"fsdp")
+                b"create_model", b"torchvision", b"fsdp", b"net", b"policy", b"actor", b"critic", b"load(")
     NEEDS = (STEP_LOOP,)
 
     @classmethod

@@ -51,7 +51,7 @@ CODEMODS = (
     ('codemods.loaders', 'DeviceLoader', (b'oader', b'_dl'), ('loader_loop',), (
         ('XLA301', 'mp-device-loader', 'loop over a DataLoader: iterate `MpDeviceLoader(loader, device)` instead', True),
     )),
-    ('codemods.barriers', 'StepBarrier', (b'backward', b'step', b'sampl', b'denois', b'model', b'unet', b'forward', b'generate', b'predict', b'Module', b'nn.', b'from torch import', b'from_pretrained', b'from_config', b'from_single_file', b'create_model', b'torchvision', b'fsdp'), ('step_loop',), (
+    ('codemods.barriers', 'StepBarrier', (b'backward', b'step', b'sampl', b'denois', b'model', b'unet', b'forward', b'generate', b'predict', b'Module', b'nn.', b'from torch import', b'from_pretrained', b'from_config', b'from_single_file', b'create_model', b'torchvision', b'fsdp', b'net', b'policy', b'actor', b'critic', b'load('), ('step_loop',), (
         ('XLA302', 'step-barrier', 'insert the step barrier (`torch_xla.sync()`) at the end of the step loop', True),
     )),
     ('codemods.host_reads', 'HostReads', (b'.item(', b'.tolist(', b'.numpy(', b'.cpu(', b'float(', b'int(', b'bool(', b'if ', b'while ', b'nonzero', b'masked_select', b'unique', b'where(', b'[', b'for '), ('step_loop', 'loader_loop', 'step_method', 'option:include_cold'), (

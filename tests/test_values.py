@@ -199,3 +199,37 @@ def test_a_loader_with_any_name_is_wrapped_and_a_device_loader_is_not():
                     "for x, y in batches:\n    loss = model(x).sum()\n    loss.backward()\n    opt.step()\n")
     out, findings = convert_text(src)
     assert "XLA301" not in [f.code for f in findings], out
+
+
+def test_an_unpickled_object_that_is_called_is_a_model():
+    """word_language_model's generate.py: `lm = torch.load(f)`; `out, hidden = lm(inp, hidden)`."""
+    src = ("import torch\n\nwith open('model.pt', 'rb') as f:\n    lm = torch.load(f, map_location='cuda')\n"
+           "lm.eval()\nhidden = lm.init_hidden(1)\ninp = torch.randint(100, (1, 1)).cuda()\n"
+           "for i in range(20):\n    out, hidden = lm(inp, hidden)\n    inp.fill_(out.argmax())\n")
+    out, _ = convert_text(src)
+    assert out.endswith("    inp.fill_(out.argmax())\n    torch_xla.sync()\n"), out
+    # a loaded tensor that is only read is no model
+    src = ("import torch\nx = torch.load('x.pt')\nfor i in range(3):\n    y = x[i] * 2\n    x = y\n")
+    assert "sync()" not in convert_text(src)[0]
+
+
+def test_state_carried_through_attributes_and_dict_entries():
+    """Issue 11: state rewritten through attributes or dict entries counts;
+    writing one attribute of an object while reading another does not."""
+    for body in ("    block.latents = unet(block.latents, t)\n",
+                 "    state['x'] = unet(state['x'], t)\n",
+                 "    eps = unet(self.latents, t)\n    self.latents = self.latents - 0.1 * eps\n"):
+        out, _ = convert_text(CUDA + "for t in timesteps:\n" + body)
+        assert out.endswith(body + "    torch_xla.sync()\n"), out
+    src = CUDA + "for t in timesteps:\n    block.noise = unet(block.scaled, t)\n    block.scale = block.config + 1\n"
+    assert "sync()" not in convert_text(src)[0]
+
+
+def test_a_write_on_every_branch_is_a_write():
+    """`x` written by both branches of an if/else and read after: this step's, not the last one's."""
+    src = CUDA + ("for chat in chats:\n    if flag:\n        text = render_model(chat)\n    else:\n"
+                  "        text = plain(chat)\n    text = text[:10]\n")
+    assert "sync()" not in convert_text(src)[0]
+    # written on one branch only: the read may see the last iteration's value
+    src = CUDA + "for t in ts:\n    if t > 0:\n        x = x0\n    x = unet(x, t)\n"
+    assert convert_text(src)[0].endswith("    x = unet(x, t)\n    torch_xla.sync()\n")

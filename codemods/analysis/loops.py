@@ -18,11 +18,12 @@
 from __future__ import annotations
 
 import re
-from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
+from typing import Callable, Dict, Iterable, List, Optional, Set, Union
 
 import libcst as cst
 
 from codemods.analysis.values import (
+    LOADED,
     LR_SCHEDULER,
     MODULE,
     OPTIMIZER,
@@ -34,7 +35,7 @@ from codemods.analysis.values import (
     values as values_of,
 )
 from codemods.base import TreeCache, call_name, dotted, find_all
-from codemods.tree import children
+from codemods.tree import children, walk
 
 Loop = Union[cst.For, cst.While]
 _NESTED = (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)
@@ -45,7 +46,7 @@ _SAMPLER_RE = re.compile(r"(scheduler|sampler|solver)", re.IGNORECASE)
 # (up/down-samplers are layers, not samplers)
 _FEEDBACK_CALL_RE = re.compile(
     r"((?:^|_)step(?:$|_)|(?<!up)(?<!down)(?<!sub_)(?<!sub)(?<!re)sampl(?:ing|er|e)(?!s)|denois|model|unet|forward"
-    r"|generate|predict)",
+    r"|generate|predict|^net|net$|policy|^actor$|^critic$)",
     re.IGNORECASE)
 # calls that fetch, wrap or unwrap a model rather than run it (``m = unwrap_model(m)``)
 _NOT_FEEDBACK_RE = re.compile(
@@ -93,7 +94,8 @@ def is_step_call(call: cst.Call, step_functions: Set[str], qualnames: QualNames,
             return True
         # another object's step(a, b) (a streamer, accelerate's scheduler
         # wrapper) is a step only when its output is carried to the next step (_carries_model_state)
-        if _SAMPLER_RE.search(last) and len(call.args) >= 2:
+        # (`*args, **kwargs` passed through is a wrapper's forwarding, not a sampling step)
+        if _SAMPLER_RE.search(last) and sum(1 for a in call.args if not a.star) >= 2:
             return True
     if isinstance(func, cst.Name) and func.value in step_functions:
         return True
@@ -104,24 +106,6 @@ def is_step_call(call: cst.Call, step_functions: Set[str], qualnames: QualNames,
 
 _CONTAINER_METHODS = {"pop", "get", "setdefault", "items", "keys", "values", "copy", "update", "append",
                       "extend", "index", "count", "join", "format", "split", "strip", "replace"}
-
-
-def _bound_roots(target: cst.CSTNode) -> Set[str]:
-    """Names an assignment target rebinds or mutates: ``x``, ``a, b``, the
-    ``d`` of ``d[k]`` and the ``self`` of ``self.x`` (not the index ``k``)."""
-    if isinstance(target, cst.Name):
-        return {target.value}
-    if isinstance(target, (cst.Tuple, cst.List)):
-        out: Set[str] = set()
-        for e in target.elements:
-            out |= _bound_roots(e.value)
-        return out
-    if isinstance(target, cst.StarredElement):
-        return _bound_roots(target.value)
-    if isinstance(target, (cst.Subscript, cst.Attribute)):
-        root = _root(target, through_calls=False)
-        return {root.value} if isinstance(root, cst.Name) else set()
-    return set()
 
 
 def _root(node: cst.CSTNode, through_calls: bool = True) -> cst.CSTNode:
@@ -179,21 +163,41 @@ def _model_call_by_dataflow(call: cst.Call, values: Values) -> Optional[bool]:
     if isinstance(local, cst.ClassDef):
         return False  # building an object
     kinds = values.of(func)
-    if MODULE in kinds:
-        return True
+    if kinds & {MODULE, LOADED}:
+        return True  # a model, or something unpickled that is called: a model
     return False if definitely_not(kinds, MODULE) else None
 
 
 def runs_model(fn: cst.FunctionDef, values: Values) -> bool:
-    """A function of the module whose own body runs a model or takes a
-    sampler step (directly or through another function of the module)."""
+    """A function of the module that returns a model's output: a return value
+    computed (through the function's own assignments) from a model or
+    sampler call -- ``p_sample(x, t)`` returns the denoised ``x``; a loader
+    that calls a model once to build its weights and returns the model does
+    not count."""
     memo = values.tree.memo
     key = f"runs_model:{id(fn)}"
     if key not in memo:
         memo[key] = False  # recursion: no more than what is known
-        memo[key] = any(_is_model_call(c, set(), values) or (  # type: ignore[arg-type]
-            call_name(c) == "step" and is_step_call(c, set(), lambda n: set(), values))  # type: ignore[arg-type]
-            for c in find_all(fn.body, cst.Call, stop=_DEFS))
+        driven: Set[str] = set()
+
+        def from_model(value: cst.CSTNode) -> bool:
+            if {n.value for n in find_all(value, cst.Name)} & driven:
+                return True
+            return any(_is_model_call(c, set(), values) for c in find_all(value, cst.Call, stop=_DEFS))  # type: ignore[arg-type]
+
+        assigns = [n for n in walk(fn.body, _DEFS) if isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign))]
+        for _ in range(3):  # (the walk is not in source order: a few rounds reach the fixed point)
+            before = len(driven)
+            for node in assigns:
+                value = node.value  # type: ignore[attr-defined]
+                if value is not None and from_model(value):
+                    targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]  # type: ignore[attr-defined]
+                    for t in targets:
+                        driven |= {n.value for n in find_all(t, cst.Name)}
+            if len(driven) == before:
+                break
+        memo[key] = any(r.value is not None and from_model(r.value)  # type: ignore[attr-defined]
+                        for r in find_all(fn.body, cst.Return, stop=_DEFS))
     return bool(memo[key])
 
 
@@ -265,53 +269,127 @@ def in_model_code(node: cst.CSTNode, parents: Dict[int, cst.CSTNode], called_by_
 
 def _carries_model_state(loop: Loop, layers: Set[str], values: Optional[Values] = None) -> bool:
     """State carried from one iteration to the next through a model call, over
-    any number of statements: a name read in the body before it is written,
-    and written from a value that depends (through earlier assignments of this
-    iteration) on a model/sampler call -- ``outs = p_sample(img, t); img, x0 =
-    outs`` or ``eps = model(x, t); x = a * x - b * eps``."""
+    any number of statements: a name read in the body before it is written
+    on every path, and written from a value that depends (through earlier
+    assignments of this iteration) on a model/sampler call -- ``outs =
+    p_sample(img, t); img, x0 = outs`` or ``eps = model(x, t); x = a * x - b *
+    eps``.  A write under an ``if`` without an ``else`` that writes it too
+    may not happen: what is read after it may still come from the last step."""
     read_first: Set[str] = set()
-    written: Set[str] = set()
     driven: Set[str] = set()
     counters = {n.value for n in find_all(loop.target, cst.Name)} if isinstance(loop, cst.For) else set()
-    for assign, conditional in _own_assignments(loop):
-        value = assign.value  # type: ignore[attr-defined]
+
+    def assign(node: cst.CSTNode, written: Set[str]) -> None:
+        value = node.value  # type: ignore[attr-defined]
         if value is None:
-            continue
-        names = {n.value for n in find_all(value, cst.Name)}
-        if isinstance(assign, cst.AugAssign):
-            names |= _bound_roots(assign.target)
-        read_first |= names - written
+            return
+        reads = _chains(value)
+        if isinstance(node, cst.AugAssign):
+            reads |= _state_keys(node.target)
+        read_first.update(r for r in reads if not any(_covers(w, r) for w in written))
         targets: Set[str] = set()
-        for t in ([t.target for t in assign.targets] if isinstance(assign, cst.Assign)  # type: ignore[attr-defined]
-                  else [assign.target]):  # type: ignore[attr-defined]
+        for t in ([t.target for t in node.targets] if isinstance(node, cst.Assign)  # type: ignore[attr-defined]
+                  else [node.target]):  # type: ignore[attr-defined]
             if isinstance(t, cst.Subscript) and {n.value for e in t.slice for n in find_all(e, cst.Name)} & counters:
                 continue  # `out[b] = ...`: this iteration's own slot, not state for the next one
-            targets |= _bound_roots(t)
-        targets -= layers
+            targets |= _state_keys(t)
+        targets = {k for k in targets if k.split(".")[0] not in layers}
         calls = find_all(value, cst.Call, stop=_DEFS)
-        if any(_is_model_call(c, layers, values) for c in calls) or names & driven:  # type: ignore[arg-type]
-            driven |= targets
-        if not conditional:
-            written |= targets  # (a write under an `if` may not happen: what it writes may still come from the last step)
-    return bool(driven & read_first)
+        if any(_is_model_call(c, layers, values) for c in calls) or any(  # type: ignore[arg-type]
+                _overlap(r, d) for r in reads for d in driven):
+            driven.update(targets)
+        written.update(targets)
+
+    def scan(stmts: Iterable[cst.CSTNode], written: Set[str]) -> Set[str]:
+        """Walk statements in order; the names written on every path after them."""
+        for stmt in stmts:
+            if isinstance(stmt, _NESTED):
+                continue  # a nested loop's or function's assignments are its own
+            if isinstance(stmt, cst.SimpleStatementLine):
+                for small in stmt.body:
+                    if isinstance(small, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+                        assign(small, written)
+            elif isinstance(stmt, cst.If):
+                written = _branches(stmt, written)
+            elif isinstance(stmt, cst.With):
+                written = scan(_block(stmt.body), written)
+            elif isinstance(stmt, (cst.Try, cst.TryStar)):
+                scan(_block(stmt.body), set(written))
+                for handler in stmt.handlers:
+                    scan(_block(handler.body), set(written))
+                if stmt.orelse is not None:
+                    scan(_block(stmt.orelse.body), set(written))
+                if stmt.finalbody is not None:
+                    written = scan(_block(stmt.finalbody.body), written)
+            elif isinstance(stmt, cst.Match):
+                for case in stmt.cases:
+                    scan(_block(case.body), set(written))
+        return written
+
+    def _branches(node: cst.If, written: Set[str]) -> Set[str]:
+        then = scan(_block(node.body), set(written))
+        if isinstance(node.orelse, cst.If):
+            other = _branches(node.orelse, set(written))
+        elif isinstance(node.orelse, cst.Else):
+            other = scan(_block(node.orelse.body), set(written))
+        else:
+            other = set(written)
+        return then & other
+
+    scan(_block(loop.body), set())
+    return any(_overlap(d, r) for d in driven for r in read_first)
 
 
-def _own_assignments(loop: Loop) -> List[Tuple[cst.CSTNode, bool]]:
-    """The loop's own assignments (not a nested loop's or function's), in
-    source order, each with whether it is conditional (under an ``if``,
-    ``try`` or ``match`` of the body)."""
-    found: List[Tuple[cst.CSTNode, bool]] = []
+def _state_keys(target: cst.CSTNode) -> Set[str]:
+    """What an assignment target writes, as dotted keys: ``x``, ``a`` and
+    ``b`` of ``a, b``, ``block_state.latents`` (one attribute, not the whole
+    object), the ``d`` of ``d[k]``."""
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return {k for e in target.elements for k in _state_keys(e.value)}
+    if isinstance(target, cst.StarredElement):
+        return _state_keys(target.value)
+    if isinstance(target, cst.Subscript):
+        target = target.value
+        while isinstance(target, cst.Subscript):
+            target = target.value
+    key = dotted(target)
+    if key:
+        return {key}
+    root = _root(target, through_calls=False)
+    return {root.value} if isinstance(root, cst.Name) else set()
 
-    def visit(node: cst.CSTNode, conditional: bool) -> None:
-        for child in children(node):
-            if isinstance(child, _NESTED):
+
+def _chains(node: cst.CSTNode) -> Set[str]:
+    """The dotted names a value reads: ``block_state.guess_mode``, ``x`` (of
+    ``x.view(...)``: ``x.view``)."""
+    found: Set[str] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, (cst.Name, cst.Attribute)):
+            key = dotted(n)
+            if key:
+                found.add(key)
                 continue
-            if isinstance(child, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
-                found.append((child, conditional))
-            visit(child, conditional or isinstance(child, (cst.If, cst.Try, cst.TryStar, cst.Match, cst.IfExp)))
-
-    visit(loop.body, False)
+        if isinstance(n, _DEFS):
+            continue
+        stack.extend(children(n))
     return found
+
+
+def _covers(written: str, read: str) -> bool:
+    """A read of ``read`` is of what ``written`` wrote (``x`` covers ``x.grad``)."""
+    return read == written or read.startswith(written + ".")
+
+
+def _overlap(a: str, b: str) -> bool:
+    return _covers(a, b) or _covers(b, a)
+
+
+def _block(suite: cst.BaseSuite) -> List[cst.CSTNode]:
+    if isinstance(suite, cst.IndentedBlock):
+        return list(suite.body)
+    return [cst.SimpleStatementLine(body=suite.body)] if isinstance(suite, cst.SimpleStatementSuite) else []
 
 
 def step_functions(module: cst.Module, qualnames: QualNames) -> Set[str]:

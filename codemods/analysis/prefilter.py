@@ -33,7 +33,8 @@ import re
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 # looser than loops._FEEDBACK_CALL_RE / is_step_call: every name they accept matches
-_STEPLIKE_RE = re.compile(r"backward|step|sampl|denois|model|unet|forward|generate|predict", re.IGNORECASE)
+_STEPLIKE_RE = re.compile(r"backward|step|sampl|denois|model|unet|forward|generate|predict|^net|net$|policy|^actor$"
+                          r"|^critic$", re.IGNORECASE)
 _TAKES_STEP = frozenset({"backward", "step", "optimizer_step"})
 _LOADER_RE = re.compile(r"(loader$|dataloader|(^|_)dl$)", re.IGNORECASE)  # == loops.LOADER_NAME_RE
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
@@ -65,7 +66,8 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
     step_functions: Set[str] = set()
     variables: Set[str] = set()  # names (and self.attrs) assigned or taken as parameters: may hold a model
     calls_of: Dict[str, Set[str]] = {}  # function name -> names its body calls
-    model_source = b"torch.nn" in source  # something here can make a model (see values._library_kinds)
+    # something here can make a model (see values._library_kinds): torch.nn, an unpickled object
+    model_source = b"torch.nn" in source or b"load(" in source or b"jit." in source
     any_loader = b"DataLoader" in source
     # (node, inside a loop?, enclosing function names)
     # (node, inside a loop?, enclosing function names, inside a model's own

@@ -40,6 +40,7 @@ Kinds = FrozenSet[str]
 TENSOR, DEVICE, DEVICE_STR, MODULE = "tensor", "device", "device-string", "module"
 OPTIMIZER, SCALER, LR_SCHEDULER, SAMPLER = "optimizer", "scaler", "lr-scheduler", "sampler"
 LOADER, DEVICE_LOADER, HOST, OBJECT = "loader", "device-loader", "host", "object"
+LOADED = "loaded"  # torch.load/pickle.load: a model when it is called, else anything
 UNKNOWN = "?"  # some of the values that reach a name could not be told
 NONE: Kinds = frozenset()
 
@@ -95,8 +96,11 @@ def _library_kinds(qual: str, args: List[cst.Arg]) -> Optional[Kinds]:
         return frozenset({LOADER})
     if last in ("MpDeviceLoader", "ParallelLoader") and qual.startswith("torch_xla."):
         return frozenset({DEVICE_LOADER})
+    if qual in ("torch.load", "pickle.load", "dill.load", "joblib.load"):
+        return frozenset({LOADED})
     if qual.startswith(("torch.nn.parallel.", "torch.distributed.fsdp.")) or qual in (
-            "torch.nn.DataParallel", "timm.create_model"):
+            "torch.nn.DataParallel", "timm.create_model", "torch.jit.load", "torch.jit.trace", "torch.jit.script",
+            "torch.hub.load", "torch.export.load"):
         return frozenset({MODULE})
     if qual.startswith("torch.nn.") and not qual.startswith(("torch.nn.functional.", "torch.nn.utils.", "torch.nn.init.")):
         return frozenset({MODULE}) if last[:1].isupper() and last != "Parameter" else None
@@ -258,7 +262,7 @@ class Values:
             if isinstance(local, cst.FunctionDef):
                 return self._returns(local, None)
         callee = self.of(func)
-        if MODULE in callee:
+        if callee & {MODULE, LOADED}:
             return frozenset({TENSOR})  # running a model
         return NONE
 
@@ -540,4 +544,4 @@ def values(tree: TreeCache) -> Values:
 
 
 __all__ = ["Values", "values", "TENSOR", "DEVICE", "DEVICE_STR", "MODULE", "OPTIMIZER", "SCALER", "LR_SCHEDULER",
-           "SAMPLER", "LOADER", "DEVICE_LOADER", "HOST", "OBJECT", "NONE", "UNKNOWN", "Kinds", "definitely_not"]
+           "SAMPLER", "LOADER", "DEVICE_LOADER", "HOST", "OBJECT", "LOADED", "NONE", "UNKNOWN", "Kinds", "definitely_not"]
