@@ -15,7 +15,9 @@ import libcst as cst
 
 from codemods.analysis.prefilter import LOADER_LOOP
 from codemods.analysis import LoopCodemod, is_device_loader_expr, loop_iterable, module_facts
-from codemods.base import Rule, call_name
+from codemods.analysis.values import MODULE
+from codemods.analysis.values import values as dataflow
+from codemods.base import Rule, call_name, find_all
 
 DEVICE_LOADER = Rule(
     code="XLA301",
@@ -88,6 +90,44 @@ class DeviceLoader(LoopCodemod):
                            for f in body)
         return False
 
+    def _model_on_host(self, loop: cst.For) -> str:
+        """The name of a model the loop's own body runs that stays on the host:
+        built by a constructor here, never ``.to()``/``.cuda()``-ed, and never
+        handed to anything that could move it (``accelerator.prepare``, DDP,
+        a helper).  Wrapping the loader would put the batches on the XLA
+        device beside a CPU model (accelerate's CPU baseline in its tests)."""
+        flow = dataflow(self.tree)
+        for call in find_all(loop.body, cst.Call, stop=(cst.For, cst.While, cst.FunctionDef, cst.Lambda)):
+            func = call.func  # type: ignore[attr-defined]
+            if not isinstance(func, cst.Name) or MODULE not in flow.of(func):
+                continue
+            bindings = flow.reaching(func)
+            if not bindings or not all(self._built_here(b) for b in bindings):
+                continue
+            scope = next((a for a in self.ancestors(loop) if isinstance(a, cst.FunctionDef)), self.tree.module)
+            if not self._moved_or_shared(func.value, scope):
+                return func.value
+        return ""
+
+    def _built_here(self, binding: cst.CSTNode) -> bool:
+        """``model = Net(...)``: a constructor call, nothing chained after it."""
+        assign = self.parent(self.parent(binding)) if isinstance(self.parent(binding), cst.AssignTarget) else None
+        if not isinstance(assign, cst.Assign) or not isinstance(binding, cst.Name):
+            return False
+        value = assign.value
+        return isinstance(value, cst.Call) and isinstance(value.func, (cst.Name, cst.Attribute)) and (
+            (call_name(value) or "")[:1].isupper())
+
+    def _moved_or_shared(self, name: str, scope: cst.CSTNode) -> bool:
+        for call in find_all(scope, cst.Call):
+            func = call.func  # type: ignore[attr-defined]
+            if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == name:
+                if func.attr.value in ("to", "cuda", "xpu", "to_empty", "apply", "share_memory"):
+                    return True
+            if any(isinstance(a.value, cst.Name) and a.value.value == name for a in call.args):  # type: ignore[attr-defined]
+                return True  # handed to something that may move it
+        return False
+
     def rewrite_loop(self, original, updated):
         if not isinstance(original, cst.For) or self.target.loader is None:
             return updated
@@ -95,6 +135,12 @@ class DeviceLoader(LoopCodemod):
             return updated
         inner = loop_iterable(original)
         if not self.is_data_loader_expr(inner):
+            return updated
+        host_model = self._model_on_host(original)
+        if host_model:
+            self.flag(inner, DEVICE_LOADER.code, f"DataLoader loop whose model `{host_model}` is never moved to a "
+                      "device: its batches stay on the host here; move the model (`.to(device)`) and wrap the "
+                      "loader in `MpDeviceLoader` together, or leave both on the CPU", fix=False)
             return updated
         if self._callers_device(original):
             self.flag(inner, DEVICE_LOADER.code, "DataLoader loop in code that takes its device from the caller: "

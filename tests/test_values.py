@@ -233,3 +233,20 @@ def test_a_write_on_every_branch_is_a_write():
     # written on one branch only: the read may see the last iteration's value
     src = CUDA + "for t in ts:\n    if t > 0:\n        x = x0\n    x = unet(x, t)\n"
     assert convert_text(src)[0].endswith("    x = unet(x, t)\n    torch_xla.sync()\n")
+
+
+def test_a_loader_feeding_a_model_that_stays_on_the_host_is_reported_not_wrapped():
+    """accelerate's test script trains a CPU baseline: wrapping its loader put
+    the batches on the XLA device beside a CPU model."""
+    src = CUDA + ("\n\nclass Reg(nn.Module):\n    def forward(self, x):\n        return x\n\n\n"
+                  "def mock_training(ds):\n    train_dl = DataLoader(ds, batch_size=2)\n    model = Reg()\n"
+                  "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    for batch in train_dl:\n"
+                  "        loss = model(batch['x']).sum()\n        loss.backward()\n        opt.step()\n")
+    out, findings = convert_text(src)
+    assert "MpDeviceLoader" not in out
+    [f] = [f for f in findings if f.code == "XLA301"]
+    assert not f.fix and "never moved" in f.message
+    # moved to the device: wrapped
+    moved = src.replace("    model = Reg()\n", "    model = Reg().to('cuda')\n")
+    out, findings = convert_text(moved)
+    assert "MpDeviceLoader(train_dl" in out, out

@@ -136,6 +136,8 @@ def _is_model_call(call: cst.Call, layers: Set[str], values: Optional[Values] = 
     last = callee.split(".")[-1]
     if last[:1].isupper():
         return False  # building a module (`SamFeedForward(...)`) is not running one
+    if last == "sample" and "." in callee and not callee.startswith("self."):
+        return False  # `posterior.latent_dist.sample(generator)`: a draw from a distribution
     if not _FEEDBACK_CALL_RE.search(last) or callee.split(".")[0] in layers:
         return False
     return not (_NOT_FEEDBACK_RE.search(last) or last in _CONTAINER_METHODS)
@@ -366,6 +368,12 @@ def _chains(node: cst.CSTNode) -> Set[str]:
     stack = [node]
     while stack:
         n = stack.pop()
+        if (isinstance(n, cst.Call) and call_name(n) in _METADATA_CALLS) or (
+                isinstance(n, cst.Attribute) and n.attr.value in _METADATA_ATTRS):
+            continue  # `torch.zeros_like(x)`, `x.shape`: x's shape, not its value
+        if (isinstance(n, (cst.ListComp, cst.SetComp, cst.GeneratorExp)) and isinstance(n.elt, cst.Call)
+                and call_name(n.elt) in _METADATA_CALLS):
+            continue  # `[torch.zeros_like(d) for d in xs]`: shapes only
         if isinstance(n, (cst.Name, cst.Attribute)):
             key = dotted(n)
             if key:
@@ -375,6 +383,10 @@ def _chains(node: cst.CSTNode) -> Set[str]:
             continue
         stack.extend(children(n))
     return found
+
+
+_METADATA_CALLS = {"zeros_like", "ones_like", "empty_like", "full_like", "len", "isinstance", "size", "dim", "numel"}
+_METADATA_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad"}
 
 
 def _covers(written: str, read: str) -> bool:
