@@ -14,7 +14,12 @@ transformers 4.57.6, accelerate 1.1.1, timm 1.0.11):
 * ``outer``: it runs sub-blocks per chunk/segment (``loop_step`` over
   anything but timesteps): the denoising loops are inside those blocks;
 * ``check``: none of these -- each such loop is judged one by one in
-  ``READ`` (an unjudged one is reported as such).
+  ``READ`` (an unjudged one is reported as such); ``READ`` also overrides a
+  category's verdict for a loop read and judged otherwise.
+
+The ``denoise`` loops were read as a list of their headers and their
+scheduler-step lines (every one iterates timesteps or sigmas and writes the
+scheduler's output back, except panorama's per-view loop, in ``READ``).
 """
 
 from __future__ import annotations
@@ -45,6 +50,10 @@ READ: Dict[Tuple[str, str], Tuple[str, str]] = {
         "real", "ParaDiGMS parallel sampling: each iteration denoises a window of timesteps"),
     ("modular_pipelines/wan/encoders.py", "for reference_image in reference_images_batch:"): (
         "real", "accumulates VAE encodings into `latent` (torch.cat): without a barrier the graph grows"),
+    ("stable_diffusion_panorama/pipeline_stable_diffusion_panorama.py",
+     "for j, batch_view in enumerate(views_batch):"): (
+        "wrong", "the per-view loop inside a denoising step (the timestep loop around it has the barrier): "
+                 "one cut per view, harmless, but no step loop"),
 }
 
 

@@ -15,7 +15,6 @@ import libcst as cst
 
 from codemods.analysis.prefilter import LOADER_LOOP
 from codemods.analysis import LoopCodemod, is_device_loader_expr, loop_iterable, module_facts
-from codemods.analysis.values import MODULE
 from codemods.analysis.values import values as dataflow
 from codemods.base import Rule, call_name, find_all
 
@@ -99,13 +98,13 @@ class DeviceLoader(LoopCodemod):
         flow = dataflow(self.tree)
         for call in find_all(loop.body, cst.Call, stop=(cst.For, cst.While, cst.FunctionDef, cst.Lambda)):
             func = call.func  # type: ignore[attr-defined]
-            if not isinstance(func, cst.Name) or MODULE not in flow.of(func):
+            if not isinstance(func, cst.Name):
                 continue
             bindings = flow.reaching(func)
             if not bindings or not all(self._built_here(b) for b in bindings):
                 continue
-            scope = next((a for a in self.ancestors(loop) if isinstance(a, cst.FunctionDef)), self.tree.module)
-            if not self._moved_or_shared(func.value, scope):
+            # (anywhere in the module: a move elsewhere, of any binding of the name, counts)
+            if not self._moved_or_shared(func.value, self.tree.module):
                 return func.value
         return ""
 
@@ -115,8 +114,10 @@ class DeviceLoader(LoopCodemod):
         if not isinstance(assign, cst.Assign) or not isinstance(binding, cst.Name):
             return False
         value = assign.value
-        return isinstance(value, cst.Call) and isinstance(value.func, (cst.Name, cst.Attribute)) and (
-            (call_name(value) or "")[:1].isupper())
+        name = call_name(value) or ""
+        # (a loss or an activation has no parameters: on the host it serves device tensors as well)
+        return isinstance(value, cst.Call) and name[:1].isupper() and not (
+            name.endswith("Loss") or name in _STATELESS)
 
     def _moved_or_shared(self, name: str, scope: cst.CSTNode) -> bool:
         for call in find_all(scope, cst.Call):
@@ -159,6 +160,8 @@ class DeviceLoader(LoopCodemod):
 
 
 _DEVICE_PARAM = re.compile(r"(^|_)device$")
+_STATELESS = {"ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "Dropout", "Identity", "Flatten",
+              "Upsample", "LeakyReLU"}
 
 
 def _device_params(fn: cst.FunctionDef) -> bool:

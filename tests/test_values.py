@@ -250,3 +250,26 @@ def test_a_loader_feeding_a_model_that_stays_on_the_host_is_reported_not_wrapped
     moved = src.replace("    model = Reg()\n", "    model = Reg().to('cuda')\n")
     out, findings = convert_text(moved)
     assert "MpDeviceLoader(train_dl" in out, out
+
+
+def test_a_model_known_by_dataflow_makes_its_output_a_tensor():
+    """`policy(state)` returns a tensor: its per-step print is deferred like any tensor's."""
+    src = CUDA + ("class Policy(nn.Module):\n    def forward(self, s):\n        return s\n\n"
+                  "policy = Policy().cuda()\nstate = torch.zeros(4, device='cuda')\n"
+                  "for t in range(100):\n    action = policy(state)\n    state = state + action\n"
+                  "    print(action)\n")
+    out, findings = convert_text(src)
+    assert "xm.add_step_closure(lambda action=action: print(action))" in out, out
+
+
+def test_a_loss_module_left_on_the_host_does_not_stop_the_wrap():
+    src = CUDA + ("model = nn.Linear(4, 1).cuda()\ncriterion = nn.MSELoss()\nact = nn.ReLU()\n"
+                  "loader = DataLoader(ds, batch_size=2)\nfor x, y in loader:\n"
+                  "    loss = criterion(act(model(x.cuda())), y.cuda())\n    loss.backward()\n")
+    out, _ = convert_text(src)
+    assert "MpDeviceLoader(loader" in out, out
+    # a model imported from elsewhere, built here and never moved: reported
+    src = CUDA + ("from helpers import RegressionModel\nmodel = RegressionModel()\n"
+                  "loader = DataLoader(ds, batch_size=2)\nfor b in loader:\n    model(b).sum().backward()\n")
+    out, findings = convert_text(src)
+    assert "MpDeviceLoader" not in out and any("never moved" in f.message for f in findings), out

@@ -68,7 +68,8 @@ class LoopCodemod(XlaCodemod):
         return memo[key]
 
     def _tensor_names(self, node: cst.CSTNode) -> Set[str]:
-        return self._memo("tensors", node, lambda: tensor_names(node, self.qualnames, self._loader_loops(node)))
+        return self._memo("tensors", node, lambda: tensor_names(node, self.qualnames, self._loader_loops(node),
+                                                                 dataflow(self.tree)))
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.CSTNode:
         self.tensor_stack.pop()

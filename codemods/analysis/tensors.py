@@ -29,7 +29,10 @@ _NON_TENSOR_TORCH = ("torch.device", "torch.Size", "torch.dtype", "torch.cuda.",
                      "torch.distributed.", "torch.compile", "torch.jit.")
 
 
-def is_tensor_expr(node: cst.CSTNode, tensors: Set[str], qualnames: QualNames) -> bool:
+def is_tensor_expr(node: cst.CSTNode, tensors: Set[str], qualnames: QualNames, values: object = None) -> bool:
+    """``node`` evaluates to a tensor: a tensor name, a torch op, a tensor
+    method, a model's output (a callee the dataflow knows holds a model --
+    ``codemods.analysis.values`` -- or, failing that, named like one)."""
     if isinstance(node, cst.Name):
         return node.value in tensors
     if isinstance(node, cst.Call):
@@ -43,7 +46,11 @@ def is_tensor_expr(node: cst.CSTNode, tensors: Set[str], qualnames: QualNames) -
             if is_tensor_expr(func.value, tensors, qualnames):
                 return True
         callee = dotted(func) or ""
-        return bool(callee and _MODEL_RE.search(callee))
+        if callee and _MODEL_RE.search(callee):
+            return True
+        if values is not None and (isinstance(func, cst.Name) or callee.startswith("self.")):
+            return bool(values.of(func) & {"module", "loaded"})  # type: ignore[attr-defined]
+        return False
     if isinstance(node, cst.Subscript):
         return is_tensor_expr(node.value, tensors, qualnames)
     if isinstance(node, cst.BinaryOperation):
@@ -57,7 +64,8 @@ def is_tensor_expr(node: cst.CSTNode, tensors: Set[str], qualnames: QualNames) -
     return False
 
 
-def tensor_names(scope_node: cst.CSTNode, qualnames: QualNames, loader_loops: Iterable[cst.For] = ()) -> Set[str]:
+def tensor_names(scope_node: cst.CSTNode, qualnames: QualNames, loader_loops: Iterable[cst.For] = (),
+                 values: object = None) -> Set[str]:
     """Names that hold tensors inside a function (or module) body."""
     tensors: Set[str] = set()
     for loop in loader_loops:
@@ -79,7 +87,7 @@ def tensor_names(scope_node: cst.CSTNode, qualnames: QualNames, loader_loops: It
         before = len(tensors)
         for a in assigns:
             value = a.value  # type: ignore[attr-defined]
-            if not is_tensor_expr(value, tensors, qualnames):
+            if not is_tensor_expr(value, tensors, qualnames, values):
                 continue
             if isinstance(a, cst.AugAssign):
                 if isinstance(a.target, cst.Name):
