@@ -176,9 +176,9 @@ def test_an_lr_scheduler_step_with_arguments_is_no_step():
     assert "sync()" not in out, out
 
 
-def test_a_helper_named_like_a_sampler_that_runs_no_model_is_no_step():
-    src = CUDA + ("def sample_noise(x):\n    return torch.randn_like(x)\n\n"
-                    "x = torch.zeros(4)\nfor i in range(4):\n    x = sample_noise(x)\n")
+def test_a_helper_named_like_a_sampler_that_computes_no_tensor_is_no_step():
+    src = CUDA + ("import random\n\ndef sample_batch(pool):\n    return random.sample(pool, 4)\n\n"
+                  "pool = list(range(9))\nfor i in range(4):\n    pool = sample_batch(pool)\n")
     out, _ = convert_text(src)
     assert "sync()" not in out, out
 
@@ -273,3 +273,18 @@ def test_a_loss_module_left_on_the_host_does_not_stop_the_wrap():
                   "loader = DataLoader(ds, batch_size=2)\nfor b in loader:\n    model(b).sum().backward()\n")
     out, findings = convert_text(src)
     assert "MpDeviceLoader" not in out and any("never moved" in f.message for f in findings), out
+
+
+def test_a_loop_inside_a_step_loop_gets_a_barrier_only_when_it_feeds_a_model_back():
+    # a corrector loop: each iteration denoises what the last one produced
+    src = CUDA + ("for t in timesteps:\n    eps = unet(x, t)\n    x = scheduler.step(eps, t, x)\n"
+                  "    for _ in range(2):\n        eps = unet(x, t)\n        x = scheduler.step_correct(eps, x)\n")
+    out, _ = convert_text(src)
+    assert out.count("torch_xla.sync()") == 2, out
+    # per-view steps accumulated into the outer state (panorama): the outer barrier bounds them
+    src = CUDA + ("for t in timesteps:\n    value = torch.zeros_like(x)\n    for view in views:\n"
+                  "        eps = unet(x[view], t)\n        value[view] += scheduler.step(eps, t, x[view])\n"
+                  "    x = scheduler.step(value, t, x)\n")
+    out, _ = convert_text(src)
+    assert out.count("torch_xla.sync()") == 1 and out.endswith("    x = scheduler.step(value, t, x)\n"
+                                                                "    torch_xla.sync()\n"), out

@@ -16,11 +16,11 @@ from codemods.analysis.loops import (
     _names_one_loader,
     in_model_code,
     is_device_loader_expr,
-    is_step_loop,
     loop_iterable,
     model_functions,
     module_facts,
     step_functions,
+    step_kind,
 )
 from codemods.analysis.tensors import tensor_names
 from codemods.analysis.values import DEVICE_LOADER, LOADER, UNKNOWN
@@ -78,8 +78,21 @@ class LoopCodemod(XlaCodemod):
     def is_step_loop(self, loop: Loop) -> bool:
         """:func:`is_step_loop`, and not inside a model's own forward/backward."""
         called = self._memo("model_functions", self.tree.module, lambda: model_functions(self.tree.module))
-        return is_step_loop(loop, self.steps, self.qualnames, dataflow(self.tree)) and not in_model_code(
-            loop, self.tree.parents, called)
+        return self._memo("step_loop", loop, lambda: self._is_step_loop(loop, called))
+
+    def _is_step_loop(self, loop: Loop, called: Set[str]) -> bool:
+        kind = step_kind(loop, self.steps, self.qualnames, dataflow(self.tree))
+        if kind is None or in_model_code(loop, self.tree.parents, called):
+            return False
+        if kind in ("carried", "sample"):
+            # an accumulation inside another step loop (panorama's per-view
+            # loop): the outer step's barrier bounds it already
+            for anc in self.ancestors(loop):
+                if isinstance(anc, _DEFS):
+                    break
+                if isinstance(anc, (cst.For, cst.While)) and self.is_step_loop(anc):
+                    return False
+        return True
 
     def visit_For(self, node: cst.For) -> None:
         self.loop_stack.append((node, self.is_step_loop(node), self.is_loader_loop(node)))

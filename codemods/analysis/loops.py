@@ -29,6 +29,7 @@ from codemods.analysis.values import (
     OPTIMIZER,
     SAMPLER,
     SCALER,
+    TENSOR,
     UNKNOWN,
     Values,
     definitely_not,
@@ -161,7 +162,12 @@ def _model_call_by_dataflow(call: cst.Call, values: Values) -> Optional[bool]:
         return None
     local = values.local_function(call)
     if isinstance(local, cst.FunctionDef):
-        return runs_model(local, values)
+        if runs_model(local, values):
+            return True
+        # no model inside, but named as a step (`denoise(x, t)`) and computing
+        # tensors: its author's word is the last resort
+        return bool(_FEEDBACK_CALL_RE.search(local.name.value)) and not _NOT_FEEDBACK_RE.search(
+            local.name.value) and TENSOR in values.of(call)
     if isinstance(local, cst.ClassDef):
         return False  # building an object
     kinds = values.of(func)
@@ -269,7 +275,7 @@ def in_model_code(node: cst.CSTNode, parents: Dict[int, cst.CSTNode], called_by_
     return False
 
 
-def _carries_model_state(loop: Loop, layers: Set[str], values: Optional[Values] = None) -> bool:
+def _carries_model_state(loop: Loop, layers: Set[str], values: Optional[Values] = None) -> Optional[str]:
     """State carried from one iteration to the next through a model call, over
     any number of statements: a name read in the body before it is written
     on every path, and written from a value that depends (through earlier
@@ -279,6 +285,9 @@ def _carries_model_state(loop: Loop, layers: Set[str], values: Optional[Values] 
     may not happen: what is read after it may still come from the last step."""
     read_first: Set[str] = set()
     driven: Set[str] = set()
+    every_write: Set[str] = set()
+    model_reads: List[Set[str]] = []  # per model call: what its value's inputs read (directly or through keys)
+    derived: Dict[str, Set[str]] = {}  # key -> read-first keys its value came from
     counters = {n.value for n in find_all(loop.target, cst.Name)} if isinstance(loop, cst.For) else set()
 
     def assign(node: cst.CSTNode, written: Set[str]) -> None:
@@ -296,11 +305,22 @@ def _carries_model_state(loop: Loop, layers: Set[str], values: Optional[Values] 
                 continue  # `out[b] = ...`: this iteration's own slot, not state for the next one
             targets |= _state_keys(t)
         targets = {k for k in targets if k.split(".")[0] not in layers}
+        # what this value comes from, in terms of keys read before they are written
+        sources = {r for r in reads if not any(_covers(w, r) for w in written)}
+        for r in reads:
+            for k, origin in derived.items():
+                if _overlap(r, k):
+                    sources |= origin
         calls = find_all(value, cst.Call, stop=_DEFS)
-        if any(_is_model_call(c, layers, values) for c in calls) or any(  # type: ignore[arg-type]
-                _overlap(r, d) for r in reads for d in driven):
+        model = [c for c in calls if _is_model_call(c, layers, values)]  # type: ignore[arg-type]
+        if model:
+            model_reads.append(sources)
+        if model or any(_overlap(r, d) for r in reads for d in driven):
             driven.update(targets)
+        for k in targets:
+            derived[k] = sources
         written.update(targets)
+        every_write.update(targets)
 
     def scan(stmts: Iterable[cst.CSTNode], written: Set[str]) -> Set[str]:
         """Walk statements in order; the names written on every path after them."""
@@ -328,8 +348,16 @@ def _carries_model_state(loop: Loop, layers: Set[str], values: Optional[Values] 
                     scan(_block(case.body), set(written))
         return written
 
+    guarded: Dict[str, Set[str]] = {}  # condition -> what its `if` body wrote
+
     def _branches(node: cst.If, written: Set[str]) -> Set[str]:
-        then = scan(_block(node.body), set(written))
+        # `if cfg: a, b = x.chunk(2)` ... `if cfg and scale > 0: use(b)`: under
+        # the same condition, what the first wrote is this iteration's
+        conditions = _conjuncts(node.test)
+        inside = set(written).union(*(guarded.get(c, set()) for c in conditions))
+        then = scan(_block(node.body), inside)
+        for c in conditions:
+            guarded.setdefault(c, set()).update(then - written)
         if isinstance(node.orelse, cst.If):
             other = _branches(node.orelse, set(written))
         elif isinstance(node.orelse, cst.Else):
@@ -339,7 +367,14 @@ def _carries_model_state(loop: Loop, layers: Set[str], values: Optional[Values] 
         return then & other
 
     scan(_block(loop.body), set())
-    return any(_overlap(d, r) for d in driven for r in read_first)
+    carried = {r for r in read_first if any(_overlap(d, r) for d in driven)}
+    if not carried:
+        return None
+    # fed back: a model call's input comes from state this loop itself rewrites
+    state = {r for r in read_first if any(_overlap(w, r) for w in every_write)}
+    if any(_overlap(a, b) for reads in model_reads for a in reads for b in state):
+        return "feedback"
+    return "carried"
 
 
 def _state_keys(target: cst.CSTNode) -> Set[str]:
@@ -398,6 +433,16 @@ def _overlap(a: str, b: str) -> bool:
     return _covers(a, b) or _covers(b, a)
 
 
+def _conjuncts(test: cst.BaseExpression) -> Set[str]:
+    """The ``and``-ed parts of a condition, as code (``self.x`` read as ``x``:
+    diffusers tests a local ``do_classifier_free_guidance`` and then the
+    property of the same name)."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return _conjuncts(test.left) | _conjuncts(test.right)
+    text = cst.Module(body=[]).code_for_node(test).strip()
+    return {text[5:] if text.startswith("self.") else text}
+
+
 def _block(suite: cst.BaseSuite) -> List[cst.CSTNode]:
     if isinstance(suite, cst.IndentedBlock):
         return list(suite.body)
@@ -432,16 +477,43 @@ def _state_moves_to_host(loop: Loop) -> bool:
 
 
 def is_step_loop(loop: Loop, steps: Set[str], qualnames: QualNames, values: Optional[Values] = None) -> bool:
+    return step_kind(loop, steps, qualnames, values) is not None
+
+
+def step_kind(loop: Loop, steps: Set[str], qualnames: QualNames, values: Optional[Values] = None) -> Optional[str]:
+    """Why ``loop`` is a step loop: ``"step"`` (it takes a training or
+    sampling step), ``"feedback"`` (a model's output is carried to the next
+    iteration and fed to the model again), ``"sample"`` (a sampler steps
+    something this loop does not rewrite: panorama's per-view step),
+    ``"carried"`` (a model's output is carried, accumulated, but not fed
+    back); None when it is none."""
     layers = {n.value for n in find_all(loop.target, cst.Name)} if isinstance(loop, cst.For) else set()
     if _state_moves_to_host(loop):
-        return False
+        return None
+    sampling = False
     for stmt in body_statements(loop):
         if isinstance(stmt, _NESTED):
             continue  # a nested loop's steps are its own (the epoch loop is not a step loop)
         for call in own_nodes(stmt, cst.Call):
             if is_step_call(call, steps, qualnames, values):  # type: ignore[arg-type]
-                return True
-    return _carries_model_state(loop, layers, values)
+                if not _is_sampler_step(call, values):  # type: ignore[arg-type]
+                    return "step"
+                sampling = True
+    carried = _carries_model_state(loop, layers, values)
+    if sampling:
+        return "feedback" if carried == "feedback" else "sample"
+    return carried
+
+
+def _is_sampler_step(call: cst.Call, values: Optional[Values]) -> bool:
+    """``scheduler.step(x, t, ...)``: a sampler's step, not an optimizer's."""
+    func = call.func
+    if call_name(call) != "step" or not isinstance(func, cst.Attribute):
+        return False
+    kinds = values.of(func.value) if values is not None else frozenset()
+    if kinds & {OPTIMIZER, SCALER}:
+        return False
+    return SAMPLER in kinds or bool(_SAMPLER_RE.search((dotted(func.value) or "").split(".")[-1]))
 
 
 def is_barrier_call(call: cst.Call, names: Iterable[str], qualnames: QualNames) -> bool:
