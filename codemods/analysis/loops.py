@@ -29,7 +29,6 @@ from codemods.analysis.values import (
     OPTIMIZER,
     SAMPLER,
     SCALER,
-    TENSOR,
     UNKNOWN,
     Values,
     definitely_not,
@@ -162,12 +161,9 @@ def _model_call_by_dataflow(call: cst.Call, values: Values) -> Optional[bool]:
         return None
     local = values.local_function(call)
     if isinstance(local, cst.FunctionDef):
-        if runs_model(local, values):
-            return True
-        # no model inside, but named as a step (`denoise(x, t)`) and computing
-        # tensors: its author's word is the last resort
-        return bool(_FEEDBACK_CALL_RE.search(local.name.value)) and not _NOT_FEEDBACK_RE.search(
-            local.name.value) and TENSOR in values.of(call)
+        # its body is known: whatever it is called (helios' `sample_block_noise`
+        # draws noise), it runs a model only if a model runs in it
+        return runs_model(local, values)
     if isinstance(local, cst.ClassDef):
         return False  # building an object
     kinds = values.of(func)
