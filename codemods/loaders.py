@@ -103,8 +103,10 @@ class DeviceLoader(LoopCodemod):
             bindings = flow.reaching(func)
             if not bindings or not all(self._built_here(b) for b in bindings):
                 continue
-            # (anywhere in the module: a move elsewhere, of any binding of the name, counts)
-            if not self._moved_or_shared(func.value, self.tree.module):
+            # searched where the name lives: its function, or the whole module for a global
+            scope = next((a for a in self.ancestors(bindings[0]) if isinstance(a, (cst.FunctionDef, cst.Lambda))),
+                         self.tree.module)
+            if not self._moved_or_shared(func.value, scope):
                 return func.value
         return ""
 
