@@ -9,6 +9,8 @@ every codemod (no rules here).
   carried through a model or sampler call, a training step -- asking
   ``values`` first, names only when it cannot tell), layer loops, which loops
   already sync (also through a function that syncs), what runs every step;
+* :mod:`codemods.analysis.state` -- which calls run a model and which loops
+  carry (or feed back) a model's output from one iteration to the next;
 * :mod:`codemods.analysis.tensors` -- which names hold tensors;
 * :mod:`codemods.analysis.loop_codemod` -- the base class of the loop rules:
   the hot region while walking, data loaders and device loaders by every

@@ -32,7 +32,7 @@ import ast
 import re
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
-# looser than loops._FEEDBACK_CALL_RE / is_step_call: every name they accept matches
+# looser than state._FEEDBACK_CALL_RE / loops.is_step_call: every name they accept matches
 _STEPLIKE_RE = re.compile(r"backward|step|sampl|denois|model|unet|forward|generate|predict|^net|net$|policy|^actor$"
                           r"|^critic$", re.IGNORECASE)
 _TAKES_STEP = frozenset({"backward", "step", "optimizer_step"})

@@ -157,11 +157,6 @@ class Values:
         whole = self.of(node)
         return whole & {TENSOR, HOST}  # pieces of a tensor (or of a host value) are of the same kind
 
-    def is_module(self, node: cst.CSTNode) -> Optional[bool]:
-        """Whether ``node`` holds a model: True, False, or None (unknown)."""
-        kinds = self.of(node)
-        return (MODULE in kinds) if kinds else None
-
     def functions(self) -> Dict[str, cst.CSTNode]:
         """Module-level functions and classes by name."""
         if self._defs is None:

@@ -1,0 +1,322 @@
+"""Which loops carry a model's output from one iteration to the next, and
+which calls run a model (a part of :mod:`codemods.analysis.loops`).
+
+* a **model call** is decided by the dataflow first
+  (:mod:`codemods.analysis.values`): the callee holds a model, is a function
+  of the module that returns a model's output, or is known to be something
+  else; only when that has no answer does the called name decide
+  (``_FEEDBACK_CALL_RE``: ``model``, ``unet``, ``*sampler*``, ``denois``...);
+* **carried state** is a dotted key (``x``, ``block.latents``, the ``d`` of
+  ``d[k]``) read in the body before it is written on every path, and
+  written from a value that depends on a model call; it is **fed back** when
+  a model call's input comes from such state.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, Iterable, List, Optional, Set, Union
+
+import libcst as cst
+
+from codemods.analysis.values import (
+    LOADED,
+    LR_SCHEDULER,
+    MODULE,
+    OPTIMIZER,
+    SAMPLER,
+    SCALER,
+    Values,
+    definitely_not,
+)
+from codemods.tree import call_name, children, dotted, find_all, walk
+
+Loop = Union[cst.For, cst.While]
+_NESTED = (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)
+_DEFS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+
+# (up/down-samplers are layers, not samplers)
+_FEEDBACK_CALL_RE = re.compile(
+    r"((?:^|_)step(?:$|_)|(?<!up)(?<!down)(?<!sub_)(?<!sub)(?<!re)sampl(?:ing|er|e)(?!s)|denois|model|unet|forward"
+    r"|generate|predict|^net|net$|policy|^actor$|^critic$)",
+    re.IGNORECASE)
+# calls that fetch, wrap or unwrap a model rather than run it (``m = unwrap_model(m)``)
+_NOT_FEEDBACK_RE = re.compile(
+    r"^_*(unwrap|wrap|get|load|build|make|create|prepare|init|setup|save|copy|compile|convert|register|to)_",
+    re.IGNORECASE,
+)
+
+
+_CONTAINER_METHODS = {"pop", "get", "setdefault", "items", "keys", "values", "copy", "update", "append",
+                      "extend", "index", "count", "join", "format", "split", "strip", "replace"}
+
+
+def _root(node: cst.CSTNode, through_calls: bool = True) -> cst.CSTNode:
+    """The leftmost part of ``a.b[c].d(e).f``: ``a`` (``d(e)`` itself when not
+    ``through_calls``)."""
+    kinds = (cst.Call, cst.Attribute, cst.Subscript) if through_calls else (cst.Attribute, cst.Subscript)
+    while isinstance(node, kinds):
+        node = node.func if isinstance(node, cst.Call) else node.value
+    return node
+
+
+def _is_model_call(call: cst.Call, layers: Set[str], values: Optional[Values] = None) -> bool:
+    """A call that runs a model or a sampler step.  The dataflow decides
+    first: the callee holds a model (``policy = Policy().to(dev)``), is a
+    function of the module that runs one, or is known to be something else.
+    When it cannot tell, the called name itself (``self.unet(...)``,
+    ``scheduler.step(...)``, ``p_sample(...)``) does, never its receiver
+    (``step_size.unsqueeze(-1)`` is no step)."""
+    callee = dotted(call.func) or ""
+    if callee == "self":
+        return True  # a module running itself (nanoGPT's generate: `logits, _ = self(idx_cond)`)
+    if callee.split(".")[0] in layers:
+        return False
+    if values is not None:
+        known = _model_call_by_dataflow(call, values)
+        if known is not None:
+            return known
+    last = callee.split(".")[-1]
+    if last[:1].isupper():
+        return False  # building a module (`SamFeedForward(...)`) is not running one
+    if last == "sample" and "." in callee and not callee.startswith("self."):
+        return False  # `posterior.latent_dist.sample(generator)`: a draw from a distribution
+    if not _FEEDBACK_CALL_RE.search(last) or callee.split(".")[0] in layers:
+        return False
+    return not (_NOT_FEEDBACK_RE.search(last) or last in _CONTAINER_METHODS)
+
+
+def _model_call_by_dataflow(call: cst.Call, values: Values) -> Optional[bool]:
+    """True/False when the dataflow knows whether ``call`` runs a model (or
+    takes a sampler step); None when it cannot tell."""
+    func = call.func
+    if isinstance(func, cst.Attribute) and func.attr.value == "step":
+        kinds = values.of(func.value)
+        if SAMPLER in kinds:
+            return True
+        if kinds & {OPTIMIZER, SCALER, LR_SCHEDULER}:
+            return False
+    # only a plain name or `self.x` can be bound to a model or to a function
+    # of the module; `torch.cat`, `x.view`, `self.vae.decode` are answered by name
+    if isinstance(func, cst.Attribute) and not (isinstance(func.value, cst.Name) and func.value.value == "self"):
+        return None
+    if not isinstance(func, (cst.Name, cst.Attribute)) or values.tree.import_qualnames(func):
+        return None
+    local = values.local_function(call)
+    if isinstance(local, cst.FunctionDef):
+        # its body is known: whatever it is called (helios' `sample_block_noise`
+        # draws noise), it runs a model only if a model runs in it
+        return runs_model(local, values)
+    if isinstance(local, cst.ClassDef):
+        return False  # building an object
+    kinds = values.of(func)
+    if kinds & {MODULE, LOADED}:
+        return True  # a model, or something unpickled that is called: a model
+    return False if definitely_not(kinds, MODULE) else None
+
+
+def runs_model(fn: cst.FunctionDef, values: Values) -> bool:
+    """A function of the module that returns a model's output: a return value
+    computed (through the function's own assignments) from a model or
+    sampler call -- ``p_sample(x, t)`` returns the denoised ``x``; a loader
+    that calls a model once to build its weights and returns the model does
+    not count."""
+    memo = values.tree.memo
+    key = f"runs_model:{id(fn)}"
+    if key not in memo:
+        memo[key] = False  # recursion: no more than what is known
+        driven: Set[str] = set()
+
+        def from_model(value: cst.CSTNode) -> bool:
+            if {n.value for n in find_all(value, cst.Name)} & driven:
+                return True
+            return any(_is_model_call(c, set(), values) for c in find_all(value, cst.Call, stop=_DEFS))  # type: ignore[arg-type]
+
+        assigns = [n for n in walk(fn.body, _DEFS) if isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign))]
+        for _ in range(3):  # (the walk is not in source order: a few rounds reach the fixed point)
+            before = len(driven)
+            for node in assigns:
+                value = node.value  # type: ignore[attr-defined]
+                if value is not None and from_model(value):
+                    targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]  # type: ignore[attr-defined]
+                    for t in targets:
+                        driven |= {n.value for n in find_all(t, cst.Name)}
+            if len(driven) == before:
+                break
+        memo[key] = any(r.value is not None and from_model(r.value)  # type: ignore[attr-defined]
+                        for r in find_all(fn.body, cst.Return, stop=_DEFS))
+    return bool(memo[key])
+
+
+def _carries_model_state(loop: Loop, layers: Set[str], values: Optional[Values] = None) -> Optional[str]:
+    """State carried from one iteration to the next through a model call, over
+    any number of statements: a name read in the body before it is written
+    on every path, and written from a value that depends (through earlier
+    assignments of this iteration) on a model/sampler call -- ``outs =
+    p_sample(img, t); img, x0 = outs`` or ``eps = model(x, t); x = a * x - b *
+    eps``.  A write under an ``if`` without an ``else`` that writes it too
+    may not happen: what is read after it may still come from the last step."""
+    read_first: Set[str] = set()
+    driven: Set[str] = set()
+    every_write: Set[str] = set()
+    model_reads: List[Set[str]] = []  # per model call: what its value's inputs read (directly or through keys)
+    derived: Dict[str, Set[str]] = {}  # key -> read-first keys its value came from
+    counters = {n.value for n in find_all(loop.target, cst.Name)} if isinstance(loop, cst.For) else set()
+
+    def assign(node: cst.CSTNode, written: Set[str]) -> None:
+        value = node.value  # type: ignore[attr-defined]
+        if value is None:
+            return
+        reads = _chains(value)
+        if isinstance(node, cst.AugAssign):
+            reads |= _state_keys(node.target)
+        read_first.update(r for r in reads if not any(_covers(w, r) for w in written))
+        targets: Set[str] = set()
+        for t in ([t.target for t in node.targets] if isinstance(node, cst.Assign)  # type: ignore[attr-defined]
+                  else [node.target]):  # type: ignore[attr-defined]
+            if isinstance(t, cst.Subscript) and {n.value for e in t.slice for n in find_all(e, cst.Name)} & counters:
+                continue  # `out[b] = ...`: this iteration's own slot, not state for the next one
+            targets |= _state_keys(t)
+        targets = {k for k in targets if k.split(".")[0] not in layers}
+        # what this value comes from, in terms of keys read before they are written
+        sources = {r for r in reads if not any(_covers(w, r) for w in written)}
+        for r in reads:
+            for k, origin in derived.items():
+                if _overlap(r, k):
+                    sources |= origin
+        calls = find_all(value, cst.Call, stop=_DEFS)
+        model = [c for c in calls if _is_model_call(c, layers, values)]  # type: ignore[arg-type]
+        if model:
+            model_reads.append(sources)
+        if model or any(_overlap(r, d) for r in reads for d in driven):
+            driven.update(targets)
+        for k in targets:
+            derived[k] = sources
+        written.update(targets)
+        every_write.update(targets)
+
+    def scan(stmts: Iterable[cst.CSTNode], written: Set[str]) -> Set[str]:
+        """Walk statements in order; the names written on every path after them."""
+        for stmt in stmts:
+            if isinstance(stmt, _NESTED):
+                continue  # a nested loop's or function's assignments are its own
+            if isinstance(stmt, cst.SimpleStatementLine):
+                for small in stmt.body:
+                    if isinstance(small, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+                        assign(small, written)
+            elif isinstance(stmt, cst.If):
+                written = _branches(stmt, written)
+            elif isinstance(stmt, cst.With):
+                written = scan(_block(stmt.body), written)
+            elif isinstance(stmt, (cst.Try, cst.TryStar)):
+                scan(_block(stmt.body), set(written))
+                for handler in stmt.handlers:
+                    scan(_block(handler.body), set(written))
+                if stmt.orelse is not None:
+                    scan(_block(stmt.orelse.body), set(written))
+                if stmt.finalbody is not None:
+                    written = scan(_block(stmt.finalbody.body), written)
+            elif isinstance(stmt, cst.Match):
+                for case in stmt.cases:
+                    scan(_block(case.body), set(written))
+        return written
+
+    guarded: Dict[str, Set[str]] = {}  # condition -> what its `if` body wrote
+
+    def _branches(node: cst.If, written: Set[str]) -> Set[str]:
+        # `if cfg: a, b = x.chunk(2)` ... `if cfg and scale > 0: use(b)`: under
+        # the same condition, what the first wrote is this iteration's
+        conditions = _conjuncts(node.test)
+        inside = set(written).union(*(guarded.get(c, set()) for c in conditions))
+        then = scan(_block(node.body), inside)
+        for c in conditions:
+            guarded.setdefault(c, set()).update(then - written)
+        if isinstance(node.orelse, cst.If):
+            other = _branches(node.orelse, set(written))
+        elif isinstance(node.orelse, cst.Else):
+            other = scan(_block(node.orelse.body), set(written))
+        else:
+            other = set(written)
+        return then & other
+
+    scan(_block(loop.body), set())
+    carried = {r for r in read_first if any(_overlap(d, r) for d in driven)}
+    if not carried:
+        return None
+    # fed back: a model call's input comes from state this loop itself rewrites
+    state = {r for r in read_first if any(_overlap(w, r) for w in every_write)}
+    if any(_overlap(a, b) for reads in model_reads for a in reads for b in state):
+        return "feedback"
+    return "carried"
+
+
+def _state_keys(target: cst.CSTNode) -> Set[str]:
+    """What an assignment target writes, as dotted keys: ``x``, ``a`` and
+    ``b`` of ``a, b``, ``block_state.latents`` (one attribute, not the whole
+    object), the ``d`` of ``d[k]``."""
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return {k for e in target.elements for k in _state_keys(e.value)}
+    if isinstance(target, cst.StarredElement):
+        return _state_keys(target.value)
+    if isinstance(target, cst.Subscript):
+        target = target.value
+        while isinstance(target, cst.Subscript):
+            target = target.value
+    key = dotted(target)
+    if key:
+        return {key}
+    root = _root(target, through_calls=False)
+    return {root.value} if isinstance(root, cst.Name) else set()
+
+
+def _chains(node: cst.CSTNode) -> Set[str]:
+    """The dotted names a value reads: ``block_state.guess_mode``, ``x`` (of
+    ``x.view(...)``: ``x.view``)."""
+    found: Set[str] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if (isinstance(n, cst.Call) and call_name(n) in _METADATA_CALLS) or (
+                isinstance(n, cst.Attribute) and n.attr.value in _METADATA_ATTRS):
+            continue  # `torch.zeros_like(x)`, `x.shape`: x's shape, not its value
+        if (isinstance(n, (cst.ListComp, cst.SetComp, cst.GeneratorExp)) and isinstance(n.elt, cst.Call)
+                and call_name(n.elt) in _METADATA_CALLS):
+            continue  # `[torch.zeros_like(d) for d in xs]`: shapes only
+        if isinstance(n, (cst.Name, cst.Attribute)):
+            key = dotted(n)
+            if key:
+                found.add(key)
+                continue
+        if isinstance(n, _DEFS):
+            continue
+        stack.extend(children(n))
+    return found
+
+
+_METADATA_CALLS = {"zeros_like", "ones_like", "empty_like", "full_like", "len", "isinstance", "size", "dim", "numel"}
+_METADATA_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad"}
+
+
+def _covers(written: str, read: str) -> bool:
+    """A read of ``read`` is of what ``written`` wrote (``x`` covers ``x.grad``)."""
+    return read == written or read.startswith(written + ".")
+
+
+def _overlap(a: str, b: str) -> bool:
+    return _covers(a, b) or _covers(b, a)
+
+
+def _conjuncts(test: cst.BaseExpression) -> Set[str]:
+    """The ``and``-ed parts of a condition, as code (``self.x`` read as ``x``:
+    diffusers tests a local ``do_classifier_free_guidance`` and then the
+    property of the same name)."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return _conjuncts(test.left) | _conjuncts(test.right)
+    text = cst.Module(body=[]).code_for_node(test).strip()
+    return {text[5:] if text.startswith("self.") else text}
+
+
+def _block(suite: cst.BaseSuite) -> List[cst.CSTNode]:
+    if isinstance(suite, cst.IndentedBlock):
+        return list(suite.body)
+    return [cst.SimpleStatementLine(body=suite.body)] if isinstance(suite, cst.SimpleStatementSuite) else []
