@@ -20,7 +20,7 @@ from codemods.analysis.loops import (
     model_functions,
     module_facts,
     step_functions,
-    step_kind,
+    loop_step_kind,
 )
 from codemods.analysis.tensors import tensor_names
 from codemods.analysis.values import DEVICE_LOADER, LOADER, UNKNOWN
@@ -81,7 +81,7 @@ class LoopCodemod(XlaCodemod):
         return self._memo("step_loop", loop, lambda: self._is_step_loop(loop, called))
 
     def _is_step_loop(self, loop: Loop, called: Set[str]) -> bool:
-        kind = step_kind(loop, self.steps, self.qualnames, dataflow(self.tree))
+        kind = loop_step_kind(self.tree, loop, self.steps)
         if kind is None or in_model_code(loop, self.tree.parents, called):
             return False
         if kind in ("carried", "sample"):

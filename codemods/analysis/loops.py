@@ -225,6 +225,16 @@ def _is_sampler_step(call: cst.Call, values: Optional[Values]) -> bool:
     return SAMPLER in kinds or bool(_SAMPLER_RE.search((dotted(func.value) or "").split(".")[-1]))
 
 
+def loop_step_kind(tree: TreeCache, loop: Loop, steps: Set[str]) -> Optional[str]:
+    """:func:`step_kind` of a loop of ``tree``, computed once per tree: the
+    pre-check (``ModuleFacts``) and the loop codemods ask the same question
+    (``step_kind`` reads no qualified names)."""
+    key = f"step_kind:{id(loop)}"
+    if key not in tree.memo:
+        tree.memo[key] = step_kind(loop, steps, lambda n: set(), values_of(tree))
+    return tree.memo[key]  # type: ignore[return-value]
+
+
 def is_barrier_call(call: cst.Call, names: Iterable[str], qualnames: QualNames) -> bool:
     q = qualnames(call.func)
     if q & set(names):
@@ -321,9 +331,8 @@ class ModuleFacts:
         module, source = tree.module, tree.source
         steps = step_functions(module, lambda n: set())
         loops = find_all(module, (cst.For, cst.While))
-        dataflow = values_of(tree)
         self.step_loops: List[cst.CSTNode] = [
-            lp for lp in loops if is_step_loop(lp, steps, lambda n: set(), dataflow)  # type: ignore[arg-type]
+            lp for lp in loops if loop_step_kind(tree, lp, steps) is not None  # type: ignore[arg-type]
         ]
         any_loader = b"DataLoader" in source
         self.loader_loops: List[cst.CSTNode] = [
