@@ -10,7 +10,7 @@ stay and only their tensor-reading postfixes go.
 
 from __future__ import annotations
 
-from typing import Optional, Set, Union
+from typing import Dict, Optional, Set, Tuple, Union
 
 import libcst as cst
 from libcst.codemod.visitors import RemoveImportsVisitor
@@ -114,6 +114,7 @@ class ProgressBars(XlaCodemod):
         self.block_bars: Set[str] = set()
         self.tensors: Set[str] = set()
         self.removed_any = False
+        self.escaped: Dict[int, Tuple[str, int]] = {}  # id(binding) -> (bar, line of a use that keeps it)
 
     # ---------------------------------------------------------------- helpers
     def _bar_kind(self, node: cst.CSTNode) -> Optional[str]:
@@ -143,11 +144,23 @@ class ProgressBars(XlaCodemod):
                 if self._bar_kind(item.item) and item.asname is not None and isinstance(item.asname.name, cst.Name):
                     self.bar_names.add(item.asname.name.value)
                     self.block_bars.add(item.asname.name.value)
+                    self._check_escape(with_, item.asname.name.value)
         for assign in find_all(node, cst.Assign):
             if self._bar_kind(assign.value) in {"tqdm", "trange"}:  # type: ignore[attr-defined]
                 for t in assign.targets:  # type: ignore[attr-defined]
                     if isinstance(t.target, cst.Name):
                         self.bar_names.add(t.target.value)
+                        self._check_escape(assign, t.target.value)
+
+    def _check_escape(self, binding: cst.CSTNode, name: str) -> None:
+        """A bar used for more than being iterated and updated -- stored
+        (``state.bar = bar``), passed on, read (``bar.n``) -- cannot go: the
+        code that holds it would fail.  Its binding is reported instead."""
+        scope = next((a for a in self.ancestors(binding) if isinstance(a, (cst.FunctionDef, cst.Module))),
+                     self.tree.module)
+        use = _escaping_use(scope, name)
+        if use is not None:
+            self.escaped[id(binding)] = (name, self.position(use)[0])  # type: ignore[index]
 
     def _unwrap(self, call: cst.Call, kind: str) -> Optional[cst.BaseExpression]:
         if kind == "trange":
@@ -182,6 +195,9 @@ class ProgressBars(XlaCodemod):
         plain = self._unwrap(updated_node, kind)  # type: ignore[arg-type]
         if plain is None:
             return updated_node
+        if id(parent) in self.escaped:
+            self._report_escape(original_node, BAR_ITERABLE.code, self.escaped[id(parent)])
+            return updated_node
         if not self.flag(original_node, BAR_ITERABLE.code, f"progress bar `{kind}(...)` -> the plain iterable", fix=True):
             return updated_node
         self._drop_import()
@@ -195,6 +211,9 @@ class ProgressBars(XlaCodemod):
             return updated_node
         body = updated_node.body
         if not isinstance(body, cst.IndentedBlock):
+            return updated_node
+        if id(original_node) in self.escaped:
+            self._report_escape(original_node, BAR_BLOCK.code, self.escaped[id(original_node)])
             return updated_node
         if not self.flag(original_node, BAR_BLOCK.code, "progress-bar `with` block removed; body dedented", fix=True):
             return updated_node
@@ -217,6 +236,8 @@ class ProgressBars(XlaCodemod):
         method = call.func.attr.value
         if receiver not in self.bar_names or method not in BAR_METHODS:
             return updated_node
+        if not self.keep and receiver in {name for name, _ in self.escaped.values()}:
+            return updated_node  # its bar stays (reported where it is made)
         if self.keep:
             if method not in POSTFIX_METHODS or reads_tensor_value(call, self.tensors, self.qualnames) is None:
                 return updated_node
@@ -249,6 +270,11 @@ class ProgressBars(XlaCodemod):
             return cst.RemoveFromParent()
         return updated_node
 
+    def _report_escape(self, node: cst.CSTNode, code: str, escaped: Tuple[str, int]) -> None:
+        name, line = escaped
+        self.flag(node, code, f"progress bar `{name}` kept: line {line} uses it beyond iterating and updating "
+                              "it; take it off the hot path by hand", fix=False)
+
     def _tqdm_imported(self) -> bool:
         imports = self.tree.imports
         return "tqdm" in imports or "trange" in imports or any(v.startswith("tqdm") for v in imports.values())
@@ -260,6 +286,35 @@ class ProgressBars(XlaCodemod):
             for module in ("tqdm", "tqdm.auto", "tqdm.notebook", "tqdm.autonotebook"):
                 RemoveImportsVisitor.remove_unused_import(self.context, module, name)
         RemoveImportsVisitor.remove_unused_import(self.context, "tqdm")
+
+
+def _escaping_use(scope: cst.CSTNode, name: str) -> Optional[cst.CSTNode]:
+    """The first load of ``name`` in ``scope`` other than ``for x in name``
+    and a statement ``name.<bar method>(...)`` (those go with the bar)."""
+    harmless: Set[int] = set()
+    for node in walk(scope):
+        if isinstance(node, cst.For) and isinstance(node.iter, cst.Name):
+            harmless.add(id(node.iter))
+        elif isinstance(node, cst.Attribute):
+            harmless.add(id(node.attr))
+        elif isinstance(node, cst.Arg) and node.keyword is not None:
+            harmless.add(id(node.keyword))
+        elif isinstance(node, cst.AssignTarget):
+            harmless.add(id(node.target))
+        elif isinstance(node, cst.AsName):
+            harmless.add(id(node.name))
+        elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            harmless.add(id(node.name))
+        elif isinstance(node, cst.Param):
+            harmless.add(id(node.name))
+        elif (isinstance(node, cst.Expr) and isinstance(node.value, cst.Call)
+              and isinstance(node.value.func, cst.Attribute) and node.value.func.attr.value in BAR_METHODS
+              and isinstance(node.value.func.value, cst.Name)):
+            harmless.add(id(node.value.func.value))
+    for node in walk(scope):
+        if isinstance(node, cst.Name) and node.value == name and id(node) not in harmless:
+            return node
+    return None
 
 
 def _is_pass(stmt: cst.CSTNode) -> bool:

@@ -22,6 +22,7 @@ from codemods.analysis.loops import (
     step_functions,
     loop_step_kind,
 )
+from codemods.analysis.nesting import is_outer_loop
 from codemods.analysis.tensors import tensor_names
 from codemods.analysis.values import DEVICE_LOADER, LOADER, UNKNOWN
 from codemods.analysis.values import values as dataflow
@@ -84,6 +85,8 @@ class LoopCodemod(XlaCodemod):
         kind = loop_step_kind(self.tree, loop, self.steps)
         if kind is None or in_model_code(loop, self.tree.parents, called):
             return False
+        if is_outer_loop(self.tree, loop, self.is_step_loop):
+            return False  # the step loop it runs on every iteration cuts it
         if kind in ("carried", "sample"):
             # an accumulation inside another step loop (panorama's per-view
             # loop): the outer step's barrier bounds it already

@@ -1,0 +1,60 @@
+"""Progress bars that cannot simply go (XLA201/XLA202): a bar the code keeps
+using -- stored, passed on, read -- is reported where it is made and left in
+place, with its updates; removing it would leave a name that is never bound
+(diffusers' modular chunk loops store the bar in their block state)."""
+
+import ast
+
+from tests.conftest import convert_text
+
+HEAD = "import torch\nfrom tqdm import tqdm\n\n\n"
+
+
+def _codes(findings, fix):
+    return sorted((f.code, f.line) for f in findings if f.fix is fix)
+
+
+def test_a_with_bar_stored_elsewhere_is_reported_and_kept():
+    src = HEAD + ("def run(state, timesteps, x, step):\n"
+                  "    with tqdm(total=len(timesteps)) as bar:\n"
+                  "        state.bar = bar\n"
+                  "        for t in timesteps:\n"
+                  "            x = step(x, t)\n"
+                  "            bar.update()\n"
+                  "    return x\n")
+    out, findings = convert_text(src)
+    ast.parse(out)
+    assert "with tqdm(total=len(timesteps)) as bar:" in out and "state.bar = bar" in out
+    assert "bar.update()" in out, out
+    assert ("XLA202", 6) in _codes(findings, False)
+    assert not [f for f in findings if f.code == "XLA202" and f.fix]
+
+
+def test_an_assigned_bar_read_beyond_updates_is_reported_and_kept():
+    src = HEAD + ("def run(timesteps, x, step):\n"
+                  "    pbar = tqdm(timesteps)\n"
+                  "    for t in pbar:\n"
+                  "        x = step(x, t)\n"
+                  "        pbar.write(str(pbar.n))\n"
+                  "    return x\n")
+    out, findings = convert_text(src)
+    assert "pbar = tqdm(timesteps)" in out and "from tqdm import tqdm" in out, out
+    message = next(f.message for f in findings if f.code == "XLA201")
+    assert "line 9" in message, message
+
+
+def test_a_bar_only_iterated_and_updated_still_goes():
+    src = HEAD + ("def run(timesteps, x, step):\n"
+                  "    with tqdm(total=3) as bar:\n"
+                  "        for t in timesteps:\n"
+                  "            x = step(x, t)\n"
+                  "            bar.update()\n"
+                  "    pbar = tqdm(timesteps)\n"
+                  "    for t in pbar:\n"
+                  "        x = step(x, t)\n"
+                  "        pbar.set_description(str(t))\n"
+                  "    return x\n")
+    out, findings = convert_text(src)
+    ast.parse(out)
+    assert "tqdm" not in out and "bar.update" not in out, out
+    assert _codes(findings, False) == []
