@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple
+from typing import Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
 import libcst as cst
 from libcst.codemod import CodemodContext
@@ -83,13 +83,42 @@ def children(node: cst.CSTNode) -> List[cst.CSTNode]:
     """``node.children`` without LibCST's visitor machinery (and without
     whitespace): an order of magnitude cheaper; source order."""
     out: List[cst.CSTNode] = []
+    nodes = _NODE_TYPES
     for name in _child_fields(type(node)):
         value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
+        if type(value) in nodes:
             out.append(value)
-        elif isinstance(value, (list, tuple)):
-            out.extend(v for v in value if isinstance(v, cst.CSTNode))
+        elif type(value) in _LISTS:
+            out.extend(v for v in value if type(v) in nodes)
     return out
+
+
+def _all_node_types() -> FrozenSet[type]:
+    seen: Set[type] = set()
+    todo = [cst.CSTNode]
+    while todo:
+        t = todo.pop()
+        if t not in seen:
+            seen.add(t)
+            todo.extend(t.__subclasses__())
+    return frozenset(seen)
+
+
+# ``isinstance`` against LibCST's node classes goes through ``ABCMeta`` and
+# is several times slower than a set lookup of the exact type; the walkers
+# below run it millions of times on a large package.
+_NODE_TYPES = _all_node_types()
+_LISTS = (list, tuple)
+_EXPANDED: Dict[object, FrozenSet[type]] = {}
+
+
+def node_types(kinds: Union[type, Tuple[type, ...]]) -> FrozenSet[type]:
+    """The node types ``isinstance(n, kinds)`` accepts, as a set of exact
+    types (``type(n) in node_types(kinds)`` is the same test, faster)."""
+    found = _EXPANDED.get(kinds)
+    if found is None:
+        found = _EXPANDED[kinds] = frozenset(t for t in _NODE_TYPES if issubclass(t, kinds))
+    return found
 
 
 def walk(node: cst.CSTNode, stop: Tuple[type, ...] = ()) -> Iterator[cst.CSTNode]:
@@ -100,29 +129,39 @@ def walk(node: cst.CSTNode, stop: Tuple[type, ...] = ()) -> Iterator[cst.CSTNode
     Does not descend into nodes of the ``stop`` types (other than ``node``).
     The order is not guaranteed to be source order.
     """
+    stops = node_types(stop) if stop else frozenset()
+    nodes = _NODE_TYPES
     stack = [node]
     while stack:
         n = stack.pop()
         yield n
-        if stop and n is not node and isinstance(n, stop):
+        kind = type(n)
+        if kind in stops and n is not node:
             continue
-        for name in _child_fields(type(n)):
+        for name in _child_fields(kind):
             value = getattr(n, name)
-            if isinstance(value, cst.CSTNode):
+            vkind = type(value)
+            if vkind in nodes:
                 stack.append(value)
-            elif isinstance(value, (list, tuple)):
-                stack.extend(v for v in value if isinstance(v, cst.CSTNode))
+            elif vkind in _LISTS:
+                stack.extend(v for v in value if type(v) in nodes)
 
 
-def find_all(node: cst.CSTNode, kind: type, stop: Tuple[type, ...] = ()) -> List[cst.CSTNode]:
+def find_all(node: cst.CSTNode, kind: Union[type, Tuple[type, ...]], stop: Tuple[type, ...] = ()) -> List[cst.CSTNode]:
     """All descendants of ``node`` (itself included) of type ``kind``.
 
     Does not descend into nodes of the ``stop`` types (other than ``node``).
     """
-    return [n for n in walk(node, stop) if isinstance(n, kind)]
+    wanted = node_types(kind)
+    return [n for n in walk(node, stop) if type(n) in wanted]
 
 
 # ---------------------------------------------------------------- per-tree cache
+
+
+_BINDING_NODES = (cst.Import, cst.ImportFrom, cst.AssignTarget, cst.AnnAssign, cst.AugAssign, cst.For, cst.CompFor,
+                  cst.NamedExpr, cst.Param, cst.FunctionDef, cst.ClassDef, cst.WithItem, cst.ExceptHandler,
+                  cst.ExceptStarHandler, cst.Global, cst.Nonlocal, cst.Del)
 
 
 class TreeCache:
@@ -148,6 +187,7 @@ class TreeCache:
     def parents(self) -> Dict[int, cst.CSTNode]:
         if self._parents is None:
             parents: Dict[int, cst.CSTNode] = {}
+            nodes = _NODE_TYPES
             by_type = self._by_type
             stack: List[cst.CSTNode] = [self.module]
             while stack:
@@ -159,9 +199,10 @@ class TreeCache:
                 bucket.append(n)
                 for name in _child_fields(kind):
                     value = getattr(n, name)
-                    kids = [value] if isinstance(value, cst.CSTNode) else value if isinstance(value, (list, tuple)) else ()
+                    vkind = type(value)
+                    kids = (value,) if vkind in nodes else value if vkind in _LISTS else ()
                     for k in kids:
-                        if isinstance(k, cst.CSTNode):
+                        if type(k) in nodes:
                             parents[id(k)] = n
                             stack.append(k)
             self._parents = parents
@@ -200,7 +241,7 @@ class TreeCache:
                 rebound.add(local)
             table[local] = full
 
-        for node in walk(self.module):
+        for node in self.nodes(_BINDING_NODES):  # the type index: no walk of the tree
             if isinstance(node, cst.Import):
                 for alias in node.names:
                     full = dotted(alias.name) or ""

@@ -72,6 +72,18 @@ def parse(source: bytes) -> cst.Module:
         raise SourceError(f"cannot parse: {exc}") from None
 
 
+def _text_of(source: bytes, tree: cst.Module) -> str:
+    """``tree.code`` without generating it: LibCST's trees give back their
+    source exactly, so it is the source decoded as LibCST decoded it (a
+    byte-order mark is the one case left to the code generator)."""
+    if source.startswith(b"\xef\xbb\xbf"):
+        return tree.code
+    try:
+        return source.decode(tree.encoding)
+    except (UnicodeDecodeError, LookupError):
+        return tree.code
+
+
 def _add_imports(context: CodemodContext, tree: cst.Module) -> cst.Module:
     """Run LibCST's AddImportsVisitor on the only part of the module it reads
     and writes -- the docstring and the block of imports at the top, plus one
@@ -109,7 +121,7 @@ def transform(source: bytes, settings: Settings, filename: str = "") -> Outcome:
     if not codemods:
         return Outcome(source, [])
     tree = parse(source)
-    original_text = tree.code
+    original_text = _text_of(source, tree)
     context = CodemodContext(
         filename=filename or None,
         scratch={
@@ -152,11 +164,16 @@ def transform(source: bytes, settings: Settings, filename: str = "") -> Outcome:
                 text = new_text
                 tree = unique(new_tree)
                 context.scratch[TREE_KEY] = TreeCache(tree, source)
+    rebuilt = bool(maps)
     if context.scratch.get(AddImportsVisitor.CONTEXT_KEY):
-        tree = _add_imports(context, tree)
+        tree, rebuilt = _add_imports(context, tree), True
     if context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY):
-        tree = Codemod.transform_module(RemoveImportsVisitor(context), tree)
-    out = tree.bytes if tree.code != original_text else source
+        tree, rebuilt = Codemod.transform_module(RemoveImportsVisitor(context), tree), True
+    out = source
+    if rebuilt:  # otherwise the tree is the one parsed: no code to generate
+        code = tree.code
+        if code != original_text:
+            out = code.encode(tree.encoding)
     findings = _without_repeats(findings)
     findings.sort(key=lambda f: (f.line, f.col, f.code))
     left = int(context.scratch.get(COVERAGE_KEY, 0))  # type: ignore[call-overload]
