@@ -68,7 +68,13 @@ def test_prefilter_facts_cover_what_the_libcst_analysis_finds():
 @pytest.mark.parametrize("source, expected", [
     ("for x, y in loader:\n    loss = model(x)\n    loss.backward()\n", {STEP_LOOP, LOADER_LOOP}),
     ("def train_one(b):\n    opt.step()\nfor b in batches:\n    train_one(b)\n", {STEP_LOOP}),
-    ("while True:\n    logits = self(idx)\n", {STEP_LOOP}),
+    ("while True:\n    logits = self(idx)\n    idx = torch.cat([idx, logits.argmax(-1)])\n", {STEP_LOOP}),
+    # a model called in a loop that carries nothing from one iteration to the next (tiled decoding)
+    ("while True:\n    logits = self(idx)\n", set()),
+    ("for i in range(n):\n    tile = self.encoder(x[i])\n    tile = self.quant(tile)\n    rows.append(tile)\n", set()),
+    # written only under a branch: what is read may come from the last iteration
+    ("for t in ts:\n    if t:\n        h = 0\n    h = model(h)\n", {STEP_LOOP}),
+    ("for t in ts:\n    with ctx:\n        h = 0\n    h = model(h)\n", set()),
     ("class Sched:\n    def step(self, out, t, x):\n        return x\n", {STEP_METHOD}),
     ("class Net:\n    def forward(self, x):\n        for layer in self.layers:\n            x = layer(x)\n"
      "        return x\n", set()),

@@ -66,6 +66,7 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
     step_functions: Set[str] = set()
     variables: Set[str] = set()  # names (and self.attrs) assigned or taken as parameters: may hold a model
     calls_of: Dict[str, Set[str]] = {}  # function name -> names its body calls
+    loops: List[ast.AST] = []  # loops outside a model's own methods
     # something here can make a model (see values._library_kinds): torch.nn, an unpickled object
     model_source = b"torch.nn" in source or b"load(" in source or b"jit." in source
     any_loader = b"DataLoader" in source
@@ -105,6 +106,8 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
                 if any_loader or any(_LOADER_RE.search(n) for n in map(_last_name, ast.walk(node.iter)) if n):
                     facts.add(LOADER_LOOP)
             in_loop = True
+            if not in_model:
+                loops.append(node)
         elif isinstance(node, ast.ClassDef):
             for stmt in node.body:
                 if isinstance(stmt, _FUNCS) and (
@@ -127,9 +130,100 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
                 runners.add(fn)
                 changed = True
     if any(n in models or n in runners or _STEPLIKE_RE.search(n) for n in loop_calls):
-        facts.add(STEP_LOOP)
+        # some loop calls something step- or model-like; one of them must
+        # also take a step or carry a model's output (see _may_step)
+        def modelish(name: str) -> bool:
+            return name in models or name in runners or bool(_STEPLIKE_RE.search(name))
+
+        steps = _TAKES_STEP | step_functions
+        if any(_may_step(loop, steps, modelish) for loop in loops):
+            facts.add(STEP_LOOP)
     facts.update(f"name:{n}" for n in names)
     return frozenset(facts)
+
+
+_OWN_STOP = (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+def _own(node: ast.AST):  # type: ignore[no-untyped-def]
+    """``node`` and its descendants at its own level: not inside a nested
+    loop, function, class or lambda (as ``loops.own_nodes``)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        for child in ast.iter_child_nodes(n):
+            if not isinstance(child, _OWN_STOP):
+                stack.append(child)
+
+
+def _may_step(loop: ast.AST, steps: Set[str], modelish) -> bool:  # type: ignore[no-untyped-def]
+    """What ``loops.step_kind`` needs to call ``loop`` a step loop, read
+    loosely enough to hold whenever it does: a call at the loop's own level
+    of a step name (``backward``, ``step``, a function of the file that
+    takes one); or an assignment from a model-like call together with a
+    name read before it is written (state carried to the next iteration,
+    ``state._carries_model_state``: there a write counts only on every path;
+    here only a whole name written outside any branch does)."""
+    body = list(loop.body)  # type: ignore[attr-defined]
+    for stmt in body:
+        if isinstance(stmt, _OWN_STOP):
+            continue
+        for n in _own(stmt):
+            if isinstance(n, ast.Call) and _last_name(n.func) in steps:
+                return True
+    model_assign = False
+    read_first: Set[str] = set()
+    assigned: Set[str] = set()
+
+    def scan(stmts: List[ast.stmt], written: Set[str], certain: bool) -> None:
+        nonlocal model_assign
+        for stmt in stmts:
+            if isinstance(stmt, _OWN_STOP):
+                continue
+            if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                value = stmt.value
+                if value is None:
+                    continue
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                reads = {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}
+                if isinstance(stmt, ast.AugAssign):
+                    reads |= {n.id for n in ast.walk(stmt.target) if isinstance(n, ast.Name)}
+                read_first.update(reads - written)
+                if any(isinstance(c, ast.Call) and modelish(_last_name(c.func) or "") for c in ast.walk(value)):
+                    model_assign = True
+                for t in targets:
+                    roots = {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+                    assigned.update(roots)
+                    if certain:
+                        written.update(_whole_names(t))
+            elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+                scan(stmt.body, written, certain)
+            elif isinstance(stmt, (ast.If, ast.Try, ast.Match)) or type(stmt).__name__ == "TryStar":
+                for block in _blocks(stmt):
+                    scan(block, set(written), False)
+
+    scan(body, set(), True)
+    return model_assign and bool(read_first & assigned)
+
+
+def _whole_names(target: ast.AST) -> List[str]:
+    """Names an assignment target rebinds whole (not ``x.a`` or ``x[i]``)."""
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [n for e in target.elts for n in _whole_names(e)]
+    if isinstance(target, ast.Starred):
+        return _whole_names(target.value)
+    return []
+
+
+def _blocks(stmt: ast.stmt) -> List[List[ast.stmt]]:
+    if isinstance(stmt, ast.If):
+        return [stmt.body, stmt.orelse]
+    if isinstance(stmt, ast.Match):
+        return [case.body for case in stmt.cases]
+    return [stmt.body, stmt.orelse, stmt.finalbody] + [h.body for h in stmt.handlers]  # type: ignore[attr-defined]
 
 
 _MODEL_PACKAGES = ("timm", "torchvision", "diffusers", "transformers", "peft", "open_clip")
