@@ -67,7 +67,7 @@ class DeviceStrings(XlaCodemod):
     def visit_Module(self, node: cst.Module) -> None:
         facts = cuda_facts(self.tree, self.qualnames)
         self._facts = facts
-        names = {t for t in facts.device_strings if DEVICE_NAME_RE.search(t.split(".")[-1])}
+        names = {t for t in facts.device_strings if facts.holds_device(t)}
         for call in find_all(node, cst.Call):
             if call_name(call) == "add_argument":
                 self._argparse_device(call)  # type: ignore[arg-type]

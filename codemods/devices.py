@@ -16,7 +16,7 @@ from typing import Optional, Union
 
 import libcst as cst
 
-from codemods.analysis.cuda import DEVICE_NAME_RE, cuda_facts
+from codemods.analysis.cuda import cuda_facts
 from codemods.base import Rule, XlaCodemod, dotted, find_all, string_value
 
 _CUDA_RE = re.compile(r"^cuda(:\d+)?$")
@@ -364,7 +364,7 @@ class DeviceSwap(XlaCodemod):
         name = target.value if isinstance(target, cst.Name) else (
             target.attr.value if isinstance(target, cst.Attribute) else None
         )
-        if name and DEVICE_NAME_RE.search(name):
+        if name and cuda_facts(self.tree, self.qualnames).holds_device(dotted(target) or name):
             if self.flag(original_node.value, CUDA_LITERAL.code, f'`{name} = "cuda"` -> XLA device', fix=True):
                 return updated_node.with_changes(value=self._device())
         return updated_node

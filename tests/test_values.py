@@ -328,3 +328,16 @@ def test_a_modular_chunk_loop_whose_blocks_denoise_gets_no_barrier():
     # chunk loop is a step loop for that one, so it keeps its barrier
     out, _ = convert_text(MODULAR + "\n\nclass ChunkUpdateOnly(ChunkLoop):\n    block_classes = [Update]\n")
     assert out.count("torch_xla.sync()") == 2, out
+
+
+def test_a_device_string_under_any_name_is_known_by_where_it_goes():
+    # passed where a device goes: a device, whatever its name; a "cuda" label
+    # that is only printed is no device and stays
+    src = ("import torch\n\ntarget = 'cuda'\nlabel = 'cuda'\nprint(label)\n"
+           "x = torch.ones(2).to(target)\ny = torch.zeros(2, device=target)\n")
+    out, findings = convert_text(src)
+    assert "target = 'xla'" in out and "label = 'cuda'" in out, out
+    assert any(f.code == "XLA109" and f.line == 3 for f in findings)
+    # a name that says "device" still counts where the module never uses it (a caller does)
+    out, _ = convert_text("import torch\n\ndevice = 'cuda'\n")
+    assert "device = 'xla'" in out, out

@@ -158,6 +158,8 @@ class CudaFacts:
         self.launchers: Set[int] = set()  # id() of functions (or the module) that spawn workers
         self.availability_flags: Set[str] = set()  # use_cuda = torch.cuda.is_available() and ...
         self._qualnames = qualnames
+        self._tree = tree
+        self._device_uses: Optional[Set[str]] = None
         self._assigned_other: Set[str] = set()
         for node in walk(tree.module):
             if isinstance(node, (cst.Assign, cst.AnnAssign)) and node.value is not None:
@@ -182,6 +184,20 @@ class CudaFacts:
                 and self.tests_availability(value):
             self.availability_flags.add(text)  # a flag, not a device chosen by one
 
+    def holds_device(self, text: str) -> bool:
+        """A name (or ``self.x``) that holds a device: the module passes it
+        where a device goes (``.to(x)``, ``device=x``, ``torch.device(x)``);
+        failing that, as a last resort for a value used elsewhere (another
+        module, a caller), a name that says so (``device``, ``dev``)."""
+        if self._device_uses is None:
+            self._device_uses = set()
+            for call in self._tree.nodes((cst.Call,)):
+                for arg in _device_args(call, self._qualnames):  # type: ignore[arg-type]
+                    used = dotted(arg)
+                    if used:
+                        self._device_uses.add(used)
+        return text in self._device_uses or bool(DEVICE_NAME_RE.search(text.split(".")[-1]))
+
     def tests_availability(self, test: cst.CSTNode) -> bool:
         """``test`` calls an accelerator availability predicate, or reads a
         flag that was assigned from one."""
@@ -200,6 +216,17 @@ class CudaFacts:
             return True
         # last resort, for a scaler handed in by a caller: a name saying so
         return text.split(".")[-1] in {"scaler", "grad_scaler", "loss_scaler", "amp_scaler"}
+
+
+def _device_args(call: cst.Call, qualnames: QualNames) -> List[cst.BaseExpression]:
+    """The arguments of ``call`` that sit where a device goes."""
+    found = [a.value for a in call.args if a.keyword is not None and a.keyword.value == "device"]
+    positional = [a.value for a in call.args if a.keyword is None and not a.star]
+    func = call.func
+    if positional and ((isinstance(func, cst.Attribute) and func.attr.value == "to")
+                       or "torch.device" in qualnames(func)):
+        found.append(positional[0])
+    return found
 
 
 def scope_of(node: cst.CSTNode, tree: TreeCache) -> cst.CSTNode:
