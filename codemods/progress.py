@@ -96,7 +96,8 @@ class ProgressBars(XlaCodemod):
         """Statements that mention a bar: ``tqdm``/``trange``/``progress_bar``
         or a name bound to one (``with tqdm(...) as pbar``, ``pbar = tqdm(x)``)."""
         names = {"tqdm", "trange", "progress_bar"}
-        for n in walk(tree.module):
+        tree.parents  # builds the type index
+        for n in tree.in_walk_order((cst.WithItem, cst.Assign)):
             if isinstance(n, cst.WithItem) and n.asname is not None:
                 bound, value = n.asname.name, n.item
             elif isinstance(n, cst.Assign) and len(n.targets) == 1:

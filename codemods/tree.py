@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import weakref
 from typing import Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
 import libcst as cst
@@ -153,11 +154,18 @@ def find_all(node: cst.CSTNode, kind: Union[type, Tuple[type, ...]], stop: Tuple
     Does not descend into nodes of the ``stop`` types (other than ``node``).
     """
     wanted = node_types(kind)
+    if not stop and type(node) is cst.Module:
+        tree = _TREES.get(id(node))
+        if tree is not None and tree.module is node and tree._parents is not None:
+            return tree.in_walk_order(wanted)  # the type index: no walk
     return [n for n in walk(node, stop) if type(n) in wanted]
 
 
 # ---------------------------------------------------------------- per-tree cache
 
+
+# The trees a TreeCache indexes, by id() of their module (checked with `is`).
+_TREES: "weakref.WeakValueDictionary[int, TreeCache]" = weakref.WeakValueDictionary()
 
 _BINDING_NODES = (cst.Import, cst.ImportFrom, cst.AssignTarget, cst.AnnAssign, cst.AugAssign, cst.For, cst.CompFor,
                   cst.NamedExpr, cst.Param, cst.FunctionDef, cst.ClassDef, cst.WithItem, cst.ExceptHandler,
@@ -176,6 +184,8 @@ class TreeCache:
         self.memo: Dict[str, object] = {}
         self._parents: Optional[Dict[int, cst.CSTNode]] = None
         self._by_type: Dict[type, List[cst.CSTNode]] = {}
+        self._order: Dict[int, int] = {}  # id(node) -> its place in walk() order
+        _TREES[id(module)] = self
         self._light_calls = 0
         self._positions: Dict[int, Tuple[int, int, int, int]] = {}
         self._imports: Optional[Dict[str, str]] = None
@@ -189,6 +199,7 @@ class TreeCache:
             parents: Dict[int, cst.CSTNode] = {}
             nodes = _NODE_TYPES
             by_type = self._by_type
+            order = self._order
             stack: List[cst.CSTNode] = [self.module]
             while stack:
                 n = stack.pop()
@@ -197,6 +208,7 @@ class TreeCache:
                 if bucket is None:
                     bucket = by_type[kind] = []
                 bucket.append(n)
+                order[id(n)] = len(order)
                 for name in _child_fields(kind):
                     value = getattr(n, name)
                     vkind = type(value)
@@ -294,6 +306,15 @@ class TreeCache:
                 keep.add(id(cur))
                 cur = parents.get(id(cur))
         return keep
+
+    def in_walk_order(self, kinds: Iterable[type]) -> List[cst.CSTNode]:
+        """The module's nodes of the exact types ``kinds``, in the order
+        :func:`walk` gives them (what ``find_all(module, ...)`` returns)."""
+        lists = [self._by_type[k] for k in kinds if k in self._by_type]
+        if len(lists) == 1:
+            return list(lists[0])
+        order = self._order
+        return sorted((n for part in lists for n in part), key=lambda n: order[id(n)])
 
     def nodes(self, kinds: Tuple[type, ...]) -> List[cst.CSTNode]:
         """Every node of the module of one of ``kinds`` (exact types), from an

@@ -26,6 +26,7 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 import libcst as cst
 
 from codemods.base import TreeCache, dotted, string_value, walk
+from codemods.tree import node_types
 
 QualNames = Callable[[cst.CSTNode], Set[str]]
 
@@ -75,6 +76,9 @@ def in_cuda_module(names: Set[str]) -> Optional[str]:
     return None
 
 
+_REFERENCE_NODES = (cst.Attribute, cst.Name, cst.Call, cst.SimpleString, cst.FormattedString, cst.Arg, cst.DictElement)
+
+
 def cuda_references(tree: TreeCache, qualnames: QualNames) -> List[Tuple[cst.CSTNode, str]]:
     """Every CUDA-specific construct of the module, with a short label."""
     found: List[Tuple[cst.CSTNode, str]] = []
@@ -83,7 +87,7 @@ def cuda_references(tree: TreeCache, qualnames: QualNames) -> List[Tuple[cst.CST
     if source and not any(m in source for m in (b"cuda", b"nccl", b"pin_memory", b"map_location", b"device_ids",
                                                 b"output_device", b"GradScaler", b"spawn")):
         return found
-    for n in walk(tree.module):
+    for n in tree.in_walk_order(node_types(_REFERENCE_NODES)):  # the type index: no walk
         if isinstance(n, (cst.Attribute, cst.Name)):
             parent = parents.get(id(n))
             if isinstance(parent, cst.Attribute) and (parent.value is n or parent.attr is n):
@@ -161,7 +165,8 @@ class CudaFacts:
         self._tree = tree
         self._device_uses: Optional[Set[str]] = None
         self._assigned_other: Set[str] = set()
-        for node in walk(tree.module):
+        tree.parents  # builds the type index
+        for node in tree.in_walk_order(node_types((cst.Assign, cst.AnnAssign, cst.Call))):
             if isinstance(node, (cst.Assign, cst.AnnAssign)) and node.value is not None:
                 targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
                 for target in targets:
