@@ -9,7 +9,7 @@ their own positions shift when an earlier rule inserts or removes lines).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 from libcst.codemod import Codemod, CodemodContext
@@ -30,6 +30,7 @@ from codemods.base import (
     TreeCache,
     unique,
 )
+from codemods.tree import dotted, walk
 from xlaport.settings import Settings  # noqa: F401 -- re-exported
 from xlaport.linemap import line_map
 
@@ -96,6 +97,30 @@ def _add_imports(context: CodemodContext, tree: cst.Module) -> cst.Module:
     head = tree.with_changes(body=body[: k + 1], footer=())
     new_head = Codemod.transform_module(AddImportsVisitor(context), head)
     return tree.with_changes(header=new_head.header, body=[*new_head.body, *body[k + 1 :]])
+
+
+def _may_remove(context: CodemodContext, tree: cst.Module) -> bool:
+    """Whether LibCST's RemoveImportsVisitor can remove anything asked of
+    it: an import of what was asked for, whose name no code outside the
+    imports uses any more.  The visitor runs a whole scope analysis to find
+    that out (seconds on a large module) and most requests are moot: the
+    rule that asked left other uses of the name.  In doubt, it runs."""
+    bound: List[Tuple[str, str]] = []  # (what an import names, the local name it binds)
+    used: Set[str] = set()
+    for node in walk(tree, stop=(cst.Import, cst.ImportFrom)):
+        if isinstance(node, cst.Name):
+            used.add(node.value)
+        elif isinstance(node, (cst.Import, cst.ImportFrom)) and not isinstance(node.names, cst.ImportStar):
+            for alias in node.names:
+                name = dotted(alias.name) or ""
+                local = dotted(alias.asname.name) if alias.asname is not None else name.split(".")[0]
+                bound.append((name, local or ""))
+    for module, obj, asname in context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY, ()):  # type: ignore[union-attr]
+        wanted = obj or module
+        for name, local in bound:
+            if name in (wanted, module) and (asname is None or local == asname) and local not in used:
+                return True
+    return False
 
 
 def _is_import_line(stmt: cst.CSTNode) -> bool:
@@ -167,7 +192,7 @@ def transform(source: bytes, settings: Settings, filename: str = "") -> Outcome:
     rebuilt = bool(maps)
     if context.scratch.get(AddImportsVisitor.CONTEXT_KEY):
         tree, rebuilt = _add_imports(context, tree), True
-    if context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY):
+    if context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY) and _may_remove(context, tree):
         tree, rebuilt = Codemod.transform_module(RemoveImportsVisitor(context), tree), True
     out = source
     if rebuilt:  # otherwise the tree is the one parsed: no code to generate
