@@ -115,9 +115,19 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
                     facts.add(STEP_METHOD)
         if isinstance(node, _FUNCS):
             funcs = funcs + (node.name,)
-        for child in ast.iter_child_nodes(node):
-            stack.append((child, in_loop, funcs, in_model or (
-                isinstance(node, ast.ClassDef) and isinstance(child, _FUNCS) and _is_model_method(child.name))))
+        if kind is ast.ClassDef:
+            for child in ast.iter_child_nodes(node):
+                stack.append((child, in_loop, funcs, in_model or (
+                    isinstance(child, _FUNCS) and _is_model_method(child.name))))  # type: ignore[attr-defined]
+            continue
+        for field in kind._fields:  # ast.iter_child_nodes, inlined: this loop sees every node
+            value = getattr(node, field, None)
+            if type(value) is list:
+                for child in value:
+                    if isinstance(child, ast.AST):
+                        stack.append((child, in_loop, funcs, in_model))
+            elif isinstance(value, ast.AST):
+                stack.append((value, in_loop, funcs, in_model))
     # what the dataflow of codemods.analysis.values can find a model in: a
     # variable, or a function of the file that calls one (or a step-like name)
     models = (variables if model_source else set()) | {"self"} | step_functions
