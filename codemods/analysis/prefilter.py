@@ -67,7 +67,7 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
     variables: Set[str] = set()  # names (and self.attrs) assigned or taken as parameters: may hold a model
     calls_of: Dict[str, Set[str]] = {}  # function name -> names its body calls
     loops: List[ast.AST] = []  # loops outside a model's own methods
-    # something here can make a model (see values._library_kinds): torch.nn, an unpickled object
+    # something here can make a model (see kinds.library_kinds): torch.nn, an unpickled object
     model_source = b"torch.nn" in source or b"load(" in source or b"jit." in source
     any_loader = b"DataLoader" in source
     # (node, inside a loop?, enclosing function names)

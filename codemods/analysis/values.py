@@ -29,34 +29,16 @@ a parameter no call site in the module feeds, say.
 
 from __future__ import annotations
 
-from typing import Dict, FrozenSet, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
 from codemods.analysis.bindings import binding_nodes
+from codemods.analysis.kinds import (  # noqa: F401 -- the kinds are part of this module's API
+    DEVICE, DEVICE_LOADER, DEVICE_STR, HOST, LOADED, LOADER, LR_SCHEDULER, MODULE, NONE, OBJECT, OPTIMIZER,
+    SAMPLER, SCALER, TENSOR, UNKNOWN, MODEL_LIBS, Kinds, union_kinds, definitely_not, library_kinds, pretrained_kinds,
+)
 from codemods.tree import TreeCache, call_name, children, dotted, find_all, string_value
-
-Kinds = FrozenSet[str]
-TENSOR, DEVICE, DEVICE_STR, MODULE = "tensor", "device", "device-string", "module"
-OPTIMIZER, SCALER, LR_SCHEDULER, SAMPLER = "optimizer", "scaler", "lr-scheduler", "sampler"
-LOADER, DEVICE_LOADER, HOST, OBJECT = "loader", "device-loader", "host", "object"
-LOADED = "loaded"  # torch.load/pickle.load: a model when it is called, else anything
-UNKNOWN = "?"  # some of the values that reach a name could not be told
-NONE: Kinds = frozenset()
-
-
-def definitely_not(kinds: Kinds, kind: str) -> bool:
-    """Every value ``kinds`` describes is known, and none is a ``kind``."""
-    return bool(kinds) and UNKNOWN not in kinds and kind not in kinds
-
-
-def _union(*parts: Kinds) -> Kinds:
-    """Kinds of a value that is one of ``parts``: an unknown part is kept as
-    ``UNKNOWN``."""
-    out: Set[str] = set()
-    for p in parts:
-        out |= p or {UNKNOWN}
-    return frozenset(out)
 
 _KEEP_KIND = {"to", "cuda", "cpu", "half", "float", "double", "bfloat16", "eval", "train", "requires_grad_",
               "detach", "clone", "contiguous", "share_memory", "type_as", "xpu"}
@@ -65,64 +47,11 @@ _HOST_METHODS = {"item", "tolist", "numpy", "size", "dim", "numel", "nelement", 
 _MODEL_METHODS = {"forward", "generate", "__call__"}
 _TENSOR_ATTRS = {"grad", "data", "T", "mT", "real", "imag", "prev_sample", "pred_original_sample", "logits",
                  "last_hidden_state", "sample", "latent_dist"}
-_NON_TENSOR_TORCH = ("torch.device", "torch.Size", "torch.dtype", "torch.cuda.", "torch.no_grad",
-                     "torch.manual_seed", "torch.Generator", "torch.is_tensor", "torch.set_", "torch.get_",
-                     "torch.utils.", "torch.nn.", "torch.optim.", "torch.save", "torch.load", "torch.backends.",
-                     "torch.autocast", "torch.enable_grad", "torch.inference_mode", "torch.distributed.",
-                     "torch.compile", "torch.jit.", "torch.amp.", "torch.accelerator.", "torch.xpu.")
-_HOST_CLASSES = ("Tokenizer", "Processor", "FeatureExtractor", "Config", "ImageProcessor", "Pipeline")
-_MODEL_LIBS = ("diffusers.", "transformers.", "timm.", "torchvision.models.", "peft.", "open_clip.")
 _BUILTIN_HOST = {"len", "int", "float", "str", "bool", "range", "round", "abs", "min", "max", "sum", "sorted",
                  "list", "dict", "set", "tuple", "enumerate", "zip", "isinstance", "getattr", "hasattr", "print"}
 _STATEMENT_FIELDS = (cst.BaseSuite, cst.BaseStatement, cst.Else, cst.ExceptHandler, cst.ExceptStarHandler,
                      cst.Finally, cst.MatchCase)
 _SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
-
-
-def _library_kinds(qual: str, args: List[cst.Arg]) -> Optional[Kinds]:
-    """Kinds of a call to the library callable ``qual`` (None: not known)."""
-    last = qual.split(".")[-1]
-    if qual in ("torch.device", "torch_xla.device", "torch_xla.core.xla_model.xla_device",
-                "torch_xla.runtime.xla_device"):
-        return frozenset({DEVICE})
-    if qual.startswith("torch.optim.lr_scheduler.") or qual in ("transformers.get_scheduler",
-                                                                 "diffusers.optimization.get_scheduler"):
-        return frozenset({LR_SCHEDULER})
-    if qual.startswith("torch.optim.") and last[:1].isupper():
-        return frozenset({OPTIMIZER})
-    if last == "GradScaler" and qual.startswith("torch."):
-        return frozenset({SCALER})
-    if qual in ("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"):
-        return frozenset({LOADER})
-    if last in ("MpDeviceLoader", "ParallelLoader") and qual.startswith("torch_xla."):
-        return frozenset({DEVICE_LOADER})
-    if qual in ("torch.load", "pickle.load", "dill.load", "joblib.load"):
-        return frozenset({LOADED})
-    if qual.startswith(("torch.nn.parallel.", "torch.distributed.fsdp.")) or qual in (
-            "torch.nn.DataParallel", "timm.create_model", "torch.jit.load", "torch.jit.trace", "torch.jit.script",
-            "torch.hub.load", "torch.export.load"):
-        return frozenset({MODULE})
-    if qual.startswith("torch.nn.") and not qual.startswith(("torch.nn.functional.", "torch.nn.utils.", "torch.nn.init.")):
-        return frozenset({MODULE}) if last[:1].isupper() and last != "Parameter" else None
-    if qual.startswith("torchvision.models.") and last[:1].islower():
-        return frozenset({MODULE})
-    if qual.startswith("diffusers.") and last.endswith("Scheduler"):
-        return frozenset({SAMPLER})
-    if qual.startswith("torch.") and not qual.startswith(_NON_TENSOR_TORCH):
-        return frozenset({TENSOR})
-    return None
-
-
-def _pretrained_kinds(qual: str) -> Optional[Kinds]:
-    """``X.from_pretrained(...)`` / ``X.from_config(...)`` of a library class."""
-    last = qual.split(".")[-1]
-    if not qual.startswith(_MODEL_LIBS):
-        return None
-    if last.endswith("Scheduler"):
-        return frozenset({SAMPLER})
-    if any(k in last for k in _HOST_CLASSES):
-        return frozenset({OBJECT})
-    return frozenset({MODULE})
 
 
 class Values:
@@ -210,9 +139,9 @@ class Values:
         if isinstance(node, cst.UnaryOperation):
             return self.of(node.expression)
         if isinstance(node, cst.IfExp):
-            return _union(self.of(node.body), self.of(node.orelse))
+            return union_kinds(self.of(node.body), self.of(node.orelse))
         if isinstance(node, cst.BooleanOperation):
-            return _union(self.of(node.left), self.of(node.right))
+            return union_kinds(self.of(node.left), self.of(node.right))
         if isinstance(node, cst.Comparison):
             return self.of(node.left) & {TENSOR} or frozenset({HOST})
         if isinstance(node, cst.Await):
@@ -225,14 +154,14 @@ class Values:
         for q in quals:
             if q == "torch.compile" and call.args:
                 return self.of(call.args[0].value)
-            found = _library_kinds(q, list(call.args))
+            found = library_kinds(q, list(call.args))
             if found is not None:
                 return found
         if isinstance(func, cst.Attribute):
             method = func.attr.value
             if method in ("from_pretrained", "from_config", "from_single_file"):
                 for q in self.tree.import_qualnames(func.value) or ():
-                    found = _pretrained_kinds(q)
+                    found = pretrained_kinds(q)
                     if found is not None:
                         return found
                 return NONE
@@ -296,7 +225,7 @@ class Values:
 
     # -- names -----------------------------------------------------------
     def _name(self, name: cst.Name) -> Kinds:
-        return _union(*(self._binding_kinds(b) for b in self.reaching(name))) if binding_nodes(
+        return union_kinds(*(self._binding_kinds(b) for b in self.reaching(name))) if binding_nodes(
             self.tree, name) else NONE
 
     def reaching(self, name: cst.Name) -> List[cst.CSTNode]:
@@ -403,7 +332,7 @@ class Values:
             parts += [self.of(arg) for arg in self._arguments(fn, param)]
         if kinds or not parts:
             return frozenset(kinds)  # an annotation is what the author says it holds
-        return _union(*parts)
+        return union_kinds(*parts)
 
     def _arguments(self, fn: cst.FunctionDef, param: cst.Param) -> List[cst.BaseExpression]:
         """What the module's call sites pass for ``param`` of ``fn``: calls by
@@ -466,7 +395,7 @@ class Values:
             text = dotted(value) or ""
             for q in quals:
                 if q in ("torch.nn.Module", "torch.nn.modules.module.Module") or (
-                        q.startswith(_MODEL_LIBS) and _pretrained_kinds(q) == {MODULE}):
+                        q.startswith(MODEL_LIBS) and pretrained_kinds(q) == {MODULE}):
                     return frozenset({MODULE})
                 if q.startswith("torch.utils.data.") and q.endswith("DataLoader"):
                     return frozenset({LOADER})

@@ -1,0 +1,87 @@
+"""The kinds of value :mod:`codemods.analysis.values` tells apart, and what
+it knows of library callables: which calls make an optimizer, an LR
+scheduler, a loader, a model, a tensor...  (read through the module's
+imports: ``qual`` is a qualified name such as ``torch.optim.AdamW``)."""
+
+from __future__ import annotations
+
+from typing import FrozenSet, List, Optional, Set
+
+import libcst as cst
+
+Kinds = FrozenSet[str]
+TENSOR, DEVICE, DEVICE_STR, MODULE = "tensor", "device", "device-string", "module"
+OPTIMIZER, SCALER, LR_SCHEDULER, SAMPLER = "optimizer", "scaler", "lr-scheduler", "sampler"
+LOADER, DEVICE_LOADER, HOST, OBJECT = "loader", "device-loader", "host", "object"
+LOADED = "loaded"  # torch.load/pickle.load: a model when it is called, else anything
+UNKNOWN = "?"  # some of the values that reach a name could not be told
+NONE: Kinds = frozenset()
+
+
+def definitely_not(kinds: Kinds, kind: str) -> bool:
+    """Every value ``kinds`` describes is known, and none is a ``kind``."""
+    return bool(kinds) and UNKNOWN not in kinds and kind not in kinds
+
+
+def union_kinds(*parts: Kinds) -> Kinds:
+    """Kinds of a value that is one of ``parts``: an unknown part is kept as
+    ``UNKNOWN``."""
+    out: Set[str] = set()
+    for p in parts:
+        out |= p or {UNKNOWN}
+    return frozenset(out)
+
+
+_NON_TENSOR_TORCH = ("torch.device", "torch.Size", "torch.dtype", "torch.cuda.", "torch.no_grad",
+                     "torch.manual_seed", "torch.Generator", "torch.is_tensor", "torch.set_", "torch.get_",
+                     "torch.utils.", "torch.nn.", "torch.optim.", "torch.save", "torch.load", "torch.backends.",
+                     "torch.autocast", "torch.enable_grad", "torch.inference_mode", "torch.distributed.",
+                     "torch.compile", "torch.jit.", "torch.amp.", "torch.accelerator.", "torch.xpu.")
+_HOST_CLASSES = ("Tokenizer", "Processor", "FeatureExtractor", "Config", "ImageProcessor", "Pipeline")
+MODEL_LIBS = ("diffusers.", "transformers.", "timm.", "torchvision.models.", "peft.", "open_clip.")
+
+
+def library_kinds(qual: str, args: List[cst.Arg]) -> Optional[Kinds]:
+    """Kinds of a call to the library callable ``qual`` (None: not known)."""
+    last = qual.split(".")[-1]
+    if qual in ("torch.device", "torch_xla.device", "torch_xla.core.xla_model.xla_device",
+                "torch_xla.runtime.xla_device"):
+        return frozenset({DEVICE})
+    if qual.startswith("torch.optim.lr_scheduler.") or qual in ("transformers.get_scheduler",
+                                                                 "diffusers.optimization.get_scheduler"):
+        return frozenset({LR_SCHEDULER})
+    if qual.startswith("torch.optim.") and last[:1].isupper():
+        return frozenset({OPTIMIZER})
+    if last == "GradScaler" and qual.startswith("torch."):
+        return frozenset({SCALER})
+    if qual in ("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"):
+        return frozenset({LOADER})
+    if last in ("MpDeviceLoader", "ParallelLoader") and qual.startswith("torch_xla."):
+        return frozenset({DEVICE_LOADER})
+    if qual in ("torch.load", "pickle.load", "dill.load", "joblib.load"):
+        return frozenset({LOADED})
+    if qual.startswith(("torch.nn.parallel.", "torch.distributed.fsdp.")) or qual in (
+            "torch.nn.DataParallel", "timm.create_model", "torch.jit.load", "torch.jit.trace", "torch.jit.script",
+            "torch.hub.load", "torch.export.load"):
+        return frozenset({MODULE})
+    if qual.startswith("torch.nn.") and not qual.startswith(("torch.nn.functional.", "torch.nn.utils.", "torch.nn.init.")):
+        return frozenset({MODULE}) if last[:1].isupper() and last != "Parameter" else None
+    if qual.startswith("torchvision.models.") and last[:1].islower():
+        return frozenset({MODULE})
+    if qual.startswith("diffusers.") and last.endswith("Scheduler"):
+        return frozenset({SAMPLER})
+    if qual.startswith("torch.") and not qual.startswith(_NON_TENSOR_TORCH):
+        return frozenset({TENSOR})
+    return None
+
+
+def pretrained_kinds(qual: str) -> Optional[Kinds]:
+    """``X.from_pretrained(...)`` / ``X.from_config(...)`` of a library class."""
+    last = qual.split(".")[-1]
+    if not qual.startswith(MODEL_LIBS):
+        return None
+    if last.endswith("Scheduler"):
+        return frozenset({SAMPLER})
+    if any(k in last for k in _HOST_CLASSES):
+        return frozenset({OBJECT})
+    return frozenset({MODULE})
