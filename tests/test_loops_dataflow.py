@@ -208,3 +208,29 @@ def test_models_known_by_dataflow_get_barriers_and_compile_the_same_at_two_lengt
     report = verify(unsynced, lengths="--steps=4,8", timeout=300)
     assert report.verdict == "fail"
     assert any("largest graph grows with --steps" in f for f in report.failures), report.failures
+
+
+@pytest.mark.xla
+@needs_xla
+def test_a_loop_around_a_sampler_needs_no_barrier_of_its_own(tmp_path):
+    """fixtures/outer_loop: the round loop calls a function holding the
+    denoising loop; only the inner loop gets a barrier, and the conversion
+    compiles the same graphs at 3 rounds and at 6."""
+    from xlaport.verify.core import verify
+
+    source = FIXTURES / "outer_loop" / "input.py"
+    expected = (FIXTURES / "outer_loop" / "expected.py").read_text()
+    assert expected.count("torch_xla.sync()") == 1 and "        x = x - 0.1 * eps\n        torch_xla.sync()\n" in expected
+    report = verify(source, lengths="--steps=3,6", timeout=300)
+    assert report.verdict == "pass", report.failures
+    a, b = report.metrics["lengths"]
+    assert a["compiles"] == b["compiles"] and a["largest_graph"] == b["largest_graph"]
+    # without the inner barrier nothing cuts a round: verify sees the growth
+    header = "    for i in range(num_steps):\n"
+    text = source.read_text()
+    assert header in text
+    unsynced = tmp_path / "input.py"
+    unsynced.write_text(text.replace(header, header[:-1] + "  # xlaport: ignore[XLA302]\n"))
+    report = verify(unsynced, lengths="--steps=3,6", timeout=300)
+    assert report.verdict == "fail"
+    assert any("grows with --steps" in f for f in report.failures), report.failures
