@@ -118,6 +118,7 @@ class ProgressBars(XlaCodemod):
         self.tensors: Set[str] = set()
         self.removed_any = False
         self.escaped: Dict[int, Tuple[str, int]] = {}  # id(binding) -> (bar, line of a use that keeps it)
+        self.kept_bars: Set[str] = set()
 
     # ---------------------------------------------------------------- helpers
     def _bar_kind(self, node: cst.CSTNode) -> Optional[str]:
@@ -164,6 +165,7 @@ class ProgressBars(XlaCodemod):
         use = _escaping_use(scope, name)
         if use is not None:
             self.escaped[id(binding)] = (name, self.position(use)[0])  # type: ignore[index]
+            self.kept_bars.add(name)
 
     def _unwrap(self, call: cst.Call, kind: str) -> Optional[cst.BaseExpression]:
         if kind == "trange":
@@ -239,7 +241,7 @@ class ProgressBars(XlaCodemod):
         method = call.func.attr.value
         if receiver not in self.bar_names or method not in BAR_METHODS:
             return updated_node
-        if not self.keep and receiver in {name for name, _ in self.escaped.values()}:
+        if not self.keep and receiver in self.kept_bars:
             return updated_node  # its bar stays (reported where it is made)
         if self.keep:
             if method not in POSTFIX_METHODS or reads_tensor_value(call, self.tensors, self.qualnames) is None:

@@ -41,7 +41,7 @@ def _class_of(tree: TreeCache, node: cst.CSTNode) -> Optional[cst.ClassDef]:
     return cur
 
 
-def _local_bases(tree: TreeCache, cls: cst.ClassDef) -> List[str]:
+def _local_bases(cls: cst.ClassDef) -> List[str]:
     return [dotted(b.value) or "" for b in cls.bases]
 
 
@@ -71,7 +71,7 @@ def _block_lists(tree: TreeCache, cls: cst.ClassDef) -> List[List[cst.CSTNode]]:
         changed = False
         for node in defs.values():
             if isinstance(node, cst.ClassDef) and node.name.value not in family and any(
-                    b in family for b in _local_bases(tree, node)):
+                    b in family for b in _local_bases(node)):
                 family.add(node.name.value)
                 changed = True
     out: List[List[cst.CSTNode]] = []
@@ -100,7 +100,7 @@ def _method(cls: cst.ClassDef, name: str, tree: TreeCache) -> Optional[cst.Funct
         for stmt in body:
             if isinstance(stmt, cst.FunctionDef) and stmt.name.value == name:
                 return stmt
-        todo.extend(d for d in (defs.get(b) for b in _local_bases(tree, c)) if isinstance(d, cst.ClassDef))
+        todo.extend(d for d in (defs.get(b) for b in _local_bases(c)) if isinstance(d, cst.ClassDef))
     return None
 
 

@@ -206,7 +206,7 @@ def _may_step(loop: ast.AST, steps: Set[str], modelish) -> bool:  # type: ignore
                     roots = {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
                     assigned.update(roots)
                     if certain:
-                        written.update(_whole_names(t))
+                        written.update(_target_names(t, attributes=False))
             elif isinstance(stmt, (ast.With, ast.AsyncWith)):
                 scan(stmt.body, written, certain)
             elif isinstance(stmt, (ast.If, ast.Try, ast.Match)) or type(stmt).__name__ == "TryStar":
@@ -215,17 +215,6 @@ def _may_step(loop: ast.AST, steps: Set[str], modelish) -> bool:  # type: ignore
 
     scan(body, set(), True)
     return model_assign and bool(read_first & assigned)
-
-
-def _whole_names(target: ast.AST) -> List[str]:
-    """Names an assignment target rebinds whole (not ``x.a`` or ``x[i]``)."""
-    if isinstance(target, ast.Name):
-        return [target.id]
-    if isinstance(target, (ast.Tuple, ast.List)):
-        return [n for e in target.elts for n in _whole_names(e)]
-    if isinstance(target, ast.Starred):
-        return _whole_names(target.value)
-    return []
 
 
 def _blocks(stmt: ast.stmt) -> List[List[ast.stmt]]:
@@ -256,15 +245,17 @@ def _is_model_method(name: str) -> bool:  # == loops._is_model_method
     return name in ("forward", "backward", "_forward", "__init__") or name.startswith(("forward", "_forward"))
 
 
-def _target_names(target: ast.AST) -> List[str]:
+def _target_names(target: ast.AST, attributes: bool = True) -> List[str]:
+    """Names an assignment target binds: ``x``, the names of a tuple, and
+    (with ``attributes``) the attribute of ``self.x``; never ``x[i]``."""
     if isinstance(target, ast.Name):
         return [target.id]
     if isinstance(target, ast.Attribute):
-        return [target.attr]
+        return [target.attr] if attributes else []
     if isinstance(target, (ast.Tuple, ast.List)):
-        return [n for e in target.elts for n in _target_names(e)]
+        return [n for e in target.elts for n in _target_names(e, attributes)]
     if isinstance(target, ast.Starred):
-        return _target_names(target.value)
+        return _target_names(target.value, attributes)
     return []
 
 
