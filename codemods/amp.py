@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Optional, Set
 
 import libcst as cst
-from libcst.codemod.visitors import RemoveImportsVisitor
 
 from codemods.analysis.cuda import AUTOCASTS, GRAD_SCALERS, cuda_facts, is_cuda_string
 from codemods.edits import DropsStatements
@@ -143,7 +142,7 @@ class MixedPrecision(DropsStatements, XlaCodemod):
                          f'dtype={self.target.autocast_dtype})', fix=True):
             return updated
         self.add_imports((("torch", None, None),))
-        RemoveImportsVisitor.remove_unused_import(self.context, "torch.cuda.amp", "autocast")
+        self.remove_unused_import("torch.cuda.amp", "autocast")
         return updated.with_changes(func=cst.parse_expression("torch.autocast"), args=new_args)
 
     # ------------------------------------------------------------ GradScaler
@@ -164,7 +163,7 @@ class MixedPrecision(DropsStatements, XlaCodemod):
 
     def _forget_imports(self) -> None:
         for module in ("torch.cuda.amp", "torch.amp", "torch.cuda.amp.grad_scaler"):
-            RemoveImportsVisitor.remove_unused_import(self.context, module, "GradScaler")
+            self.remove_unused_import(module, "GradScaler")
 
     def _known(self, call: cst.Call) -> bool:
         """The receiver is bound to a GradScaler in this module (not only

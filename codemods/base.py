@@ -9,18 +9,22 @@ comments work per rule.
 
 Findings go to ``context.scratch[FINDINGS_KEY]`` so that both xlaport's engine
 and LibCST's own runner (``python -m libcst.tool codemod``) can run these
-classes unchanged.
+classes unchanged.  The base class speaks LibCST's ``CodemodCommand``
+protocol without importing ``libcst.codemod`` (and its matchers, a fifth of a
+second): that package is loaded only when imports are applied, or by LibCST's
+runner itself, which then sees the codemods as its own commands.
 """
 
 from __future__ import annotations
 
-from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
+import sys
+from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
-from libcst.codemod import CodemodCommand, CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor
 from libcst._metadata_dependent import LazyValue
 from libcst.metadata import QualifiedNameProvider
+
+from codemods import imports
 
 from codemods.rule import (  # noqa: F401 -- re-exported
     ALL,
@@ -59,12 +63,27 @@ USED_SUPPRESSIONS_KEY = "xlaport.used_suppressions"
 # ---------------------------------------------------------------- the base class
 
 
-class XlaCodemod(CodemodCommand, cst.CSTTransformer):
+class Context:
+    """The part of LibCST's ``CodemodContext`` a codemod reads: the engine
+    makes these; LibCST's runner passes its own ``CodemodContext``."""
+
+    def __init__(self, filename: Optional[str] = None, scratch: Optional[Dict[str, Any]] = None) -> None:
+        self.filename = filename
+        self.scratch: Dict[str, Any] = scratch if scratch is not None else {}
+        self.warnings: List[str] = []
+        self.wrapper = None
+        self.full_module_name: Optional[str] = None
+        self.full_package_name: Optional[str] = None
+
+
+class XlaCodemod(cst.CSTTransformer):
     """Base class for xlaport codemods.
 
-    A LibCST ``CodemodCommand`` (so ``python -m libcst.tool codemod`` runs
-    it) that transforms with a plain ``CSTTransformer``: no rule uses matcher
-    decorators, and LibCST's matcher dispatch costs a check on every node.
+    A command in LibCST's ``CodemodCommand`` protocol (so ``python -m
+    libcst.tool codemod`` runs it: ``DESCRIPTION``, ``add_args``,
+    ``transform_module``) that transforms with a plain ``CSTTransformer``: no
+    rule uses matcher decorators, and LibCST's matcher dispatch costs a check
+    on every node.
 
     Subclasses set ``DESCRIPTION`` (one line), ``RULES`` and ``TRIGGERS``
     (byte strings; a file that contains none of them cannot need this codemod
@@ -103,13 +122,13 @@ class XlaCodemod(CodemodCommand, cst.CSTTransformer):
 
     def __init__(
         self,
-        context: CodemodContext,
+        context: Any,
         target: Optional[str] = None,
         select: Optional[Sequence[str]] = None,
         **options: object,
     ) -> None:
-        CodemodCommand.__init__(self, context)
         cst.CSTTransformer.__init__(self)
+        self.context = context
         scratch = context.scratch
         self.target: Target = get_target(
             target or scratch.get(TARGET_KEY) or DEFAULT_TARGET  # type: ignore[arg-type]
@@ -128,7 +147,23 @@ class XlaCodemod(CodemodCommand, cst.CSTTransformer):
         self._pruned: Optional[cst.CSTNode] = None
         self._unplaced: List[Tuple[Finding, cst.CSTNode]] = []  # placed by _place_findings
 
-    # -- LibCST entry point ------------------------------------------------
+    # -- LibCST's command protocol -----------------------------------------
+    @staticmethod
+    def add_args(arg_parser: object) -> None:
+        """No command-line arguments of its own under LibCST's runner."""
+
+    def should_allow_multiple_passes(self) -> bool:
+        return False
+
+    def warn(self, warning: str) -> None:
+        self.context.warnings.append(warning)
+
+    def transform_module(self, tree: cst.Module) -> cst.Module:
+        """LibCST's entry point: the transform, then the imports it asked for
+        (what ``CodemodCommand.transform_module`` does)."""
+        tree = self.transform_module_impl(unique(tree))
+        return imports.apply(self.context, tree)[0]
+
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         source = self.context.scratch.get(SOURCE_KEY)
         if not isinstance(source, str):
@@ -249,9 +284,13 @@ class XlaCodemod(CodemodCommand, cst.CSTTransformer):
         back = self.context.scratch.get(ORIGINAL_LINE_KEY) or (lambda line: line)
         return back(start) in only  # type: ignore[operator]
 
-    def add_imports(self, imports: Iterable[Import]) -> None:
-        for module, obj, asname in imports:
-            AddImportsVisitor.add_needed_import(self.context, module, obj, asname)
+    def add_imports(self, needed: Iterable[Import]) -> None:
+        for module, obj, asname in needed:
+            imports.need(self.context, module, obj, asname)
+
+    def remove_unused_import(self, module: str, obj: Optional[str] = None, asname: Optional[str] = None) -> None:
+        """Remove that import at the end if nothing uses its name any more."""
+        imports.drop(self.context, module, obj, asname)
 
     def qualnames(self, node: cst.CSTNode) -> Set[str]:
         """Qualified names of ``node`` (a callee, usually).
@@ -278,7 +317,13 @@ class XlaCodemod(CodemodCommand, cst.CSTTransformer):
             cur = self.parent(cur)
 
 
-def tree_cache(context: CodemodContext, module: cst.Module) -> TreeCache:
+# LibCST's runner imports its codemod package before it imports a command:
+# there, let ``libcst.tool list`` count the codemods among its commands.
+if "libcst.codemod" in sys.modules:
+    sys.modules["libcst.codemod"].CodemodCommand.register(XlaCodemod)
+
+
+def tree_cache(context: Any, module: cst.Module) -> TreeCache:
     """The cache for ``module`` kept in the context, made if missing or stale."""
     cache = context.scratch.get(TREE_KEY)
     if not isinstance(cache, TreeCache) or cache.module is not module:
@@ -293,7 +338,7 @@ def statement(expr: cst.BaseExpression) -> cst.SimpleStatementLine:
 
 
 __all__ = [
-    "ALL", "FILE_SUPPRESS_RE", "FINDINGS_KEY", "ORIGINAL_LINE_KEY", "OPTIONS_KEY", "USED_SUPPRESSIONS_KEY", "SELECT_KEY", "SOURCE_KEY", "TARGET_KEY", "TREE_KEY", "RULE_PACKAGES", "Finding",
+    "ALL", "Context", "FILE_SUPPRESS_RE", "FINDINGS_KEY", "ORIGINAL_LINE_KEY", "OPTIONS_KEY", "USED_SUPPRESSIONS_KEY", "SELECT_KEY", "SOURCE_KEY", "TARGET_KEY", "TREE_KEY", "RULE_PACKAGES", "Finding",
     "Rule", "TreeCache", "XlaCodemod", "call_name", "code_matches", "dotted", "file_suppressions", "find_all",
     "parse_suppressions",
     "statement", "string_value", "tree_cache", "unique", "walk",

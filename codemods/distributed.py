@@ -22,7 +22,6 @@ from typing import List, Optional
 
 import libcst as cst
 
-from libcst.codemod.visitors import RemoveImportsVisitor
 
 from codemods.base import Rule, XlaCodemod, dotted, find_all, string_value
 
@@ -229,7 +228,7 @@ class Distributed(XlaCodemod):
         fn = updated.args[0].value
         root = (dotted(original.func) or "").split(".")[0]
         if self.tree.imports.get(root) == "torch.multiprocessing":  # import torch.multiprocessing as mp
-            RemoveImportsVisitor.remove_unused_import(self.context, "torch.multiprocessing", asname=root)
+            self.remove_unused_import("torch.multiprocessing", asname=root)
         i = _find(original, "args", 1)
         spawn_args = updated.args[i].value if i is not None else None
         if self.target.launch is None:  # one process, here: fn(0, *args)

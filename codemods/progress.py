@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Dict, Optional, Set, Tuple, Union
 
 import libcst as cst
-from libcst.codemod.visitors import RemoveImportsVisitor
 
 from codemods.analysis import reads_tensor_value, tensor_names
 from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all, walk
@@ -289,8 +288,8 @@ class ProgressBars(XlaCodemod):
             return
         for name in ("tqdm", "trange"):
             for module in ("tqdm", "tqdm.auto", "tqdm.notebook", "tqdm.autonotebook"):
-                RemoveImportsVisitor.remove_unused_import(self.context, module, name)
-        RemoveImportsVisitor.remove_unused_import(self.context, "tqdm")
+                self.remove_unused_import(module, name)
+        self.remove_unused_import("tqdm")
 
 
 def _escaping_use(scope: cst.CSTNode, name: str) -> Optional[cst.CSTNode]:

@@ -11,10 +11,9 @@ from __future__ import annotations
 import dataclasses
 import re
 import weakref
-from typing import Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
 import libcst as cst
-from libcst.codemod import CodemodContext
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 # The packages whose names the rules look for.  A name imported from any other
@@ -335,7 +334,7 @@ class TreeCache:
             cur = self.parents.get(id(cur))
         return cur or node
 
-    def position(self, context: CodemodContext, node: cst.CSTNode) -> Tuple[int, int, int, int]:
+    def position(self, context: Any, node: cst.CSTNode) -> Tuple[int, int, int, int]:
         """One node's (line, col, end line, end col).  The first few questions
         on a tree are answered by light passes for just those nodes; past
         that, LibCST's full position metadata is computed once and used."""
@@ -361,7 +360,7 @@ class TreeCache:
 
         return start_positions(self.module, nodes)
 
-    def metadata(self, context: CodemodContext, provider: type) -> Mapping[cst.CSTNode, object]:
+    def metadata(self, context: Any, provider: type) -> Mapping[cst.CSTNode, object]:
         found = self._metadata.get(provider)
         if found is None:
             wrapper = context.wrapper

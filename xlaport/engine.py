@@ -9,16 +9,16 @@ their own positions shift when an earlier rule inserts or removes lines).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Set, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import libcst as cst
-from libcst.codemod import Codemod, CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
 from codemods import registry
 from codemods.analysis.cuda import count_references
 from codemods.coverage import CATCH_ALL, COVERAGE_KEY, CudaCatchAll
+from codemods import imports
 from codemods.base import (
+    Context,
     FINDINGS_KEY,
     ORIGINAL_LINE_KEY,
     OPTIONS_KEY,
@@ -30,7 +30,6 @@ from codemods.base import (
     TreeCache,
     unique,
 )
-from codemods.tree import dotted, walk
 from xlaport.settings import Settings  # noqa: F401 -- re-exported
 from xlaport.linemap import line_map
 
@@ -85,59 +84,6 @@ def _text_of(source: bytes, tree: cst.Module) -> str:
         return tree.code
 
 
-def _add_imports(context: CodemodContext, tree: cst.Module) -> cst.Module:
-    """Run LibCST's AddImportsVisitor on the only part of the module it reads
-    and writes -- the docstring and the block of imports at the top, plus one
-    statement -- and put the rest of the body back untouched.  Running it on a
-    4,000-line module would rebuild every node of it to change two lines."""
-    body = list(tree.body)
-    k = 0
-    while k < len(body) and (_is_import_line(body[k]) or (k == 0 and _is_docstring(body[k]))):
-        k += 1
-    head = tree.with_changes(body=body[: k + 1], footer=())
-    new_head = Codemod.transform_module(AddImportsVisitor(context), head)
-    return tree.with_changes(header=new_head.header, body=[*new_head.body, *body[k + 1 :]])
-
-
-def _may_remove(context: CodemodContext, tree: cst.Module) -> bool:
-    """Whether LibCST's RemoveImportsVisitor can remove anything asked of
-    it: an import of what was asked for, whose name no code outside the
-    imports uses any more.  The visitor runs a whole scope analysis to find
-    that out (seconds on a large module) and most requests are moot: the
-    rule that asked left other uses of the name.  In doubt, it runs."""
-    bound: List[Tuple[str, str]] = []  # (what an import names, the local name it binds)
-    used: Set[str] = set()
-    for node in walk(tree, stop=(cst.Import, cst.ImportFrom)):
-        if isinstance(node, cst.Name):
-            used.add(node.value)
-        elif isinstance(node, (cst.Import, cst.ImportFrom)) and not isinstance(node.names, cst.ImportStar):
-            for alias in node.names:
-                name = dotted(alias.name) or ""
-                local = dotted(alias.asname.name) if alias.asname is not None else name.split(".")[0]
-                bound.append((name, local or ""))
-    for module, obj, asname in context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY, ()):  # type: ignore[union-attr]
-        wanted = obj or module
-        for name, local in bound:
-            if name in (wanted, module) and (asname is None or local == asname) and local not in used:
-                return True
-    return False
-
-
-def _is_import_line(stmt: cst.CSTNode) -> bool:
-    return isinstance(stmt, cst.SimpleStatementLine) and all(
-        isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body
-    )
-
-
-def _is_docstring(stmt: cst.CSTNode) -> bool:
-    return (
-        isinstance(stmt, cst.SimpleStatementLine)
-        and len(stmt.body) == 1
-        and isinstance(stmt.body[0], cst.Expr)
-        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-    )
-
-
 def transform(source: bytes, settings: Settings, filename: str = "") -> Outcome:
     """Convert one source text. Raises SourceError for code it cannot parse."""
     settings = settings.for_file(filename, source)
@@ -147,7 +93,7 @@ def transform(source: bytes, settings: Settings, filename: str = "") -> Outcome:
         return Outcome(source, [])
     tree = parse(source)
     original_text = _text_of(source, tree)
-    context = CodemodContext(
+    context = Context(
         filename=filename or None,
         scratch={
             SELECT_KEY: codes,
@@ -189,16 +135,12 @@ def transform(source: bytes, settings: Settings, filename: str = "") -> Outcome:
                 text = new_text
                 tree = unique(new_tree)
                 context.scratch[TREE_KEY] = TreeCache(tree, source)
-    rebuilt = bool(maps)
-    if context.scratch.get(AddImportsVisitor.CONTEXT_KEY):
-        tree, rebuilt = _add_imports(context, tree), True
-    if context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY) and _may_remove(context, tree):
-        tree, rebuilt = Codemod.transform_module(RemoveImportsVisitor(context), tree), True
-    out = source
-    if rebuilt:  # otherwise the tree is the one parsed: no code to generate
-        code = tree.code
-        if code != original_text:
-            out = code.encode(tree.encoding)
+    # the text of the last rewritten tree is at hand; code is generated again
+    # only when imports were added or removed after it
+    tree, with_imports = imports.apply(context, tree)
+    if with_imports:
+        text = tree.code
+    out = source if text == original_text else text.encode(tree.encoding)
     findings = _without_repeats(findings)
     findings.sort(key=lambda f: (f.line, f.col, f.code))
     left = int(context.scratch.get(COVERAGE_KEY, 0))  # type: ignore[call-overload]

@@ -13,7 +13,6 @@ import json
 import os
 import re
 from typing import Dict, List, Optional, Sequence, TextIO, Tuple
-from xml.sax.saxutils import escape, quoteattr
 
 import click
 
@@ -259,6 +258,8 @@ def markdown(results: Sequence[FileResult], found: Sequence[Finding], stats: boo
 
 
 def junit(results: Sequence[FileResult], found: Sequence[Finding], stats=None) -> str:
+    from xml.sax.saxutils import escape, quoteattr  # pulls in urllib: only for this format
+
     by_file: Dict[str, List[Finding]] = {}
     for f in found:
         by_file.setdefault(f.path, []).append(f)

@@ -1,0 +1,116 @@
+"""The imports that codemods ask for, added and removed once at the end.
+
+A rule only records a request (``need`` / ``drop``, as LibCST's
+``add_needed_import`` / ``remove_unused_import`` take them); ``apply`` hands
+the requests to LibCST's own ``AddImportsVisitor`` and
+``RemoveImportsVisitor``.  LibCST's codemod package (with its matchers, about
+a fifth of a second to import) is loaded only when there is a request to
+apply, so a run that rewrites nothing never pays for it.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Set, Tuple
+
+import libcst as cst
+
+from codemods.tree import dotted, walk
+
+NEEDED_KEY = "xlaport.needed_imports"
+UNUSED_KEY = "xlaport.unused_imports"
+
+Request = Tuple[str, Optional[str], Optional[str]]  # (module, obj, asname)
+
+
+def need(context: object, module: str, obj: Optional[str] = None, asname: Optional[str] = None) -> None:
+    """Ask for ``import module`` / ``from module import obj [as asname]``."""
+    context.scratch.setdefault(NEEDED_KEY, []).append((module, obj, asname))  # type: ignore[attr-defined]
+
+
+def drop(context: object, module: str, obj: Optional[str] = None, asname: Optional[str] = None) -> None:
+    """Ask to remove that import if nothing uses the name it binds any more."""
+    context.scratch.setdefault(UNUSED_KEY, []).append((module, obj, asname))  # type: ignore[attr-defined]
+
+
+def pending(context: object) -> bool:
+    scratch = context.scratch  # type: ignore[attr-defined]
+    return bool(scratch.get(NEEDED_KEY) or scratch.get(UNUSED_KEY))
+
+
+def apply(context: object, tree: cst.Module) -> Tuple[cst.Module, bool]:
+    """``tree`` with the requested imports added and removed, and whether
+    anything was done to it (the tree is new then, even if equal)."""
+    scratch = context.scratch  # type: ignore[attr-defined]
+    needed: List[Request] = scratch.get(NEEDED_KEY) or []
+    unused: List[Request] = scratch.get(UNUSED_KEY) or []
+    changed = False
+    if needed:
+        tree, changed = _add(needed, tree), True
+    if unused and _may_remove(unused, tree):
+        from libcst.codemod import Codemod, CodemodContext
+        from libcst.codemod.visitors import RemoveImportsVisitor
+
+        ctx = CodemodContext()
+        for module, obj, asname in unused:
+            RemoveImportsVisitor.remove_unused_import(ctx, module, obj, asname)
+        tree, changed = Codemod.transform_module(RemoveImportsVisitor(ctx), tree), True
+    return tree, changed
+
+
+def _add(needed: List[Request], tree: cst.Module) -> cst.Module:
+    """Run LibCST's AddImportsVisitor on the only part of the module it reads
+    and writes -- the docstring and the block of imports at the top, plus one
+    statement -- and put the rest of the body back untouched.  Running it on a
+    4,000-line module would rebuild every node of it to change two lines."""
+    from libcst.codemod import Codemod, CodemodContext
+    from libcst.codemod.visitors import AddImportsVisitor
+
+    ctx = CodemodContext()
+    for module, obj, asname in needed:
+        AddImportsVisitor.add_needed_import(ctx, module, obj, asname)
+    body = list(tree.body)
+    k = 0
+    while k < len(body) and (_is_import_line(body[k]) or (k == 0 and _is_docstring(body[k]))):
+        k += 1
+    head = tree.with_changes(body=body[: k + 1], footer=())
+    new_head = Codemod.transform_module(AddImportsVisitor(ctx), head)
+    return tree.with_changes(header=new_head.header, body=[*new_head.body, *body[k + 1 :]])
+
+
+def _may_remove(unused: List[Request], tree: cst.Module) -> bool:
+    """Whether LibCST's RemoveImportsVisitor can remove anything asked of
+    it: an import of what was asked for, whose name no code outside the
+    imports uses any more.  The visitor runs a whole scope analysis to find
+    that out (seconds on a large module) and most requests are moot: the
+    rule that asked left other uses of the name.  In doubt, it runs."""
+    bound: List[Tuple[str, str]] = []  # (what an import names, the local name it binds)
+    used: Set[str] = set()
+    for node in walk(tree, stop=(cst.Import, cst.ImportFrom)):
+        if isinstance(node, cst.Name):
+            used.add(node.value)
+        elif isinstance(node, (cst.Import, cst.ImportFrom)) and not isinstance(node.names, cst.ImportStar):
+            for alias in node.names:
+                name = dotted(alias.name) or ""
+                local = dotted(alias.asname.name) if alias.asname is not None else name.split(".")[0]
+                bound.append((name, local or ""))
+    for module, obj, asname in unused:
+        wanted = obj or module
+        for name, local in bound:
+            if name in (wanted, module) and (asname is None or local == asname) and local not in used:
+                return True
+    return False
+
+
+def _is_import_line(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and all(
+        isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body
+    )
+
+
+def _is_docstring(stmt: cst.CSTNode) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Expr)
+        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
