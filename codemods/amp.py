@@ -73,7 +73,10 @@ class MixedPrecision(DropsStatements, XlaCodemod):
     RESPECTS_HAND_PORTS = True
     RULES = (AUTOCAST, GRAD_SCALER)
     TRIGGERS = (b"autocast", b"GradScaler", b"scaler")
-    NEEDS = ("name:autocast", "name:GradScaler", "name~scaler")  # (see regions)
+    # a CUDA autocast (torch.cuda.amp's, or one given a "cuda" string), a
+    # GradScaler, or a name CudaFacts.is_scaler takes for one
+    NEEDS = ("name:autocast&code~cuda", "name:GradScaler", "name:scaler", "name:grad_scaler", "name:loss_scaler",
+             "name:amp_scaler")
 
     def regions(self, tree):
         return tree.statements_where(lambda n: n.value in ("autocast", "GradScaler") or "scaler" in n.value,

@@ -73,6 +73,7 @@ class CudaCatchAll(XlaCodemod):
     RULES = (CATCH_ALL,)
     TRIGGERS = (b"cuda", b"nccl", b"pin_memory", b"map_location", b"device_ids", b"output_device",
                 b"GradScaler", b"spawn")
+    NEEDS = tuple(f"code~{t.decode()}" for t in TRIGGERS)  # what cuda_references reads is code
 
     def regions(self, tree):
         return []  # reads only: nothing is rewritten

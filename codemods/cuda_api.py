@@ -144,6 +144,7 @@ class CudaApi(DropsStatements, XlaCodemod):
     RESPECTS_HAND_PORTS = True
     RULES = (AVAILABLE, PIN_MEMORY, SYNCHRONIZE, NO_OP, SEED, DEVICE_QUERY, UNSUPPORTED)
     TRIGGERS = (b"cuda", b"accelerator", b"pin_memory", b"cudnn")
+    NEEDS = tuple(f"code~{t.decode()}" for t in TRIGGERS)  # (see regions)
 
     def regions(self, tree):
         return tree.statements_where(lambda n: (

@@ -55,6 +55,7 @@ class DeviceStrings(XlaCodemod):
     RESPECTS_HAND_PORTS = True
     RULES = (DEVICE_STRING,)
     TRIGGERS = (b"cuda",)
+    NEEDS = ("code~cuda",)  # (see regions)
 
     def regions(self, tree):
         return tree.statements_where(lambda n: "cuda" in n.value, (cst.SimpleString, cst.FormattedStringText))

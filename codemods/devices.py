@@ -156,6 +156,7 @@ class DeviceSwap(XlaCodemod):
         CUDA_GENERATOR,
     )
     TRIGGERS = (b"cuda",)
+    NEEDS = ("code~cuda",)  # (see regions: a name or a string saying "cuda")
 
     def regions(self, tree):
         """Statements that mention CUDA: a "cuda..." string, or a name such as

@@ -46,15 +46,28 @@ def apply(context: object, tree: cst.Module) -> Tuple[cst.Module, bool]:
     changed = False
     if needed:
         tree, changed = _add(needed, tree), True
-    if unused and _may_remove(unused, tree):
-        from libcst.codemod import Codemod, CodemodContext
-        from libcst.codemod.visitors import RemoveImportsVisitor
-
-        ctx = CodemodContext()
-        for module, obj, asname in unused:
-            RemoveImportsVisitor.remove_unused_import(ctx, module, obj, asname)
-        tree, changed = Codemod.transform_module(RemoveImportsVisitor(ctx), tree), True
+    if unused:
+        where = _removable(unused, tree)
+        if where is not None:
+            tree, changed = _remove(unused, tree, where), True
     return tree, changed
+
+
+def _remove(unused: List[Request], tree: cst.Module, head: int) -> cst.Module:
+    """Run LibCST's RemoveImportsVisitor: on the first ``head`` statements
+    alone when that gives the same result (see ``_removable``), else on the
+    whole module (a scope analysis of all of it: seconds on a large one)."""
+    from libcst.codemod import Codemod, CodemodContext
+    from libcst.codemod.visitors import RemoveImportsVisitor
+
+    ctx = CodemodContext()
+    for module, obj, asname in unused:
+        RemoveImportsVisitor.remove_unused_import(ctx, module, obj, asname)
+    if not head:
+        return Codemod.transform_module(RemoveImportsVisitor(ctx), tree)
+    body = list(tree.body)
+    new_head = Codemod.transform_module(RemoveImportsVisitor(ctx), tree.with_changes(body=body[:head], footer=()))
+    return tree.with_changes(header=new_head.header, body=[*new_head.body, *body[head:]])
 
 
 def _add(needed: List[Request], tree: cst.Module) -> cst.Module:
@@ -69,22 +82,28 @@ def _add(needed: List[Request], tree: cst.Module) -> cst.Module:
     for module, obj, asname in needed:
         AddImportsVisitor.add_needed_import(ctx, module, obj, asname)
     body = list(tree.body)
-    k = 0
-    while k < len(body) and (_is_import_line(body[k]) or (k == 0 and _is_docstring(body[k]))):
-        k += 1
+    k = _head_length(tree)
     head = tree.with_changes(body=body[: k + 1], footer=())
     new_head = Codemod.transform_module(AddImportsVisitor(ctx), head)
     return tree.with_changes(header=new_head.header, body=[*new_head.body, *body[k + 1 :]])
 
 
-def _may_remove(unused: List[Request], tree: cst.Module) -> bool:
-    """Whether LibCST's RemoveImportsVisitor can remove anything asked of
-    it: an import of what was asked for, whose name no code outside the
-    imports uses any more.  The visitor runs a whole scope analysis to find
-    that out (seconds on a large module) and most requests are moot: the
-    rule that asked left other uses of the name.  In doubt, it runs."""
-    bound: List[Tuple[str, str]] = []  # (what an import names, the local name it binds)
+def _removable(unused: List[Request], tree: cst.Module) -> Optional[int]:
+    """None when LibCST's RemoveImportsVisitor cannot remove anything asked
+    of it: no import of what was asked for binds a name that goes unused --
+    no code outside the imports names it.  The visitor runs a whole scope
+    analysis to find that out, and most requests are moot: the rule that
+    asked left other uses of the name.  In doubt, it runs.
+
+    Otherwise the number of statements of the import block at the top when
+    the visitor can run on that block alone with the same result (every
+    import of what was asked for is in it, and none of their names is used
+    anywhere, not even in a string: ``__all__``, string annotations), and 0
+    when it must see the whole module."""
+    bound: List[Tuple[str, str, bool]] = []  # (what an import names, the local name it binds, in the head?)
     used: Set[str] = set()
+    head = _head_length(tree)
+    in_head = {id(n) for stmt in tree.body[:head] for n in walk(stmt, stop=(cst.Import, cst.ImportFrom))}
     for node in walk(tree, stop=(cst.Import, cst.ImportFrom)):
         if isinstance(node, cst.Name):
             used.add(node.value)
@@ -92,13 +111,44 @@ def _may_remove(unused: List[Request], tree: cst.Module) -> bool:
             for alias in node.names:
                 name = dotted(alias.name) or ""
                 local = dotted(alias.asname.name) if alias.asname is not None else name.split(".")[0]
-                bound.append((name, local or ""))
+                bound.append((name, local or "", id(node) in in_head))
+    removable = False
+    whole = False
+    asked: Set[str] = set()  # the names bound by imports of what was asked for
     for module, obj, asname in unused:
-        wanted = obj or module
-        for name, local in bound:
-            if name in (wanted, module) and (asname is None or local == asname) and local not in used:
-                return True
+        for name, local, at_top in bound:
+            if name not in (obj or module, module):
+                continue
+            asked.add(local)
+            if (asname is None or local == asname) and local not in used:
+                removable = True
+            if not at_top or local in used:
+                whole = True  # LibCST decides from the whole module's scopes
+    if not removable:
+        return None
+    if whole or _in_strings(tree, asked):
+        return 0
+    return head
+
+
+def _in_strings(tree: cst.Module, names: Set[str]) -> bool:
+    """Whether a string of the module mentions one of ``names``."""
+    from codemods.tree import find_all
+
+    for node in find_all(tree, (cst.SimpleString, cst.FormattedStringText)):
+        text = node.value  # type: ignore[attr-defined]
+        if any(n in text for n in names):
+            return True
     return False
+
+
+def _head_length(tree: cst.Module) -> int:
+    """The docstring and the import lines at the top of the module."""
+    body = tree.body
+    k = 0
+    while k < len(body) and (_is_import_line(body[k]) or (k == 0 and _is_docstring(body[k]))):
+        k += 1
+    return k
 
 
 def _is_import_line(stmt: cst.CSTNode) -> bool:

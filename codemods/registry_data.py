@@ -6,10 +6,10 @@ LibCST: their order, their rules and the bytes that trigger them.
 
 # (module, class, trigger bytes, needs, ((code, name, summary, fixes), ...))
 CODEMODS = (
-    ('codemods.device_strings', 'DeviceStrings', (b'cuda',), (), (
+    ('codemods.device_strings', 'DeviceStrings', (b'cuda',), ('code~cuda',), (
         ('XLA109', 'cuda-device-string', 'a device kept in a string (`device = "cuda"`) becomes `"xla"`, and tests on it follow', True),
     )),
-    ('codemods.devices', 'DeviceSwap', (b'cuda',), (), (
+    ('codemods.devices', 'DeviceSwap', (b'cuda',), ('code~cuda',), (
         ('XLA101', 'cuda-method', '`.cuda()` moves to the CUDA device: move to the XLA device instead', True),
         ('XLA102', 'cuda-device-literal', '`"cuda"`/`"cuda:N"` used as a device: use the XLA device', True),
         ('XLA103', 'cuda-if-available', '`"cuda" if torch.cuda.is_available() else "cpu"`: use the XLA device', True),
@@ -17,7 +17,7 @@ CODEMODS = (
         ('XLA106', 'cuda-parameter-default', 'a parameter defaults to a CUDA device (reported, not rewritten)', False),
         ('XLA107', 'cuda-generator', '`torch.Generator("cuda")`: XLA has no device generators; use a CPU one', True),
     )),
-    ('codemods.cuda_api', 'CudaApi', (b'cuda', b'accelerator', b'pin_memory', b'cudnn'), (), (
+    ('codemods.cuda_api', 'CudaApi', (b'cuda', b'accelerator', b'pin_memory', b'cudnn'), ('code~cuda', 'code~accelerator', 'code~pin_memory', 'code~cudnn'), (
         ('XLA105', 'cuda-is-available', '`torch.cuda.is_available()` and other accelerator tests: true on XLA', True),
         ('XLA108', 'pin-memory', 'pinned host memory (`.pin_memory()`, `pin_memory=True`) is dropped', True),
         ('XLA111', 'cuda-synchronize', '`torch.cuda.synchronize()`: cut the graph and wait for the device', True),
@@ -26,15 +26,15 @@ CODEMODS = (
         ('XLA114', 'cuda-device-query', 'device counts and indices come from `torch_xla.runtime`', True),
         ('XLA115', 'cuda-unsupported-api', 'CUDA memory statistics, streams, events, graphs, NVTX: no XLA counterpart (reported)', False),
     )),
-    ('codemods.amp', 'MixedPrecision', (b'autocast', b'GradScaler', b'scaler'), ('name:autocast', 'name:GradScaler', 'name~scaler'), (
+    ('codemods.amp', 'MixedPrecision', (b'autocast', b'GradScaler', b'scaler'), ('name:autocast&code~cuda', 'name:GradScaler', 'name:scaler', 'name:grad_scaler', 'name:loss_scaler', 'name:amp_scaler'), (
         ('XLA121', 'cuda-autocast', 'CUDA autocast -> `torch.autocast("xla", dtype=torch.bfloat16)`', True),
         ('XLA122', 'grad-scaler', 'GradScaler is not needed with bf16: removed, its call sites unwrapped', True),
     )),
-    ('codemods.checkpoints', 'Checkpoints', (b'torch.load', b'torch.save', b'map_location', b'load(', b'save('), ('name:load', 'name:save'), (
+    ('codemods.checkpoints', 'Checkpoints', (b'torch.load', b'torch.save', b'map_location', b'load(', b'save('), ('name:load&imports:torch', 'name:save&imports:torch'), (
         ('XLA131', 'map-location', '`torch.load(..., map_location=<device>)` -> `map_location="cpu"`', True),
         ('XLA132', 'xm-save', '`torch.save` of model/optimizer state -> `xm.save`', True),
     )),
-    ('codemods.distributed', 'Distributed', (b'init_process_group', b'DistributedDataParallel', b'DDP', b'spawn', b'compile', b'DistributedSampler'), ('name:init_process_group', 'name:DistributedDataParallel', 'name:DDP', 'name:spawn', 'name:compile', 'name:DistributedSampler'), (
+    ('codemods.distributed', 'Distributed', (b'init_process_group', b'DistributedDataParallel', b'DDP', b'spawn', b'compile', b'DistributedSampler'), ('name:init_process_group&imports:torch', 'name:DistributedDataParallel&imports:torch', 'name:DDP&imports:torch', 'name:spawn&imports:torch', 'name:compile&imports:torch', 'name:DistributedSampler&imports:torch'), (
         ('XLA141', 'xla-process-group', '`init_process_group("nccl", ...)` -> `init_process_group("xla", init_method="xla://")`', True),
         ('XLA142', 'ddp-device-ids', '`DistributedDataParallel(m, device_ids=...)`: no device ids; `gradient_as_bucket_view=True`', True),
         ('XLA143', 'xla-launch', '`mp.spawn(fn, args, nprocs=n)` -> `torch_xla.launch(fn, args=args)`; samplers shard by the runtime', True),
@@ -63,7 +63,7 @@ CODEMODS = (
         ('XLA406', 'boolean-mask-index', 'indexing with a boolean mask on the hot path (data-dependent shape)', False),
         ('XLA407', 'loop-counter-index', 'a device tensor iterated or indexed with the Python loop counter', False),
     )),
-    ('codemods.coverage', 'CudaCatchAll', (b'cuda', b'nccl', b'pin_memory', b'map_location', b'device_ids', b'output_device', b'GradScaler', b'spawn'), (), (
+    ('codemods.coverage', 'CudaCatchAll', (b'cuda', b'nccl', b'pin_memory', b'map_location', b'device_ids', b'output_device', b'GradScaler', b'spawn'), ('code~cuda', 'code~nccl', 'code~pin_memory', 'code~map_location', 'code~device_ids', 'code~output_device', 'code~GradScaler', 'code~spawn'), (
         ('XLA199', 'cuda-left-over', 'a CUDA-specific construct no rule converted (reported, with a hint)', False),
     )),
     ('codemods.suppressions', 'UnusedSuppressions', (b'xlaport:', b'noqa: XLA', b'noqa:XLA', b'NOQA: XLA', b'noqa: xla'), (), (

@@ -91,3 +91,55 @@ def test_pruned_pass_equals_whole_pass():
         ".cuda()", ".to(torch_xla.device())"
     )
     assert [f.line for f in findings] == [src.count("\n")]
+
+
+# Import removal on the import block alone must equal LibCST's run on the whole module.
+REMOVALS = [
+    # unused after the rewrite: removed (on the head alone)
+    ("from tqdm import tqdm\nimport torch\n\n\ndef f(x):\n    return torch.relu(x)\n", True),
+    ('"""Doc."""\nimport os\nfrom tqdm.auto import tqdm\n\nx = os.sep\n', True),
+    ("from tqdm import tqdm\n", True),
+    # still used: kept
+    ("from tqdm import tqdm\n\nfor i in tqdm(range(3)):\n    pass\n", False),
+    # named in __all__ or in a string annotation: kept (LibCST reads those strings)
+    ('from tqdm import tqdm\n\n__all__ = ["tqdm"]\n', False),
+    ('from tqdm import tqdm\n\n\ndef f(bar: "tqdm") -> None:\n    pass\n', False),
+    # imported inside a function: the whole module decides
+    ("import torch\n\n\ndef f():\n    from tqdm import tqdm\n    return 1\n", False),
+]
+
+
+@pytest.mark.parametrize("source, on_head", REMOVALS)
+def test_import_removal_on_the_head_equals_the_whole_module(source, on_head):
+    from libcst.codemod import Codemod, CodemodContext
+    from libcst.codemod.visitors import RemoveImportsVisitor
+
+    from codemods import imports
+    from codemods.base import Context
+
+    requests = [("tqdm", "tqdm", None), ("tqdm.auto", "tqdm", None), ("tqdm", None, None)]
+    ctx = Context(scratch={})
+    for r in requests:
+        imports.drop(ctx, *r)
+    tree = cst.parse_module(source)
+    got, _ = imports.apply(ctx, tree)
+    ref = CodemodContext()
+    for r in requests:
+        RemoveImportsVisitor.remove_unused_import(ref, *r)
+    want = Codemod.transform_module(RemoveImportsVisitor(ref), cst.parse_module(source))
+    assert got.code == want.code
+    assert bool(imports._removable(requests, tree)) == on_head
+
+
+def test_an_import_whose_name_code_still_reads_is_kept():
+    """A name the code reads keeps its import, without a scope analysis --
+    even where only a local of that name is read (LibCST's visitor would
+    remove it there: an unused import left in place is harmless)."""
+    from codemods import imports
+    from codemods.base import Context
+
+    source = "from tqdm import tqdm\n\n\ndef f(tqdm):\n    return tqdm\n"
+    ctx = Context(scratch={})
+    imports.drop(ctx, "tqdm", "tqdm")
+    got, changed = imports.apply(ctx, cst.parse_module(source))
+    assert (got.code, changed) == (source, False)

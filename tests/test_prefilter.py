@@ -11,7 +11,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from codemods import registry
 from codemods.analysis.loops import ModuleFacts
-from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP, STEP_METHOD, file_facts, holds
+from codemods.analysis.prefilter import IMPORTS_TORCH, LOADER_LOOP, STEP_LOOP, STEP_METHOD, file_facts, holds
 from codemods.positions import start_positions
 from codemods.tree import TreeCache, walk
 from xlaport.engine import Settings, transform
@@ -80,9 +80,40 @@ def test_prefilter_facts_cover_what_the_libcst_analysis_finds():
      "        return x\n", set()),
     ("for name in names:\n    print(name.upper())\n", set()),
     ("from torch.utils.data import DataLoader\nfor batch in make_batches():\n    pass\n", {LOADER_LOOP}),
+    # state carried through the model's output, over two statements
+    ("for t in ts:\n    eps = unet(x, t)\n    x = x - eps\n", {STEP_LOOP}),
+    # a model made each iteration while a path is carried: the path does not come from the model
+    ("while isdir(p):\n    m = Adapter.from_pretrained(p)\n    ms.append(m)\n    p = base + str(len(ms))\n", set()),
+    # `obj.m(...)` on something other than self runs a model only by its name
+    ("def load_model(p):\n    return model(p)\nfor k in keys:\n    out = d.load_model(k)\n    n = n + 1\n", set()),
 ])
 def test_facts(source, expected):
-    assert {f for f in file_facts(source.encode()) if not f.startswith("name:")} == expected
+    loop_facts = {STEP_LOOP, LOADER_LOOP, STEP_METHOD}
+    assert {f for f in file_facts(source.encode()) if f in loop_facts} == expected
+
+
+@pytest.mark.parametrize("source, words", [
+    ('"""Example:\n    pipe.to("cuda")\n"""\nimport os\n', set()),  # a usage example in a docstring
+    ("import os  # runs on cuda too\n", set()),
+    ('x.to("cuda:0")\n', {"cuda"}),
+    ('def f():\n    "cuda"\n', {"cuda"}),  # a lone device string is no prose
+    ("torch.backends.cudnn.benchmark = True\n", {"cudnn"}),
+    ('cfg = {"pin_memory": True}\nmp.spawn(f)\n', {"pin_memory", "spawn"}),
+    ('dev = f"cuda:{rank}"\n', {"cuda"}),
+])
+def test_code_words_are_the_trigger_words_outside_comments_and_docstrings(source, words):
+    assert {f[5:] for f in file_facts(source.encode()) if f.startswith("code~")} == words
+
+
+def test_imports_torch_and_needs_that_name_two_facts():
+    facts = file_facts(b"import re\npattern = re.compile('x')\n")
+    assert IMPORTS_TORCH not in facts and not holds("name:compile&imports:torch", facts)
+    facts = file_facts(b"from torch import compile\nf = compile(f)\n")
+    assert IMPORTS_TORCH in facts and holds("name:compile&imports:torch", facts)
+    assert IMPORTS_TORCH not in file_facts(b"from .torch import load\n")
+    # a file that says "cuda" only in an example is not parsed for the CUDA rules
+    doc = b'"""Usage:\n\n    model.to("cuda")\n"""\nimport torch\n\n\ndef f(x):\n    return x\n'
+    assert not [c.name for c in registry.applicable(doc, Settings().selected_codes())]
 
 
 def test_names_are_the_identifiers_libcst_would_show():

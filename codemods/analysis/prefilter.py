@@ -17,7 +17,14 @@ from one ``ast`` walk, which of the facts the loop codemods need can hold:
   attribute, an import, a keyword, a parameter, a definition): exactly the
   ``Name`` nodes LibCST would show, for codemods that only look at statements
   naming something (``tqdm``, ``init_process_group``, ``GradScaler``);
-  ``name~X`` -- an identifier contains ``X``.
+  ``name~X`` -- an identifier contains ``X``;
+* ``code~W`` -- one of the CUDA rules' trigger words (``CODE_WORDS``) occurs
+  in code: in an identifier or a string, not only in comments and
+  docstrings (most files that say "cuda" say it in a usage example);
+* ``imports:torch`` -- the file imports ``torch`` (or a submodule):
+  without it no name resolves to ``torch.load`` or ``torch.compile``.
+
+A codemod's ``NEEDS`` lists alternatives; ``a&b`` needs both.
 
 Each is a superset of what ``codemods.analysis.loops.ModuleFacts`` finds on
 the LibCST tree (same names, looser tests), so a codemod whose ``NEEDS`` are
@@ -43,6 +50,12 @@ _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
 STEP_LOOP = "step_loop"
 LOADER_LOOP = "loader_loop"
 STEP_METHOD = "step_method"
+IMPORTS_TORCH = "imports:torch"
+# words whose presence in code (an identifier or a string that is not a
+# docstring) the prefilter reports as ``code~WORD``
+CODE_WORDS = ("cuda", "cudnn", "accelerator", "pin_memory", "nccl", "map_location", "device_ids", "output_device",
+              "GradScaler", "spawn")
+_DOC_HOLDERS = frozenset({ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef})
 
 
 def _last_name(node: ast.AST) -> Optional[str]:
@@ -74,12 +87,27 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
     # (node, inside a loop?, enclosing function names, inside a model's own
     # forward/backward/__init__ -- where no loop is a step loop)
     stack: List[Tuple[ast.AST, bool, Tuple[str, ...], bool]] = [(tree, False, (), False)]
+    strings: List[str] = []  # string constants, docstrings left out
+    docstrings: Set[int] = set()
+    imports_torch = False
     while stack:
         node, in_loop, funcs, in_model = stack.pop()
         kind = type(node)
         if kind is ast.Name:
             names.add(node.id)  # type: ignore[attr-defined]
             continue
+        if kind is ast.Constant:
+            value = node.value  # type: ignore[attr-defined]
+            if type(value) is str and id(node) not in docstrings:
+                strings.append(value)
+            elif type(value) is bytes:
+                strings.append(value.decode("latin-1"))
+            continue
+        if kind in _DOC_HOLDERS:
+            first = node.body[0] if node.body else None  # type: ignore[attr-defined]
+            if type(first) is ast.Expr and type(first.value) is ast.Constant and isinstance(first.value.value, str) \
+                    and first.value.value.split() != [first.value.value]:
+                docstrings.add(id(first.value))  # prose (a device string has no blank in it)
         if kind in _NAMED:
             _add_names(node, names)
         if isinstance(node, ast.Call):
@@ -101,6 +129,7 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
                 model_source = True
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             model_source = model_source or _imports_models(node)
+            imports_torch = imports_torch or _imports_torch(node)
         elif isinstance(node, _LOOPS):
             if not isinstance(node, ast.While) and LOADER_LOOP not in facts:
                 if any_loader or any(_LOADER_RE.search(n) for n in map(_last_name, ast.walk(node.iter)) if n):
@@ -149,7 +178,21 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
         if any(_may_step(loop, steps, modelish) for loop in loops):
             facts.add(STEP_LOOP)
     facts.update(f"name:{n}" for n in names)
+    if imports_torch:
+        facts.add(IMPORTS_TORCH)
+    # the trigger words of the CUDA rules, in code: a word that occurs only
+    # in comments and docstrings cannot concern them
+    code = "\x00".join(strings) + "\x00" + "\x00".join(names)
+    facts.update(f"code~{w}" for w in CODE_WORDS if w in code)
     return frozenset(facts)
+
+
+def _imports_torch(node: ast.AST) -> bool:
+    """An absolute import of ``torch`` or a submodule: only then can a
+    name resolve to a ``torch.*`` qualified name."""
+    if isinstance(node, ast.ImportFrom):
+        return not node.level and (node.module or "").split(".")[0] == "torch"
+    return any(a.name.split(".")[0] == "torch" for a in node.names)  # type: ignore[attr-defined]
 
 
 _OWN_STOP = (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
@@ -174,7 +217,8 @@ def _may_step(loop: ast.AST, steps: Set[str], modelish) -> bool:  # type: ignore
     takes one); or an assignment from a model-like call together with a
     name read before it is written (state carried to the next iteration,
     ``state._carries_model_state``: there a write counts only on every path;
-    here only a whole name written outside any branch does)."""
+    here only a whole name written outside any branch does), the name
+    being one written from the model's output."""
     body = list(loop.body)  # type: ignore[attr-defined]
     for stmt in body:
         if isinstance(stmt, _OWN_STOP):
@@ -182,12 +226,11 @@ def _may_step(loop: ast.AST, steps: Set[str], modelish) -> bool:  # type: ignore
         for n in _own(stmt):
             if isinstance(n, ast.Call) and _last_name(n.func) in steps:
                 return True
-    model_assign = False
     read_first: Set[str] = set()
-    assigned: Set[str] = set()
+    # per assignment: (names its value reads, roots of its targets, runs a model?)
+    assigns: List[Tuple[Set[str], Set[str], bool]] = []
 
     def scan(stmts: List[ast.stmt], written: Set[str], certain: bool) -> None:
-        nonlocal model_assign
         for stmt in stmts:
             if isinstance(stmt, _OWN_STOP):
                 continue
@@ -200,12 +243,11 @@ def _may_step(loop: ast.AST, steps: Set[str], modelish) -> bool:  # type: ignore
                 if isinstance(stmt, ast.AugAssign):
                     reads |= {n.id for n in ast.walk(stmt.target) if isinstance(n, ast.Name)}
                 read_first.update(reads - written)
-                if any(isinstance(c, ast.Call) and modelish(_last_name(c.func) or "") for c in ast.walk(value)):
-                    model_assign = True
-                for t in targets:
-                    roots = {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
-                    assigned.update(roots)
-                    if certain:
+                model = any(isinstance(c, ast.Call) and model_call(c) for c in ast.walk(value))
+                roots = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+                assigns.append((reads, roots, model))
+                if certain:
+                    for t in targets:
                         written.update(_target_names(t, attributes=False))
             elif isinstance(stmt, (ast.With, ast.AsyncWith)):
                 scan(stmt.body, written, certain)
@@ -213,8 +255,27 @@ def _may_step(loop: ast.AST, steps: Set[str], modelish) -> bool:  # type: ignore
                 for block in _blocks(stmt):
                     scan(block, set(written), False)
 
+    def model_call(call: ast.Call) -> bool:
+        """What ``state._is_model_call`` can accept: ``obj.m(...)`` (not on
+        ``self``) by the name ``m`` alone; a name or ``self.m`` also by what
+        the file binds or defines under it."""
+        func = call.func
+        if isinstance(func, ast.Attribute) and not (isinstance(func.value, ast.Name) and func.value.id == "self"):
+            return bool(_STEPLIKE_RE.search(func.attr))
+        return modelish(_last_name(func) or "")
+
     scan(body, set(), True)
-    return model_assign and bool(read_first & assigned)
+    # driven: written from a model's output, directly or through other
+    # assignments of the body (in any order: looser than the ordered scan)
+    driven: Set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for reads, roots, model in assigns:
+            if (model or reads & driven) and not roots <= driven:
+                driven |= roots
+                changed = True
+    return bool(read_first & driven)
 
 
 def _blocks(stmt: ast.stmt) -> List[List[ast.stmt]]:
@@ -260,7 +321,9 @@ def _target_names(target: ast.AST, attributes: bool = True) -> List[str]:
 
 
 def holds(need: str, facts: FrozenSet[str]) -> bool:
-    """Whether one ``NEEDS`` entry holds for a file's facts."""
+    """Whether one ``NEEDS`` entry holds for a file's facts (``a&b``: both)."""
+    if "&" in need:
+        return all(holds(part, facts) for part in need.split("&"))
     if need.startswith("name~"):
         part = need[5:]
         return any(f.startswith("name:") and part in f[5:] for f in facts)
