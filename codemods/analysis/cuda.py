@@ -88,31 +88,32 @@ def cuda_references(tree: TreeCache, qualnames: QualNames) -> List[Tuple[cst.CST
                                                 b"output_device", b"GradScaler", b"spawn")):
         return found
     for n in tree.in_walk_order(node_types(_REFERENCE_NODES)):  # the type index: no walk
-        if isinstance(n, (cst.Attribute, cst.Name)):
+        kind = type(n)  # (exact types: LibCST's node classes are ABCs, slow in isinstance)
+        if kind is cst.Attribute or kind is cst.Name:
             parent = parents.get(id(n))
             if isinstance(parent, cst.Attribute) and (parent.value is n or parent.attr is n):
                 continue  # only the whole chain counts
-            if isinstance(parent, (cst.ImportAlias, cst.ImportFrom)) or _in_import(n, parents):
-                continue
             text = dotted(n)
-            if text and ("cuda" in text or "cudnn" in text or "GradScaler" in text or "spawn" in text):
+            if not (text and ("cuda" in text or "cudnn" in text or "GradScaler" in text or "spawn" in text)):
+                continue
+            if not (isinstance(parent, (cst.ImportAlias, cst.ImportFrom)) or _in_import(n, parents)):
                 q = qualnames(n)
                 hit = in_cuda_module(q)
                 if hit:
                     found.append((n, hit))
                 elif q & (GRAD_SCALERS | SPAWNS):
                     found.append((n, sorted(q & (GRAD_SCALERS | SPAWNS))[0]))
-        elif isinstance(n, cst.Call):
+        elif kind is cst.Call:
             func = n.func
-            if isinstance(func, cst.Attribute) and func.attr.value in ("cuda", "pin_memory"):
+            if type(func) is cst.Attribute and func.attr.value in ("cuda", "pin_memory"):
                 if not in_cuda_module(qualnames(func)):
                     found.append((n, f".{func.attr.value}()"))
-        elif isinstance(n, (cst.SimpleString, cst.FormattedString)):
+        elif kind is cst.SimpleString or kind is cst.FormattedString:
             if is_cuda_string(n):
                 found.append((n, '"cuda"'))
             elif string_value(n) == "nccl":
                 found.append((n, '"nccl"'))
-        elif isinstance(n, cst.Arg) and n.keyword is not None:
+        elif kind is cst.Arg and n.keyword is not None:
             key = n.keyword.value
             if key in ("device_ids", "output_device"):
                 found.append((n, f"{key}="))
@@ -120,7 +121,7 @@ def cuda_references(tree: TreeCache, qualnames: QualNames) -> List[Tuple[cst.CST
                 found.append((n, "pin_memory="))
             elif key == "map_location" and string_value(n.value) != "cpu":
                 found.append((n, "map_location="))
-        elif isinstance(n, cst.DictElement) and string_value(n.key) == "pin_memory" and not is_false(n.value):
+        elif kind is cst.DictElement and string_value(n.key) == "pin_memory" and not is_false(n.value):
             found.append((n, "pin_memory="))
     return found
 
