@@ -55,6 +55,9 @@ TARGET_KEY = "xlaport.target"
 TREE_KEY = "xlaport.tree"
 # line in the text a codemod sees -> line of the user's file (set by the engine)
 ORIGINAL_LINE_KEY = "xlaport.original_line"
+# a list there: the engine places the findings of passes over one tree in one
+# position pass (see XlaCodemod._place_findings), not one per codemod
+UNPLACED_KEY = "xlaport.unplaced"
 # {(line of the user's file, code)} that a suppression comment silenced
 USED_SUPPRESSIONS_KEY = "xlaport.used_suppressions"
 
@@ -180,7 +183,12 @@ class XlaCodemod(cst.CSTTransformer):
         try:
             return tree.visit(self)
         finally:
-            self._place_findings()
+            pending = self.context.scratch.get(UNPLACED_KEY)
+            if isinstance(pending, list):  # the engine places them, with the next passes' on this tree
+                pending.extend(self._unplaced)
+                self._unplaced = []
+            else:
+                self._place_findings()
 
     def _place_findings(self) -> None:
         """Give the findings recorded in this pass their lines, all at once."""
@@ -338,7 +346,7 @@ def statement(expr: cst.BaseExpression) -> cst.SimpleStatementLine:
 
 
 __all__ = [
-    "ALL", "Context", "FILE_SUPPRESS_RE", "FINDINGS_KEY", "ORIGINAL_LINE_KEY", "OPTIONS_KEY", "USED_SUPPRESSIONS_KEY", "SELECT_KEY", "SOURCE_KEY", "TARGET_KEY", "TREE_KEY", "RULE_PACKAGES", "Finding",
+    "ALL", "Context", "FILE_SUPPRESS_RE", "FINDINGS_KEY", "ORIGINAL_LINE_KEY", "OPTIONS_KEY", "USED_SUPPRESSIONS_KEY", "SELECT_KEY", "SOURCE_KEY", "TARGET_KEY", "TREE_KEY", "UNPLACED_KEY", "RULE_PACKAGES", "Finding",
     "Rule", "TreeCache", "XlaCodemod", "call_name", "code_matches", "dotted", "file_suppressions", "find_all",
     "parse_suppressions",
     "statement", "string_value", "tree_cache", "unique", "walk",

@@ -26,6 +26,7 @@ from codemods.base import (
     SOURCE_KEY,
     TARGET_KEY,
     TREE_KEY,
+    UNPLACED_KEY,
     Finding,
     TreeCache,
     unique,
@@ -104,8 +105,28 @@ def transform(source: bytes, settings: Settings, filename: str = "") -> Outcome:
     )
     maps: List[Callable[[int], int]] = []  # maps[k]: lines after rule k -> before
     findings: List[Finding] = []
+    on_tree: List[Finding] = []  # findings on the current tree, in its lines
+    unplaced: List[Tuple[Finding, cst.CSTNode]] = []  # ... of which these still need their position
+    context.scratch[UNPLACED_KEY] = unplaced
     text = original_text
     context.scratch[TREE_KEY] = TreeCache(tree, source)
+
+    def flush(cache: TreeCache) -> None:
+        """Place the findings on the current tree (one position pass for
+        all the codemods that ran on it) and map them to the user's lines."""
+        if unplaced:
+            starts = cache.start_positions([node for _, node in unplaced])
+            for f, node in unplaced:
+                f.line, f.col, f.end_line, f.end_col = starts.get(id(node), (1, 1, 0, 0))
+            unplaced.clear()
+        for f in on_tree:
+            for back in reversed(maps):
+                f.line = back(f.line)
+                if f.end_line:
+                    f.end_line = max(back(f.end_line), f.line)
+        findings.extend(on_tree)
+        on_tree.clear()
+
     found = count_references(context.scratch[TREE_KEY]) if CudaCatchAll in codemods else 0  # type: ignore[arg-type]
     for cls in codemods:
         # One TreeCache per tree holds the metadata and analyses that every
@@ -119,22 +140,19 @@ def transform(source: bytes, settings: Settings, filename: str = "") -> Outcome:
         context.scratch[ORIGINAL_LINE_KEY] = _back_through(list(maps))
         new_tree = cls(context).transform_module_impl(tree)
         new = context.scratch[FINDINGS_KEY]
-        for f in new:
-            for back in reversed(maps):
-                f.line = back(f.line)
-                if f.end_line:
-                    f.end_line = max(back(f.end_line), f.line)
-        findings.extend(new)
+        on_tree.extend(new)
         # A codemod changes the tree only where it records a fix; without
         # one, the rebuilt tree equals the old one and the old tree (with its
         # metadata) is kept.
         if any(f.fix for f in new):
             new_text = new_tree.code
             if new_text != text:
+                flush(cache)
                 maps.append(line_map(text, new_text))
                 text = new_text
                 tree = unique(new_tree)
                 context.scratch[TREE_KEY] = TreeCache(tree, source)
+    flush(context.scratch[TREE_KEY])  # type: ignore[arg-type]
     # the text of the last rewritten tree is at hand; code is generated again
     # only when imports were added or removed after it
     tree, with_imports = imports.apply(context, tree)
