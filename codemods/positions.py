@@ -10,14 +10,21 @@ with the same syntactic rules (an indented block starts at its first
 statement and ends with its last); ``tests/test_positions.py``
 compares the two on real files.
 
+Where the engine knows the module's text, not even the whole module is
+generated: Python's ``ast`` gives the line each statement of the module (and
+of its classes' and functions' bodies) starts on, and only the innermost
+such statements that hold the nodes asked for are generated, from that line
+and with the indentation of the blocks around them.
+
 This leans on LibCST's code generation state (``PositionProvidingCodegenState``,
 a public class in a private module), as LibCST's own providers do.
 """
 
 from __future__ import annotations
 
+import ast
 from contextlib import contextmanager, nullcontext
-from typing import ContextManager, Dict, Iterable, Iterator, Optional, Set, Tuple
+from typing import ContextManager, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 import libcst as cst
 from libcst._position import CodePosition, CodeRange
@@ -69,12 +76,39 @@ class _StartsOnly(PositionProvidingCodegenState):
             computed[node] = CodeRange(start, end)
 
 
-def start_positions(module: cst.Module, nodes: Iterable[cst.CSTNode]) -> Dict[int, Tuple[int, int, int, int]]:
+Position = Tuple[int, int, int, int]
+
+
+def start_positions(module: cst.Module, nodes: Iterable[cst.CSTNode],
+                    anchors: Optional[Dict[int, Tuple[cst.CSTNode, Tuple[str, ...], List[cst.CSTNode]]]] = None,
+                    text: Optional[str] = None) -> Dict[int, Position]:
     """``id(node) -> (line, column, end line, end column)`` (lines 1-based,
-    columns 1-based, the end exclusive) for each of ``nodes`` in ``module``."""
+    columns 1-based, the end exclusive) for each of ``nodes`` in ``module``.
+
+    With ``anchors`` (id of a statement -> (the statement, the indentation
+    around it, the nodes asked for in it); statements of the module, or of
+    the bodies of its classes and functions) and ``text`` (the module's
+    code), only those statements are generated, each from the line where it
+    starts: Python's own ``ast`` says where each statement's code begins (a
+    parse several times cheaper than generating a large module's code)."""
+    nodes = list(nodes)
+    if anchors is not None and text is not None:
+        starts = statement_starts(module, text)
+        if starts is not None and all(key in starts for key in anchors):
+            out: Dict[int, Position] = {}
+            for key, (stmt, indents, asked) in anchors.items():
+                out.update(_generate(module, stmt, asked, starts[key], indents))
+            return out
+    return _generate(module, module, nodes, 1, ())
+
+
+def _generate(module: cst.Module, root: cst.CSTNode, nodes: List[cst.CSTNode], line: int,
+              indents: Tuple[str, ...]) -> Dict[int, Position]:
+    """Generate the code of ``root`` (the module, or a statement starting at
+    ``line`` inside blocks indented by ``indents``), recording the ranges
+    of ``nodes`` only."""
     from codemods.tree import walk
 
-    nodes = list(nodes)
     # a node's range can come from its children's (an indented block starts at
     # its first statement and ends with its last): record those too
     wanted = {id(d) for n in nodes for d in walk(n)}
@@ -82,10 +116,51 @@ def start_positions(module: cst.Module, nodes: Iterable[cst.CSTNode]) -> Dict[in
     state = _StartsOnly(default_indent=module.default_indent, default_newline=module.default_newline,
                         provider=provider)
     state.wanted = wanted
-    module._codegen(state)
-    out: Dict[int, Tuple[int, int]] = {}
+    state.line = line
+    state.indent_tokens = list(indents)
+    root._codegen(state)
+    out: Dict[int, Position] = {}
     for n in nodes:
         rng = provider._computed.get(n)
         if rng is not None:
             out[id(n)] = (rng.start.line, rng.start.column + 1, rng.end.line, rng.end.column + 1)
     return out
+
+
+def statement_starts(module: cst.Module, text: str) -> Optional[Dict[int, int]]:
+    """``id(statement) -> the line its code starts on`` (its leading blank
+    and comment lines included, as LibCST generates it) for the statements
+    of the module and of its classes' and functions' bodies, from an
+    ``ast`` parse of ``text``; None when the two parses do not line up."""
+    try:
+        body = ast.parse(text).body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    starts: Dict[int, int] = {}
+    return starts if _align(list(module.body), body, starts) else None
+
+
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _align(stmts: List[cst.CSTNode], body: List[ast.stmt], starts: Dict[int, int]) -> bool:
+    i = 0
+    for stmt in stmts:
+        if i >= len(body):
+            return False
+        first = body[i]
+        line = first.lineno
+        decorators = getattr(first, "decorator_list", None)
+        if decorators:
+            line = min(d.lineno for d in decorators)
+        lead = len(stmt.leading_lines)  # type: ignore[attr-defined]
+        if getattr(stmt, "decorators", None):
+            lead += len(stmt.decorators[0].leading_lines)  # type: ignore[attr-defined]
+        starts[id(stmt)] = line - lead
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            if not isinstance(first, _DEFS):
+                return False
+            if isinstance(stmt.body, cst.IndentedBlock) and not _align(list(stmt.body.body), first.body, starts):
+                return False
+        i += len(stmt.body) if isinstance(stmt, cst.SimpleStatementLine) else 1
+    return i == len(body)

@@ -177,9 +177,10 @@ class TreeCache:
     codemod memoises in ``memo``.  The engine starts a new one whenever a
     codemod changes the tree."""
 
-    def __init__(self, module: cst.Module, source: bytes = b"") -> None:
+    def __init__(self, module: cst.Module, source: bytes = b"", text: Optional[str] = None) -> None:
         self.module = module
         self.source = source
+        self.text = text  # the module's code, where the engine knows it (for light positions)
         self.memo: Dict[str, object] = {}
         self._parents: Optional[Dict[int, cst.CSTNode]] = None
         self._by_type: Dict[type, List[cst.CSTNode]] = {}
@@ -358,7 +359,31 @@ class TreeCache:
                             full[n].end.column + 1) for n in nodes if n in full}  # type: ignore[attr-defined]
         from codemods.positions import start_positions
 
-        return start_positions(self.module, nodes)
+        if self.text is None:
+            return start_positions(self.module, nodes)
+        # only the statements that hold the nodes are generated: statements
+        # of the module, or of the bodies of its classes and functions
+        parents = self.parents
+        anchors: Dict[int, Tuple[cst.CSTNode, Tuple[str, ...], List[cst.CSTNode]]] = {}
+        for n in nodes:
+            chain = [n]
+            up = parents.get(id(n))
+            while up is not None and up is not self.module:
+                chain.append(up)
+                up = parents.get(id(up))
+            if up is None:  # the module itself, or a node not in this tree
+                return start_positions(self.module, nodes)
+            chain.reverse()
+            k, indents = 0, ()  # type: Tuple[int, Tuple[str, ...]]
+            while (type(chain[k]) in (cst.FunctionDef, cst.ClassDef) and k + 2 < len(chain)
+                   and chain[k + 1] is chain[k].body and type(chain[k + 1]) is cst.IndentedBlock  # type: ignore[attr-defined]
+                   and any(s is chain[k + 2] for s in chain[k + 1].body)):  # type: ignore[attr-defined]
+                block = chain[k + 1]
+                indents += (block.indent if block.indent is not None else self.module.default_indent,)  # type: ignore[attr-defined]
+                k += 2
+            anchor = chain[k]
+            anchors.setdefault(id(anchor), (anchor, indents, []))[2].append(n)
+        return start_positions(self.module, nodes, anchors, self.text)
 
     def metadata(self, context: Any, provider: type) -> Mapping[cst.CSTNode, object]:
         found = self._metadata.get(provider)

@@ -12,7 +12,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 from codemods import registry
 from codemods.analysis.loops import ModuleFacts
 from codemods.analysis.prefilter import IMPORTS_TORCH, LOADER_LOOP, STEP_LOOP, STEP_METHOD, file_facts, holds
-from codemods.positions import start_positions
+from codemods.positions import start_positions, statement_starts
 from codemods.tree import TreeCache, walk
 from xlaport.engine import Settings, transform
 
@@ -151,3 +151,56 @@ def test_tree_cache_places_a_block_at_its_first_statement():
     cache = TreeCache(module, b"")
     block = module.body[1].body
     assert cache.start_positions([block]) == {id(block): (3, 5, 3, 10)}
+
+
+TRICKY = '''#!/usr/bin/env python
+# a header comment
+
+"""Docstring."""
+import os; import sys
+
+
+# comments before a decorated function
+@decorator  # on the decorator line
+# between decorators
+@other(
+    arg,
+)
+async def f(x):
+    return (x
+            + 1)
+    # a comment after the last statement of the block
+
+class C(  # open
+    Base,
+):
+    x = 1
+
+
+if x:
+    pass
+elif y:  # trailing
+    y = [
+        1,
+    ]
+else:
+    z = \\
+        2
+'''
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_statement_anchored_positions_equal_libcst_positions(seed):
+    """With the module's text, only the statements holding the asked nodes
+    are generated, each from the line ``ast`` says it starts on."""
+    rng = random.Random(seed)
+    sources = [TRICKY] + [p.read_text() for p in rng.sample(REAL, min(4, len(REAL)))]
+    for text in sources:
+        module = cst.parse_module(text)
+        nodes = [n for n in walk(module) if n is not module]
+        full = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+        pick = rng.sample(nodes, min(300, len(nodes)))
+        assert statement_starts(module, text) is not None  # the anchored path, not the whole-module one
+        anchored = TreeCache(module, b"", text).start_positions(pick)
+        assert {id(n): (full[n].start.line, full[n].start.column + 1, full[n].end.line, full[n].end.column + 1)
+                for n in pick if n in full} == anchored

@@ -109,7 +109,7 @@ def transform(source: bytes, settings: Settings, filename: str = "") -> Outcome:
     unplaced: List[Tuple[Finding, cst.CSTNode]] = []  # ... of which these still need their position
     context.scratch[UNPLACED_KEY] = unplaced
     text = original_text
-    context.scratch[TREE_KEY] = TreeCache(tree, source)
+    context.scratch[TREE_KEY] = TreeCache(tree, source, original_text)
 
     def flush(cache: TreeCache) -> None:
         """Place the findings on the current tree (one position pass for
@@ -151,7 +151,7 @@ def transform(source: bytes, settings: Settings, filename: str = "") -> Outcome:
                 maps.append(line_map(text, new_text))
                 text = new_text
                 tree = unique(new_tree)
-                context.scratch[TREE_KEY] = TreeCache(tree, source)
+                context.scratch[TREE_KEY] = TreeCache(tree, source, text)
     flush(context.scratch[TREE_KEY])  # type: ignore[arg-type]
     # the text of the last rewritten tree is at hand; code is generated again
     # only when imports were added or removed after it
