@@ -64,7 +64,7 @@ class Checkpoints(XlaCodemod):
     RESPECTS_HAND_PORTS = True
     RULES = (MAP_LOCATION, XM_SAVE)
     TRIGGERS = (b"torch.load", b"torch.save", b"map_location", b"load(", b"save(")
-    NEEDS = ("name:load&imports:torch", "name:save&imports:torch")  # torch.load/torch.save (see regions)
+    NEEDS = ("torch:load", "torch:save")  # torch.load/torch.save, however imported (see regions)
 
     def regions(self, tree):
         return tree.statements_where(lambda n: n.value in ("load", "save"), (cst.Name,))

@@ -141,7 +141,7 @@ class Distributed(XlaCodemod):
     RULES = (PROCESS_GROUP, DDP, LAUNCH, COMPILE)
     TRIGGERS = (b"init_process_group", b"DistributedDataParallel", b"DDP", b"spawn", b"compile",
                 b"DistributedSampler")
-    NEEDS = tuple(f"name:{n}&imports:torch" for n in (
+    NEEDS = tuple(f"torch:{n}" for n in (
         "init_process_group", "DistributedDataParallel", "DDP", "spawn", "compile", "DistributedSampler"))
 
     def regions(self, tree):

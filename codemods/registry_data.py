@@ -30,11 +30,11 @@ CODEMODS = (
         ('XLA121', 'cuda-autocast', 'CUDA autocast -> `torch.autocast("xla", dtype=torch.bfloat16)`', True),
         ('XLA122', 'grad-scaler', 'GradScaler is not needed with bf16: removed, its call sites unwrapped', True),
     )),
-    ('codemods.checkpoints', 'Checkpoints', (b'torch.load', b'torch.save', b'map_location', b'load(', b'save('), ('name:load&imports:torch', 'name:save&imports:torch'), (
+    ('codemods.checkpoints', 'Checkpoints', (b'torch.load', b'torch.save', b'map_location', b'load(', b'save('), ('torch:load', 'torch:save'), (
         ('XLA131', 'map-location', '`torch.load(..., map_location=<device>)` -> `map_location="cpu"`', True),
         ('XLA132', 'xm-save', '`torch.save` of model/optimizer state -> `xm.save`', True),
     )),
-    ('codemods.distributed', 'Distributed', (b'init_process_group', b'DistributedDataParallel', b'DDP', b'spawn', b'compile', b'DistributedSampler'), ('name:init_process_group&imports:torch', 'name:DistributedDataParallel&imports:torch', 'name:DDP&imports:torch', 'name:spawn&imports:torch', 'name:compile&imports:torch', 'name:DistributedSampler&imports:torch'), (
+    ('codemods.distributed', 'Distributed', (b'init_process_group', b'DistributedDataParallel', b'DDP', b'spawn', b'compile', b'DistributedSampler'), ('torch:init_process_group', 'torch:DistributedDataParallel', 'torch:DDP', 'torch:spawn', 'torch:compile', 'torch:DistributedSampler'), (
         ('XLA141', 'xla-process-group', '`init_process_group("nccl", ...)` -> `init_process_group("xla", init_method="xla://")`', True),
         ('XLA142', 'ddp-device-ids', '`DistributedDataParallel(m, device_ids=...)`: no device ids; `gradient_as_bucket_view=True`', True),
         ('XLA143', 'xla-launch', '`mp.spawn(fn, args, nprocs=n)` -> `torch_xla.launch(fn, args=args)`; samplers shard by the runtime', True),

@@ -111,6 +111,12 @@ def test_imports_torch_and_needs_that_name_two_facts():
     facts = file_facts(b"from torch import compile\nf = compile(f)\n")
     assert IMPORTS_TORCH in facts and holds("name:compile&imports:torch", facts)
     assert IMPORTS_TORCH not in file_facts(b"from .torch import load\n")
+    # torch:X -- X can resolve to torch.[...].X: imported from torch, or read off a name bound to torch
+    facts = file_facts(b"import json\nimport torch.distributed as dist\nfrom torch.nn.parallel import "
+                       b"DistributedDataParallel as DDP\nx = json.load(f)\ndist.init_process_group()\n"
+                       b"torch.save(x)\n")
+    assert {f for f in facts if f.startswith("torch:")} == {
+        "torch:dist", "torch:init_process_group", "torch:DistributedDataParallel", "torch:DDP"}
     # a file that says "cuda" only in an example is not parsed for the CUDA rules
     doc = b'"""Usage:\n\n    model.to("cuda")\n"""\nimport torch\n\n\ndef f(x):\n    return x\n'
     assert not [c.name for c in registry.applicable(doc, Settings().selected_codes())]

@@ -22,7 +22,11 @@ from one ``ast`` walk, which of the facts the loop codemods need can hold:
   in code: in an identifier or a string, not only in comments and
   docstrings (most files that say "cuda" say it in a usage example);
 * ``imports:torch`` -- the file imports ``torch`` (or a submodule):
-  without it no name resolves to ``torch.load`` or ``torch.compile``.
+  without it no name resolves to ``torch.load`` or ``torch.compile``;
+  ``torch:X`` -- ``X`` is imported from torch, or read along an attribute
+  chain rooted at a name an import binds to torch (``torch.load``,
+  ``dist.init_process_group``): the only ways a call resolves to
+  ``torch.[...].X``.
 
 A codemod's ``NEEDS`` lists alternatives; ``a&b`` needs both.
 
@@ -90,6 +94,9 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
     strings: List[str] = []  # string constants, docstrings left out
     docstrings: Set[int] = set()
     imports_torch = False
+    torch_roots: Set[str] = set()  # names bound to torch or a torch module (`import torch.nn as nn`)
+    torch_names: Set[str] = set()  # what is imported from torch (`from torch import load`)
+    attrs_of: Dict[str, Set[str]] = {}  # name -> the attributes read along chains rooted at it
     while stack:
         node, in_loop, funcs, in_model = stack.pop()
         kind = type(node)
@@ -110,6 +117,12 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
                 docstrings.add(id(first.value))  # prose (a device string has no blank in it)
         if kind in _NAMED:
             _add_names(node, names)
+            if kind is ast.Attribute:
+                root = node.value  # type: ignore[attr-defined]
+                while type(root) is ast.Attribute:
+                    root = root.value  # type: ignore[attr-defined]
+                if type(root) is ast.Name:
+                    attrs_of.setdefault(root.id, set()).add(node.attr)  # type: ignore[attr-defined]
         if isinstance(node, ast.Call):
             name = _last_name(node.func)
             if name is not None:
@@ -129,7 +142,15 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
                 model_source = True
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             model_source = model_source or _imports_models(node)
-            imports_torch = imports_torch or _imports_torch(node)
+            if _imports_torch(node):
+                imports_torch = True
+                for alias in node.names:  # type: ignore[attr-defined]
+                    if isinstance(node, ast.ImportFrom):
+                        torch_names.add(alias.name)
+                        torch_roots.add(alias.asname or alias.name)
+                    else:
+                        torch_roots.add(alias.asname or alias.name.split(".")[0])
+                torch_names.update(torch_roots)
         elif isinstance(node, _LOOPS):
             if not isinstance(node, ast.While) and LOADER_LOOP not in facts:
                 if any_loader or any(_LOADER_RE.search(n) for n in map(_last_name, ast.walk(node.iter)) if n):
@@ -180,6 +201,12 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
     facts.update(f"name:{n}" for n in names)
     if imports_torch:
         facts.add(IMPORTS_TORCH)
+        # torch:X -- X is imported from torch or read as an attribute along a
+        # chain rooted at a name bound to torch: only so can a name resolve
+        # to a qualified name torch.[...].X
+        facts.update(f"torch:{n}" for n in torch_names)
+        for root in torch_roots:
+            facts.update(f"torch:{a}" for a in attrs_of.get(root, ()))
     # the trigger words of the CUDA rules, in code: a word that occurs only
     # in comments and docstrings cannot concern them
     code = "\x00".join(strings) + "\x00" + "\x00".join(names)
