@@ -50,6 +50,13 @@ _TAKES_STEP = frozenset({"backward", "step", "optimizer_step"})
 _LOADER_RE = re.compile(r"(loader$|dataloader|(^|_)dl$)", re.IGNORECASE)  # == loops.LOADER_NAME_RE
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
+# the walk tests exact node types (ast nodes have no subclasses)
+_LOOP_KINDS = frozenset(_LOOPS)
+_FUNC_KINDS = frozenset(_FUNCS)
+_ASSIGNS = frozenset({ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr})
+# fields that hold no node the facts read: expression contexts, operators
+_LEAF_FIELDS = frozenset({"ctx", "op", "ops"})
+_CHILD_FIELDS: Dict[type, Tuple[str, ...]] = {}
 
 STEP_LOOP = "step_loop"
 LOADER_LOOP = "loader_loop"
@@ -123,8 +130,8 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
                     root = root.value  # type: ignore[attr-defined]
                 if type(root) is ast.Name:
                     attrs_of.setdefault(root.id, set()).add(node.attr)  # type: ignore[attr-defined]
-        if isinstance(node, ast.Call):
-            name = _last_name(node.func)
+        if kind is ast.Call:
+            name = _last_name(node.func)  # type: ignore[attr-defined]
             if name is not None:
                 if in_loop and not in_model:
                     loop_calls.add(name)
@@ -132,7 +139,7 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
                     step_functions.update(funcs)
                 if funcs:
                     calls_of.setdefault(funcs[-1], set()).add(name)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr)):
+        elif kind in _ASSIGNS:
             for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
                 variables.update(_target_names(target))
         elif kind is ast.arg:
@@ -140,7 +147,7 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
             ann = node.annotation  # type: ignore[attr-defined]
             if ann is not None and any(_last_name(n) == "Module" for n in ast.walk(ann)):
                 model_source = True
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+        elif kind is ast.Import or kind is ast.ImportFrom:
             model_source = model_source or _imports_models(node)
             if _imports_torch(node):
                 imports_torch = True
@@ -151,26 +158,29 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
                     else:
                         torch_roots.add(alias.asname or alias.name.split(".")[0])
                 torch_names.update(torch_roots)
-        elif isinstance(node, _LOOPS):
+        elif kind in _LOOP_KINDS:
             if not isinstance(node, ast.While) and LOADER_LOOP not in facts:
                 if any_loader or any(_LOADER_RE.search(n) for n in map(_last_name, ast.walk(node.iter)) if n):
                     facts.add(LOADER_LOOP)
             in_loop = True
             if not in_model:
                 loops.append(node)
-        elif isinstance(node, ast.ClassDef):
+        elif kind is ast.ClassDef:
             for stmt in node.body:
                 if isinstance(stmt, _FUNCS) and (
                         stmt.name == "step" or (stmt.name.endswith("_step") and not stmt.name.startswith("set_"))):
                     facts.add(STEP_METHOD)
-        if isinstance(node, _FUNCS):
+        if kind in _FUNC_KINDS:
             funcs = funcs + (node.name,)
         if kind is ast.ClassDef:
             for child in ast.iter_child_nodes(node):
                 stack.append((child, in_loop, funcs, in_model or (
                     isinstance(child, _FUNCS) and _is_model_method(child.name))))  # type: ignore[attr-defined]
             continue
-        for field in kind._fields:  # ast.iter_child_nodes, inlined: this loop sees every node
+        fields = _CHILD_FIELDS.get(kind)
+        if fields is None:
+            fields = _CHILD_FIELDS[kind] = tuple(f for f in kind._fields if f not in _LEAF_FIELDS)
+        for field in fields:  # ast.iter_child_nodes, inlined: this loop sees every node
             value = getattr(node, field, None)
             if type(value) is list:
                 for child in value:
