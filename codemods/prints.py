@@ -17,13 +17,11 @@ from typing import List
 import libcst as cst
 
 from codemods.analysis.bindings import binding_nodes
-from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP
+from codemods.analysis.prefilter import LOADER_LOOP, LOG_METHODS, OUTPUT_IN_LOOP, STEP_LOOP, WRITER_METHODS
 from codemods.analysis import LoopCodemod, module_facts, reads_tensor_value
 from codemods.base import Rule, call_name, dotted
 
-_LOG_METHODS = {"debug", "info", "warning", "warn", "error", "critical", "log", "exception"}
 _LOGGER_RE = re.compile(r"(^|\.)(log|logger|logging|_logger|LOGGER|LOG)$")
-_WRITER_METHODS = {"add_scalar", "add_scalars", "add_histogram", "add_image"}
 
 HOT_PRINT = Rule(
     code="XLA210",
@@ -57,7 +55,7 @@ class HotPrints(LoopCodemod):
     DESCRIPTION = "Defer (or delete) prints and logs that read tensors inside hot loops."
     RULES = (HOT_PRINT,)
     TRIGGERS = (b"print", b"log", b"add_scalar")
-    NEEDS = (STEP_LOOP, LOADER_LOOP)
+    NEEDS = (f"{STEP_LOOP}&{OUTPUT_IN_LOOP}", f"{LOADER_LOOP}&{OUTPUT_IN_LOOP}")
 
     @classmethod
     def wanted(cls, tree, options):
@@ -73,9 +71,9 @@ class HotPrints(LoopCodemod):
         receiver = dotted(call.func.value) if isinstance(call.func, cst.Attribute) else None
         if receiver is None:
             return False
-        if name in _LOG_METHODS and _LOGGER_RE.search(receiver):
+        if name in LOG_METHODS and _LOGGER_RE.search(receiver):
             return True
-        if name in _WRITER_METHODS or (receiver == "wandb" and name == "log"):
+        if name in WRITER_METHODS or (receiver == "wandb" and name == "log"):
             return True
         return name == "print" and receiver in {"accelerator", "xm"}
 

@@ -45,7 +45,7 @@ CODEMODS = (
         ('XLA202', 'progress-bar-block', '`with tqdm(...) as bar:` / `with self.progress_bar(...)`: drop the block, keep its body', True),
         ('XLA203', 'progress-bar-tensor-postfix', 'kept bars: `set_postfix(loss=loss.item())` and the like are dropped', True),
     )),
-    ('codemods.prints', 'HotPrints', (b'print', b'log', b'add_scalar'), ('step_loop', 'loader_loop'), (
+    ('codemods.prints', 'HotPrints', (b'print', b'log', b'add_scalar'), ('step_loop&output_in_loop', 'loader_loop&output_in_loop'), (
         ('XLA210', 'hot-loop-tensor-print', 'print/log of a tensor value in the hot loop: defer it to a step closure', True),
     )),
     ('codemods.loaders', 'DeviceLoader', (b'oader', b'_dl'), ('loader_loop',), (

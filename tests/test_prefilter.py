@@ -11,7 +11,8 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from codemods import registry
 from codemods.analysis.loops import ModuleFacts
-from codemods.analysis.prefilter import IMPORTS_TORCH, LOADER_LOOP, STEP_LOOP, STEP_METHOD, file_facts, holds
+from codemods.analysis.prefilter import (IMPORTS_TORCH, LOADER_LOOP, OUTPUT_IN_LOOP, STEP_LOOP, STEP_METHOD,
+                                         file_facts, holds)
 from codemods.positions import start_positions, statement_starts
 from codemods.tree import TreeCache, walk
 from xlaport.engine import Settings, transform
@@ -90,6 +91,12 @@ def test_prefilter_facts_cover_what_the_libcst_analysis_finds():
 def test_facts(source, expected):
     loop_facts = {STEP_LOOP, LOADER_LOOP, STEP_METHOD}
     assert {f for f in file_facts(source.encode()) if f in loop_facts} == expected
+
+
+def test_output_in_loop_is_a_print_or_log_inside_a_loop():
+    assert OUTPUT_IN_LOOP in file_facts(b"for b in loader:\n    logger.info(b)\n")
+    assert OUTPUT_IN_LOOP in file_facts(b"while True:\n    if x:\n        print(x)\n")
+    assert OUTPUT_IN_LOOP not in file_facts(b"print(1)\nfor b in loader:\n    step(b)\n")
 
 
 @pytest.mark.parametrize("source, words", [

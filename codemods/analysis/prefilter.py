@@ -13,6 +13,8 @@ from one ``ast`` walk, which of the facts the loop codemods need can hold:
 * ``loader_loop`` -- a ``for`` over something named like a loader, or any
   ``for`` in a file that mentions ``DataLoader``;
 * ``step_method`` -- a class method named ``step`` or ``*_step``;
+* ``output_in_loop`` -- a loop holds a call named like a print or a log
+  (``print``, ``logger.info``, ``writer.add_scalar``);
 * ``name:X`` -- the identifier ``X`` occurs in the code (a name, an
   attribute, an import, a keyword, a parameter, a definition): exactly the
   ``Name`` nodes LibCST would show, for codemods that only look at statements
@@ -61,6 +63,11 @@ _CHILD_FIELDS: Dict[type, Tuple[str, ...]] = {}
 STEP_LOOP = "step_loop"
 LOADER_LOOP = "loader_loop"
 STEP_METHOD = "step_method"
+OUTPUT_IN_LOOP = "output_in_loop"
+# what a print or a log in a hot loop is called (codemods.prints reads these too)
+LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "critical", "log", "exception"})
+WRITER_METHODS = frozenset({"add_scalar", "add_scalars", "add_histogram", "add_image"})
+_OUTPUT_CALLS = LOG_METHODS | WRITER_METHODS | {"print"}
 IMPORTS_TORCH = "imports:torch"
 # words whose presence in code (an identifier or a string that is not a
 # docstring) the prefilter reports as ``code~WORD``
@@ -135,6 +142,8 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
             if name is not None:
                 if in_loop and not in_model:
                     loop_calls.add(name)
+                if in_loop and name in _OUTPUT_CALLS:
+                    facts.add(OUTPUT_IN_LOOP)
                 if name in _TAKES_STEP:
                     step_functions.update(funcs)
                 if funcs:
