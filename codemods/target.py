@@ -137,12 +137,14 @@ class Target:
     save_imports: Tuple[Import, ...] = (("torch_xla.core.xla_model", None, "xm"),)
     compile_backend: Optional[str] = "openxla"  # None: torch.compile(m) -> m (eager)
 
+    # a fresh copy for each use: a node object that appears twice in a tree
+    # makes the engine copy the whole tree (metadata needs unique nodes)
     def device_node(self) -> cst.BaseExpression:
-        return _parse(self.device)
+        return _parse(self.device).deep_clone()
 
     def sync_node(self) -> cst.BaseExpression:
         assert self.sync is not None
-        return _parse(self.sync)
+        return _parse(self.sync).deep_clone()
 
 
 @lru_cache(maxsize=None)

@@ -224,9 +224,12 @@ class TreeCache:
     def knows_xla(self) -> bool:
         """The original file already supports XLA: it imports torch_xla or
         tests for it (``is_torch_xla_available``, ``XLA_AVAILABLE``)."""
-        src = self.source
-        return bool(src) and any(k in src for k in (b"torch_xla", b"is_torch_xla_available", b"XLA_AVAILABLE",
-                                                    b"is_tpu_available"))
+        found = self.memo.get("knows_xla")  # (asked for each finding: searched once)
+        if found is None:
+            src = self.source
+            found = self.memo["knows_xla"] = bool(src) and any(
+                k in src for k in (b"torch_xla", b"is_torch_xla_available", b"XLA_AVAILABLE", b"is_tpu_available"))
+        return bool(found)
 
     @property
     def imports(self) -> Dict[str, str]:

@@ -289,6 +289,9 @@ def _closing(results: List[FileResult], run: Run, first_line: str, after: str, f
 @click.version_option(package_name="xlaport")
 def main() -> None:
     """Migrate CUDA PyTorch code to PyTorch/XLA, and prove the result."""
+    from xlaport.runner import tune_gc
+
+    tune_gc()
 
 
 @main.command()
