@@ -196,7 +196,7 @@ def tune_gc() -> None:
     does; a library caller's interpreter is left alone."""
     import gc
 
-    gc.set_threshold(100_000, 50, 50)
+    gc.set_threshold(50_000, 10, 10)
 
 
 def _worker_init(parent: int) -> None:
