@@ -14,7 +14,7 @@ from typing import List, Optional, Set, Tuple
 
 import libcst as cst
 
-from codemods.tree import dotted, walk
+from codemods.tree import dotted, find_all, walk
 
 NEEDED_KEY = "xlaport.needed_imports"
 UNUSED_KEY = "xlaport.unused_imports"
@@ -133,8 +133,6 @@ def _removable(unused: List[Request], tree: cst.Module) -> Optional[int]:
 
 def _in_strings(tree: cst.Module, names: Set[str]) -> bool:
     """Whether a string of the module mentions one of ``names``."""
-    from codemods.tree import find_all
-
     for node in find_all(tree, (cst.SimpleString, cst.FormattedStringText)):
         text = node.value  # type: ignore[attr-defined]
         if any(n in text for n in names):

@@ -107,7 +107,6 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
     stack: List[Tuple[ast.AST, bool, Tuple[str, ...], bool]] = [(tree, False, (), False)]
     strings: List[str] = []  # string constants, docstrings left out
     docstrings: Set[int] = set()
-    imports_torch = False
     torch_roots: Set[str] = set()  # names bound to torch or a torch module (`import torch.nn as nn`)
     torch_names: Set[str] = set()  # what is imported from torch (`from torch import load`)
     attrs_of: Dict[str, Set[str]] = {}  # name -> the attributes read along chains rooted at it
@@ -159,7 +158,6 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
         elif kind is ast.Import or kind is ast.ImportFrom:
             model_source = model_source or _imports_models(node)
             if _imports_torch(node):
-                imports_torch = True
                 for alias in node.names:  # type: ignore[attr-defined]
                     if isinstance(node, ast.ImportFrom):
                         torch_names.add(alias.name)
@@ -218,7 +216,7 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
         if any(_may_step(loop, steps, modelish) for loop in loops):
             facts.add(STEP_LOOP)
     facts.update(f"name:{n}" for n in names)
-    if imports_torch:
+    if torch_roots:  # (every import of torch binds at least one name)
         facts.add(IMPORTS_TORCH)
         # torch:X -- X is imported from torch or read as an attribute along a
         # chain rooted at a name bound to torch: only so can a name resolve
