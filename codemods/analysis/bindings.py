@@ -19,10 +19,14 @@ from typing import Dict, List, Optional, Set
 
 import libcst as cst
 
-from codemods.tree import TreeCache, children
+from codemods.tree import TreeCache, children, node_types
 
 _SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef, cst.Module)
 _COMPS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+# every node type that ``_index`` does more for than visit its children
+_BINDERS = node_types((cst.FunctionDef, cst.ClassDef, cst.Lambda) + _COMPS + (
+    cst.Assign, cst.AnnAssign, cst.AugAssign, cst.For, cst.WithItem, cst.ExceptHandler, cst.NamedExpr,
+    cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal))
 _STOP = (cst.FunctionDef, cst.Lambda, cst.ClassDef) + _COMPS
 
 
@@ -59,6 +63,9 @@ def _index(tree: TreeCache) -> Dict[int, _Scope]:
         stack = [body]
         while stack:
             n = stack.pop()
+            if type(n) not in _BINDERS:  # most nodes: only their children matter
+                stack.extend(children(n))
+                continue
             if isinstance(n, (cst.FunctionDef, cst.ClassDef)):
                 scope.bind(n.name.value, n)
                 for d in n.decorators:

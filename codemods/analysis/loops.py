@@ -33,10 +33,12 @@ from codemods.analysis.values import (
 )
 from codemods.analysis.state import _carries_model_state, _root
 from codemods.base import TreeCache, call_name, dotted, find_all
-from codemods.tree import children
+from codemods.tree import children, node_types, parent_map
 
 Loop = Union[cst.For, cst.While]
 _NESTED = (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)
+_NESTED_TYPES = node_types(_NESTED)
+_STEP_NAMES = frozenset({"backward", "step", "optimizer_step"})
 _DEFS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
 _OPTIMIZER_RE = re.compile(r"(optim|^opt$|_opt$|^opt_|scaler)", re.IGNORECASE)
@@ -163,11 +165,17 @@ def step_functions(module: cst.Module, qualnames: QualNames) -> Set[str]:
     (calls backward or an optimizer step), so that a loop calling them is a
     step loop too."""
     found: Set[str] = set()
-    for fn in find_all(module, cst.FunctionDef):
-        for call in find_all(fn.body, cst.Call, stop=_NESTED):  # type: ignore[attr-defined]
-            if is_step_call(call, set(), qualnames) and call_name(call) in {"backward", "step", "optimizer_step"}:
-                found.add(fn.name.value)  # type: ignore[attr-defined]
-                break
+    parents = parent_map(module)
+    for call in find_all(module, cst.Call):
+        if call_name(call) not in _STEP_NAMES or not is_step_call(call, set(), qualnames):  # type: ignore[arg-type]
+            continue
+        # the function whose own body holds the call: its nearest enclosing
+        # function, loop, class or lambda must be that function, via its body
+        child, cur = call, parents.get(id(call))
+        while cur is not None and type(cur) not in _NESTED_TYPES:
+            child, cur = cur, parents.get(id(cur))
+        if type(cur) is cst.FunctionDef and child is cur.body:  # type: ignore[union-attr]
+            found.add(cur.name.value)  # type: ignore[union-attr]
     return found
 
 
