@@ -25,6 +25,7 @@ from libcst._metadata_dependent import LazyValue
 from libcst.metadata import QualifiedNameProvider
 
 from codemods import imports
+from codemods.traverse import transform_module
 
 from codemods.rule import (  # noqa: F401 -- re-exported
     ALL,
@@ -181,7 +182,7 @@ class XlaCodemod(cst.CSTTransformer):
             self._region_ids = {id(n) for n in regions}
             self._keep_ids = self._tree.ancestor_ids(regions)
         try:
-            return tree.visit(self)
+            return transform_module(tree, self)
         finally:
             pending = self.context.scratch.get(UNPLACED_KEY)
             if isinstance(pending, list):  # the engine places them, with the next passes' on this tree
