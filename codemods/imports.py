@@ -83,9 +83,21 @@ def _add(needed: List[Request], tree: cst.Module) -> cst.Module:
         AddImportsVisitor.add_needed_import(ctx, module, obj, asname)
     body = list(tree.body)
     k = _head_length(tree)
+    after = body[k] if k < len(body) else None
+    stand_in = None
+    if isinstance(after, cst.BaseCompoundStatement) and not find_all(after, (cst.Import, cst.ImportFrom)):
+        # The visitor reads of the statement after the imports only that it
+        # is not an import, and may add a blank line before it: a class of
+        # 3,000 lines is visited as a `pass` with the same leading lines.
+        stand_in = cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=after.leading_lines)
+        body[k] = stand_in
     head = tree.with_changes(body=body[: k + 1], footer=())
     new_head = Codemod.transform_module(AddImportsVisitor(ctx), head)
-    return tree.with_changes(header=new_head.header, body=[*new_head.body, *body[k + 1 :]])
+    new_body = list(new_head.body)
+    if stand_in is not None:  # the statement back, with the blank line if one was added
+        lines = new_body[-1].leading_lines
+        new_body[-1] = after if len(lines) == len(after.leading_lines) else after.with_changes(leading_lines=lines)
+    return tree.with_changes(header=new_head.header, body=[*new_body, *body[k + 1 :]])
 
 
 def _removable(unused: List[Request], tree: cst.Module) -> Optional[int]:

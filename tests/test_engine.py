@@ -143,3 +143,41 @@ def test_an_import_whose_name_code_still_reads_is_kept():
     imports.drop(ctx, "tqdm", "tqdm")
     got, changed = imports.apply(ctx, cst.parse_module(source))
     assert (got.code, changed) == (source, False)
+
+
+# Import insertion on the head (with a stand-in for a large statement after
+# it) must equal LibCST's AddImportsVisitor on the whole module.
+ADDITIONS = [
+    "import os\n\n\nclass Big:\n    def f(self):\n        return os.sep\n",
+    "import os\nclass Big:\n    pass\n",  # no blank line: the visitor adds one
+    "import os\n# a comment about Big\nclass Big:\n    pass\n",
+    '"""Doc."""\n\n\ndef f():\n    import torch_xla\n    return 1\n',
+    "import os\ntry:\n    from torch_xla import runtime\nexcept ImportError:\n    pass\n",  # an import in it: no stand-in
+    "from torch_xla import runtime\nif True:\n    x = 1\n",
+    "@decorator\ndef f():\n    pass\n",
+    "",
+]
+
+
+@pytest.mark.parametrize("source", ADDITIONS)
+def test_import_insertion_on_the_head_equals_the_whole_module(source):
+    from libcst.codemod import Codemod, CodemodContext
+    from libcst.codemod.visitors import AddImportsVisitor
+
+    from codemods import imports
+    from codemods.base import Context
+
+    requests = [("torch_xla", None, None), ("torch_xla", "runtime", "xr"), ("torch_xla.core.xla_model", None, "xm")]
+    ctx = Context(scratch={})
+    for r in requests:
+        imports.need(ctx, *r)
+    tree = cst.parse_module(source)
+    got, _ = imports.apply(ctx, tree)
+    ref = CodemodContext()
+    for r in requests:
+        AddImportsVisitor.add_needed_import(ref, *r)
+    want = Codemod.transform_module(AddImportsVisitor(ref), cst.parse_module(source))
+    assert got.code == want.code
+    assert "import torch_xla" in got.code
+    if tree.body and isinstance(tree.body[-1], cst.ClassDef):  # the big statement itself is kept, not copied
+        assert got.body[-1] is tree.body[-1] or got.body[-1].body is tree.body[-1].body
