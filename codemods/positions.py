@@ -7,7 +7,7 @@ codemods record their findings first and place them all in one pass over the
 tree that records only the nodes asked for (``start_positions``).  The
 positions are the same as ``PositionProvider``'s: the same code generation,
 with the same syntactic rules (an indented block starts at its first
-statement and ends with its last); ``tests/test_positions.py``
+statement and ends with its last); ``tests/test_prefilter.py``
 compares the two on real files.
 
 Where the engine knows the module's text, not even the whole module is
@@ -81,7 +81,7 @@ Position = Tuple[int, int, int, int]
 
 def start_positions(module: cst.Module, nodes: Iterable[cst.CSTNode],
                     anchors: Optional[Dict[int, Tuple[cst.CSTNode, Tuple[str, ...], List[cst.CSTNode]]]] = None,
-                    text: Optional[str] = None) -> Dict[int, Position]:
+                    text: Optional[str] = None, starts: Optional[Dict[int, int]] = None) -> Dict[int, Position]:
     """``id(node) -> (line, column, end line, end column)`` (lines 1-based,
     columns 1-based, the end exclusive) for each of ``nodes`` in ``module``.
 
@@ -93,7 +93,8 @@ def start_positions(module: cst.Module, nodes: Iterable[cst.CSTNode],
     parse several times cheaper than generating a large module's code)."""
     nodes = list(nodes)
     if anchors is not None and text is not None:
-        starts = statement_starts(module, text)
+        if starts is None:
+            starts = statement_starts(module, text)
         if starts is not None and all(key in starts for key in anchors):
             out: Dict[int, Position] = {}
             for key, (stmt, indents, asked) in anchors.items():

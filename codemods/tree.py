@@ -395,7 +395,16 @@ class TreeCache:
                 k += 2
             anchor = chain[k]
             anchors.setdefault(id(anchor), (anchor, indents, []))[2].append(n)
-        return start_positions(self.module, nodes, anchors, self.text)
+        return start_positions(self.module, nodes, anchors, self.text, self.statement_starts())
+
+    def statement_starts(self) -> Optional[Dict[int, int]]:
+        """``positions.statement_starts`` of this tree's text (computed once),
+        or None where the text is unknown or does not line up."""
+        if "statement_starts" not in self.memo:
+            from codemods.positions import statement_starts
+
+            self.memo["statement_starts"] = None if self.text is None else statement_starts(self.module, self.text)
+        return self.memo["statement_starts"]  # type: ignore[return-value]
 
     def metadata(self, context: Any, provider: type) -> Mapping[cst.CSTNode, object]:
         found = self._metadata.get(provider)

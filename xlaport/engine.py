@@ -17,6 +17,7 @@ from codemods import registry
 from codemods.analysis.cuda import count_references
 from codemods.coverage import CATCH_ALL, COVERAGE_KEY, CudaCatchAll
 from codemods import imports
+from codemods.splice import spliced_code
 from codemods.base import (
     Context,
     FINDINGS_KEY,
@@ -145,7 +146,9 @@ def transform(source: bytes, settings: Settings, filename: str = "") -> Outcome:
         # one, the rebuilt tree equals the old one and the old tree (with its
         # metadata) is kept.
         if any(f.fix for f in new):
-            new_text = new_tree.code
+            new_text = spliced_code(tree, text, new_tree, cache.statement_starts())
+            if new_text is None:
+                new_text = new_tree.code
             if new_text != text:
                 flush(cache)
                 maps.append(line_map(text, new_text))
