@@ -128,15 +128,19 @@ def _generate(module: cst.Module, root: cst.CSTNode, nodes: List[cst.CSTNode], l
     return out
 
 
-def statement_starts(module: cst.Module, text: str) -> Optional[Dict[int, int]]:
+def statement_starts(module: cst.Module, text: str, parsed: Optional[ast.Module] = None) -> Optional[Dict[int, int]]:
     """``id(statement) -> the line its code starts on`` (its leading blank
     and comment lines included, as LibCST generates it) for the statements
     of the module and of its classes' and functions' bodies, from an
-    ``ast`` parse of ``text``; None when the two parses do not line up."""
-    try:
-        body = ast.parse(text).body
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
+    ``ast`` parse of ``text`` (``parsed``, where the caller has one); None
+    when the two parses do not line up."""
+    if parsed is not None:
+        body = parsed.body
+    else:
+        try:
+            body = ast.parse(text).body
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return None
     starts: Dict[int, int] = {}
     return starts if _align(list(module.body), body, starts) else None
 

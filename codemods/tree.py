@@ -26,7 +26,11 @@ RULE_PACKAGES = ("torch", "torch_xla", "tqdm")
 
 def string_value(node: cst.CSTNode) -> Optional[str]:
     """The value of a plain string literal, else None."""
-    if isinstance(node, cst.SimpleString):
+    if type(node) is cst.SimpleString:
+        text = node.value  # type: ignore[attr-defined]
+        quote = text[-1]
+        if text[0] == quote and "\\" not in text and "\r" not in text:  # no prefix, no escapes: as written
+            return text[3:-3] if len(text) >= 6 and text.startswith(quote * 3) else text[1:-1]
         try:
             value = node.evaluated_value
         except Exception:  # pragma: no cover - malformed literal
@@ -403,7 +407,8 @@ class TreeCache:
         if "statement_starts" not in self.memo:
             from codemods.positions import statement_starts
 
-            self.memo["statement_starts"] = None if self.text is None else statement_starts(self.module, self.text)
+            self.memo["statement_starts"] = None if self.text is None else statement_starts(
+                self.module, self.text, self.memo.get("ast"))  # type: ignore[arg-type]
         return self.memo["statement_starts"]  # type: ignore[return-value]
 
     def metadata(self, context: Any, provider: type) -> Mapping[cst.CSTNode, object]:

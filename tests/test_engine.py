@@ -181,3 +181,17 @@ def test_import_insertion_on_the_head_equals_the_whole_module(source):
     assert "import torch_xla" in got.code
     if tree.body and isinstance(tree.body[-1], cst.ClassDef):  # the big statement itself is kept, not copied
         assert got.body[-1] is tree.body[-1] or got.body[-1].body is tree.body[-1].body
+
+
+@pytest.mark.parametrize("literal", [
+    "''", "''''''", "'''a'''", '"\'"', '"""a"b"""', "'cuda'", '"cuda:0"', "'a\\nb'", "r'a\\n'", "b'x'", "u'x'",
+    "'''\r\nx'''", "'\\x63uda'", '"""\n  multi\n  line\n"""',
+])
+def test_string_value_reads_a_literal_as_python_does(literal):
+    """string_value reads unprefixed, escape-free literals as written (no
+    literal_eval): the value must still be Python's."""
+    from codemods.tree import string_value
+
+    node = cst.SimpleString(literal)
+    value = node.evaluated_value
+    assert string_value(node) == (value if isinstance(value, str) else None)

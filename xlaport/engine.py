@@ -17,6 +17,7 @@ from codemods import registry
 from codemods.analysis.cuda import count_references
 from codemods.coverage import CATCH_ALL, COVERAGE_KEY, CudaCatchAll
 from codemods import imports
+from codemods.analysis import prefilter
 from codemods.splice import spliced_code
 from codemods.base import (
     Context,
@@ -111,6 +112,8 @@ def transform(source: bytes, settings: Settings, filename: str = "") -> Outcome:
     context.scratch[UNPLACED_KEY] = unplaced
     text = original_text
     context.scratch[TREE_KEY] = TreeCache(tree, source, original_text)
+    # the prefilter's ``ast`` parse of this same source, for statement lines
+    context.scratch[TREE_KEY].memo["ast"] = prefilter.parsed(source)
 
     def flush(cache: TreeCache) -> None:
         """Place the findings on the current tree (one position pass for

@@ -84,13 +84,26 @@ def _last_name(node: ast.AST) -> Optional[str]:
     return None
 
 
+# the last source parsed here and its tree: the engine reads statement lines
+# from it (``parsed``) rather than parse the same file with ``ast`` again
+_LAST: Tuple[bytes, Optional[ast.Module]] = (b"", None)
+
+
+def parsed(source: bytes) -> Optional[ast.Module]:
+    """The ``ast`` tree of ``source`` if it was the last file read here."""
+    last, tree = _LAST
+    return tree if last is source else None
+
+
 def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
     """The facts that can hold for ``source``; None when ``ast`` cannot read
     it (then nothing is filtered and LibCST reports the problem)."""
+    global _LAST
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
+    _LAST = (source, tree)
     facts: Set[str] = set()
     names: Set[str] = set()
     loop_calls: Set[str] = set()  # names called anywhere inside a loop
