@@ -92,14 +92,19 @@ def selected_codes(select: Optional[Sequence[str]], ignore: Sequence[str]) -> Li
 
 
 def applicable(source: bytes, codes: Sequence[str], options: Optional[Mapping[str, object]] = None,
-               prefilter: bool = True) -> List[CodemodInfo]:
+               prefilter: bool = True, triggered: Optional[Sequence[CodemodInfo]] = None) -> List[CodemodInfo]:
     """The codemods worth parsing the file for: enabled, triggered by its
-    bytes and, for those with ``NEEDS``, by the ``ast`` prefilter's facts."""
+    bytes and, for those with ``NEEDS``, by the ``ast`` prefilter's facts.
+    ``triggered``: what an earlier call found triggered by these bytes (for
+    these codes or more), so that they are not scanned again."""
     wanted = set(codes)
-    found = [
-        c for c in CODEMODS
-        if any(r.code in wanted for r in c.rules) and any(t in source for t in c.triggers)
-    ]
+    if triggered is not None:
+        found = [c for c in triggered if any(r.code in wanted for r in c.rules)]
+    else:
+        found = [
+            c for c in CODEMODS
+            if any(r.code in wanted for r in c.rules) and any(t in source for t in c.triggers)
+        ]
     if not prefilter or not any(c.needs for c in found):
         return found
     from codemods.analysis.prefilter import file_facts

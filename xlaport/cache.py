@@ -118,8 +118,15 @@ def encode(output: Optional[bytes], original: bytes, findings: List[Finding], pr
     }
 
 
+# the entry of a file that no enabled codemod can concern (``runner._work``'s None)
+NOTHING: Dict[str, object] = {"nothing": True}
+
+
 def decode(entry: Dict[str, object], original: bytes, path: str):
-    """``(output, findings, problem, cuda)`` as ``runner._work`` returns them."""
+    """``(output, findings, problem, cuda)`` as ``runner._work`` returns
+    them, or None for a file with nothing to look at."""
+    if entry.get("nothing"):
+        return None
     out: Optional[bytes]
     if entry.get("same"):
         out = original

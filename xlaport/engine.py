@@ -57,9 +57,11 @@ class Outcome:
         return self.code != original
 
 
-def applicable(source: bytes, settings: Settings, codes: Sequence[str]) -> List[type]:
+def applicable(source: bytes, settings: Settings, codes: Sequence[str],
+               triggered: Optional[Sequence[registry.CodemodInfo]] = None) -> List[type]:
     """The codemods worth parsing the file for: enabled, and triggered."""
-    return [info.load() for info in registry.applicable(source, codes, settings.options, settings.prefilter)]
+    return [info.load() for info in registry.applicable(source, codes, settings.options, settings.prefilter,
+                                                        triggered)]
 
 
 def parse(source: bytes) -> cst.Module:
@@ -87,11 +89,14 @@ def _text_of(source: bytes, tree: cst.Module) -> str:
         return tree.code
 
 
-def transform(source: bytes, settings: Settings, filename: str = "") -> Outcome:
-    """Convert one source text. Raises SourceError for code it cannot parse."""
+def transform(source: bytes, settings: Settings, filename: str = "",
+              triggered: Optional[Sequence[registry.CodemodInfo]] = None) -> Outcome:
+    """Convert one source text. Raises SourceError for code it cannot parse.
+    ``triggered``: ``registry.applicable(source, ..., prefilter=False)`` for
+    ``settings``' codes, where the caller has it."""
     settings = settings.for_file(filename, source)
     codes = settings.selected_codes()
-    codemods = applicable(source, settings, codes)
+    codemods = applicable(source, settings, codes, triggered)
     if not codemods:
         return Outcome(source, [])
     tree = parse(source)

@@ -9,11 +9,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from codemods import registry
 from codemods.rule import Finding
-from xlaport.cache import Cache, decode, encode
+from xlaport.cache import NOTHING, Cache, decode, encode
 from xlaport.files import Entry, FileProblem, read_bytes
 from xlaport.settings import Settings
 
@@ -58,26 +58,35 @@ class FileResult:
         )
 
 
-def _convert_bytes(path: str, data: bytes, settings: Settings) -> Tuple[bytes, List[Finding], List[str], Tuple[int, int]]:
+def _convert_bytes(path: str, data: bytes, settings: Settings,
+                   triggered: List[registry.CodemodInfo]) -> Tuple[bytes, List[Finding], List[str], Tuple[int, int]]:
     if path.endswith(".ipynb"):
         from xlaport.notebook import transform_notebook
 
         return transform_notebook(data, settings, path)
     from xlaport.engine import transform  # LibCST: only for files that need it
 
-    outcome = transform(data, settings, path)
+    outcome = transform(data, settings, path, triggered)
     return outcome.code, outcome.findings, [], outcome.cuda
 
 
 Problem = Optional[Tuple[str, Optional[int], Optional[int]]]
 
 
-def _work(args: Tuple[str, bytes, Settings]) -> Tuple[Optional[bytes], List[Finding], Problem, Tuple[int, int]]:
+Outcome = Tuple[Optional[bytes], List[Finding], Problem, Tuple[int, int]]
+
+
+def _work(args: Tuple[str, bytes, Settings]) -> Optional[Outcome]:
+    """One file's outcome; None when no enabled codemod can concern it (a
+    test of its bytes, before LibCST is even imported)."""
     path, data, settings = args
+    triggered = _triggered(data, settings)
+    if not triggered:
+        return None
     from xlaport.engine import SourceError
 
     try:
-        out, findings, problems, cuda = _convert_bytes(path, data, settings)
+        out, findings, problems, cuda = _convert_bytes(path, data, settings, triggered)
     except SourceError as exc:
         return None, [], (exc.message, exc.line, exc.col), (0, 0)
     except RecursionError:
@@ -91,10 +100,10 @@ def _work(args: Tuple[str, bytes, Settings]) -> Tuple[Optional[bytes], List[Find
     return out, findings, None, cuda
 
 
-def _needs_parse(data: bytes, settings: Settings) -> bool:
-    """Cheap: does the file mention anything an enabled codemod looks for?
-    (The exact ``ast`` prefilter runs in the worker, with the parse.)"""
-    return bool(registry.applicable(data, settings.selected_codes(), settings.options, prefilter=False))
+def _triggered(data: bytes, settings: Settings) -> List[registry.CodemodInfo]:
+    """Cheap: the enabled codemods whose trigger words the file contains.
+    (The exact ``ast`` prefilter runs next, with the parse.)"""
+    return registry.applicable(data, settings.selected_codes(), settings.options, prefilter=False)
 
 
 def process(entries: Sequence[Entry], settings: Settings, jobs: int = 0, cache: Optional[Cache] = None,
@@ -121,20 +130,26 @@ def process(entries: Sequence[Entry], settings: Settings, jobs: int = 0, cache: 
             hit = cache.get(key)
             if hit is not None:
                 try:
-                    _fill(result, decode(hit, data, str(entry.path)))
+                    outcome = decode(hit, data, str(entry.path))
+                    if outcome is not None:
+                        _fill(result, outcome)
                     continue
                 except (KeyError, TypeError, ValueError):
                     pass  # an entry of another shape: a miss
-        if not (data.strip() and _needs_parse(data, settings)) or settings.lines_for(str(entry.path)) == frozenset():
+        if not data.strip() or settings.lines_for(str(entry.path)) == frozenset():
             continue  # (nothing to look at, or --diff-base and the file did not change)
+        # (whether any codemod can concern it is decided with the work, in
+        # the workers: a scan of every file's bytes for every trigger word
+        # would keep them waiting)
         work.append((result, (str(entry.path), data, settings), key))
     if progress is not None:
         progress(len(results) - len(work))
     outcomes = _run([job for _, job, _ in work], jobs, progress)
     for (result, job, key), outcome in zip(work, outcomes):
-        _fill(result, outcome)
+        if outcome is not None:
+            _fill(result, outcome)
         if cache is not None:
-            cache.put(key, encode(outcome[0], job[1], *outcome[1:]))
+            cache.put(key, NOTHING if outcome is None else encode(outcome[0], job[1], *outcome[1:]))
     return results
 
 
@@ -150,10 +165,10 @@ def _fill(result: FileResult, outcome) -> None:
         result.partial = out is not None
 
 
-def _run(jobs_in: List[Tuple[str, bytes, Settings]], jobs: int, progress) -> Iterator:
-    """``_work`` over every job, in order: in this process, or in worker
-    processes that ignore Ctrl-C (the parent handles it: it stops them at
-    once) and exit by themselves if the parent dies."""
+def _run(jobs_in: List[Tuple[str, bytes, Settings]], jobs: int, progress) -> Iterator[Optional[Outcome]]:
+    """``_work`` over every job, its outcomes in order: in this process, or
+    in worker processes that ignore Ctrl-C (the parent handles it: it stops
+    them at once) and exit by themselves if the parent dies."""
     jobs = jobs or os.cpu_count() or 1
     if jobs <= 1 or len(jobs_in) <= 4:
         for job in jobs_in:
@@ -161,23 +176,42 @@ def _run(jobs_in: List[Tuple[str, bytes, Settings]], jobs: int, progress) -> Ite
             if progress is not None:
                 progress(1)
         return
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     pool = ProcessPoolExecutor(max_workers=min(jobs, len(jobs_in)), initializer=_worker_init,
                                initargs=(os.getpid(),))
     try:
-        # small chunks: an interrupted run stops within one chunk, and
-        # progress moves steadily
-        chunk = max(1, min(8, len(jobs_in) // (jobs * 16)))
-        for outcome in pool.map(_work, jobs_in, chunksize=chunk):
-            yield outcome
-            if progress is not None:
-                progress(1)
+        # Largest files first, in small chunks: the run does not end waiting
+        # on one worker's large file, an interrupted run stops within one
+        # chunk, and progress moves steadily.  Outcomes are given back in
+        # the order of the jobs.
+        order = sorted(range(len(jobs_in)), key=lambda i: -len(jobs_in[i][1]))
+        size = max(1, min(8, len(jobs_in) // (jobs * 16)))
+        pending = {}
+        for k in range(0, len(order), size):
+            chunk = order[k:k + size]
+            pending[pool.submit(_work_chunk, [jobs_in[i] for i in chunk])] = chunk
+        done: Dict[int, Optional[Outcome]] = {}
+        next_out = 0
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                for i, outcome in zip(pending.pop(future), future.result()):
+                    done[i] = outcome
+                    if progress is not None:
+                        progress(1)
+            while next_out in done:
+                yield done.pop(next_out)
+                next_out += 1
     except BaseException:
         _kill_workers(pool)
         pool.shutdown(wait=False, cancel_futures=True)  # waiting on killed workers can hang
         raise
     pool.shutdown(wait=True)
+
+
+def _work_chunk(chunk: List[Tuple[str, bytes, Settings]]) -> List[Optional[Outcome]]:
+    return [_work(job) for job in chunk]
 
 
 def _kill_workers(pool) -> None:
@@ -202,12 +236,14 @@ def tune_gc() -> None:
 def _worker_init(parent: int) -> None:
     """In each worker: leave Ctrl-C to the parent, and exit when the parent
     is gone whatever killed it (a SIGKILLed parent runs no clean-up)."""
+    import importlib
     import signal
     import threading
     import time
 
     tune_gc()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    importlib.import_module("xlaport.engine")  # now, while the parent is still submitting the work
 
     def watch() -> None:
         while os.getppid() == parent:
