@@ -10,7 +10,7 @@ apply, so a run that rewrites nothing never pays for it.
 
 from __future__ import annotations
 
-from typing import List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
@@ -74,30 +74,83 @@ def _add(needed: List[Request], tree: cst.Module) -> cst.Module:
     """Run LibCST's AddImportsVisitor on the only part of the module it reads
     and writes -- the docstring and the block of imports at the top, plus one
     statement -- and put the rest of the body back untouched.  Running it on a
-    4,000-line module would rebuild every node of it to change two lines."""
+    4,000-line module would rebuild every node of it to change two lines.
+
+    Within that part, what the visitor cannot act on is shown to it as a
+    stand-in of the same shape (see ``_stand_in``) and put back afterwards:
+    most of a large module's head is long lists of names imported from
+    other modules."""
     from libcst.codemod import Codemod, CodemodContext
     from libcst.codemod.visitors import AddImportsVisitor
 
     ctx = CodemodContext()
     for module, obj, asname in needed:
         AddImportsVisitor.add_needed_import(ctx, module, obj, asname)
+    roots = {module.split(".")[0] for module, _, _ in needed}
     body = list(tree.body)
     k = _head_length(tree)
-    after = body[k] if k < len(body) else None
-    stand_in = None
-    if isinstance(after, cst.BaseCompoundStatement) and not find_all(after, (cst.Import, cst.ImportFrom)):
-        # The visitor reads of the statement after the imports only that it
-        # is not an import, and may add a blank line before it: a class of
-        # 3,000 lines is visited as a `pass` with the same leading lines.
-        stand_in = cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=after.leading_lines)
-        body[k] = stand_in
+    originals: Dict[str, cst.CSTNode] = {}
+    for i, stmt in enumerate(body[: k + 1]):
+        stand_in = _stand_in(stmt, roots, len(originals), i == k)
+        if stand_in is not None:
+            originals[stand_in[0]] = stmt
+            body[i] = stand_in[1]
     head = tree.with_changes(body=body[: k + 1], footer=())
     new_head = Codemod.transform_module(AddImportsVisitor(ctx), head)
-    new_body = list(new_head.body)
-    if stand_in is not None:  # the statement back, with the blank line if one was added
-        lines = new_body[-1].leading_lines
-        new_body[-1] = after if len(lines) == len(after.leading_lines) else after.with_changes(leading_lines=lines)
+    new_body = [_original(stmt, originals) for stmt in new_head.body]
     return tree.with_changes(header=new_head.header, body=[*new_body, *body[k + 1 :]])
+
+
+_STAND_IN = "__xlaport_stand_in_"
+
+
+def _stand_in(stmt: cst.CSTNode, roots: Set[str], n: int, last: bool) -> Optional[Tuple[str, cst.CSTNode]]:
+    """A small statement that the visitor treats as it would ``stmt``, or
+    None to show it ``stmt`` itself.  The visitor reads the import lines at
+    the top (one import per line continues the block), acts only on imports
+    of the modules asked for (relative ones it cannot resolve without a
+    package name, which it is not given), and may add a blank line before
+    the first statement after them.  So an import of another module stands
+    in as another plain import, and a compound statement after the imports
+    (a 3,000-line class) as ``pass`` -- each with the same leading lines."""
+    if isinstance(stmt, cst.SimpleStatementLine):
+        if last or len(stmt.body) != 1 or _mentions(stmt.body[0], roots):
+            return None
+        name = f"{_STAND_IN}{n}"
+        small: cst.BaseSmallStatement = cst.Import(names=[cst.ImportAlias(name=cst.Name(name))])
+    elif last and isinstance(stmt, cst.BaseCompoundStatement) and not find_all(stmt, (cst.Import, cst.ImportFrom)):
+        name = f"{_STAND_IN}{n}"
+        small = cst.Expr(cst.Name(name))
+    else:
+        return None
+    return name, cst.SimpleStatementLine(body=[small], leading_lines=stmt.leading_lines)  # type: ignore[attr-defined]
+
+
+def _mentions(small: cst.CSTNode, roots: Set[str]) -> bool:
+    """An import the visitor may act on: of (a module of) a package asked
+    for; anything but an absolute import counts, to be safe."""
+    if isinstance(small, cst.Import):
+        return any((dotted(a.name) or "").split(".")[0] in roots for a in small.names)
+    if isinstance(small, cst.ImportFrom):
+        if small.relative or small.module is None:
+            return False
+        root = (dotted(small.module) or "").split(".")[0]
+        return root in roots or root in ("", "__future__")
+    return True
+
+
+def _original(stmt: cst.CSTNode, originals: Dict[str, cst.CSTNode]) -> cst.CSTNode:
+    """The statement a stand-in stood for, with a blank line the visitor added."""
+    if not originals or not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return stmt
+    small = stmt.body[0]
+    name = small.value if isinstance(small, cst.Expr) else (
+        small.names[0].name if isinstance(small, cst.Import) and len(small.names) == 1 else None)
+    original = originals.get(name.value) if isinstance(name, cst.Name) else None
+    if original is None:
+        return stmt
+    lines = stmt.leading_lines
+    return original if len(lines) == len(original.leading_lines) else original.with_changes(leading_lines=lines)  # type: ignore[attr-defined]
 
 
 def _removable(unused: List[Request], tree: cst.Module) -> Optional[int]:

@@ -156,6 +156,14 @@ ADDITIONS = [
     "from torch_xla import runtime\nif True:\n    x = 1\n",
     "@decorator\ndef f():\n    pass\n",
     "",
+    # a long head: imports of other modules stand in as small ones
+    '"""Doc."""\nfrom __future__ import annotations\n\nimport os, sys\nimport torch\n# about utils\n'
+    "from ...utils import (\n    a,\n    b,\n)\nfrom . import c\nimport numpy as np\n\n\nclass Big:\n    x = os.sep\n",
+    # imports of the package asked for are shown as they are
+    "import torch\nimport torch_xla\nfrom torch_xla import runtime as xr\nimport torch_xla.core.xla_model as xm\n"
+    "from ..x import y\nlogger = get_logger()\n",
+    "from torch_xla import other\nfrom os import path\nimport a; import b\nimport c\n\nx = 1\n",
+    "import os\nimport sys  # trailing\n\n\n\ndef main():\n    pass\n",
 ]
 
 
