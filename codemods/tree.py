@@ -9,6 +9,7 @@ analyses' memo).
 from __future__ import annotations
 
 import dataclasses
+from bisect import bisect_left
 import re
 import weakref
 from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Set, Tuple, Union
@@ -161,6 +162,9 @@ def find_all(node: cst.CSTNode, kind: Union[type, Tuple[type, ...]], stop: Tuple
         tree = _TREES.get(id(node))
         if tree is not None and tree.module is node and tree._parents is not None:
             return tree.in_walk_order(wanted)  # the type index: no walk
+    for tree in list(_TREES.values()):  # a node of an indexed tree: its subtree is a run of the index
+        if tree._parents is not None and id(node) in tree._order:
+            return tree.find_in(node, wanted, node_types(stop) if stop else frozenset())
     return [n for n in walk(node, stop) if type(n) in wanted]
 
 
@@ -198,6 +202,9 @@ class TreeCache:
         self._parents: Optional[Dict[int, cst.CSTNode]] = None
         self._by_type: Dict[type, List[cst.CSTNode]] = {}
         self._order: Dict[int, int] = {}  # id(node) -> its place in walk() order
+        self._seq: List[cst.CSTNode] = []  # the nodes in walk() order
+        self._ends: Optional[List[int]] = None  # place in walk() order -> where its subtree ends
+        self._orders_of: Dict[type, List[int]] = {}  # node type -> the places of its nodes, ascending
         _TREES[id(module)] = self
         self._light_calls = 0
         self._positions: Dict[int, Tuple[int, int, int, int]] = {}
@@ -213,6 +220,7 @@ class TreeCache:
             nodes = _NODE_TYPES
             by_type = self._by_type
             order = self._order
+            seq = self._seq
             stack: List[cst.CSTNode] = [self.module]
             while stack:
                 n = stack.pop()
@@ -222,6 +230,7 @@ class TreeCache:
                     bucket = by_type[kind] = []
                 bucket.append(n)
                 order[id(n)] = len(order)
+                seq.append(n)
                 for name in _child_fields(kind):
                     value = getattr(n, name)
                     vkind = type(value)
@@ -331,6 +340,62 @@ class TreeCache:
             return list(lists[0])
         order = self._order
         return sorted((n for part in lists for n in part), key=lambda n: order[id(n)])
+
+    def find_in(self, node: cst.CSTNode, wanted: FrozenSet[type], stops: FrozenSet[type]) -> List[cst.CSTNode]:
+        """``find_all(node, ...)`` for a node of this tree, from the index:
+        :func:`walk` is depth-first, so a subtree is one run of walk order
+        (and a walk from ``node`` meets its nodes in the same order)."""
+        start = self._order[id(node)]
+        ends = self._subtree_ends()
+        end = ends[start]
+        found: List[Tuple[int, cst.CSTNode]] = []
+        for kind in wanted:
+            places = self._places(kind)
+            i, j = bisect_left(places, start), bisect_left(places, end)
+            if i < j:
+                found.extend(zip(places[i:j], self._by_type[kind][i:j]))
+        if stops and found:
+            cuts: List[Tuple[int, int]] = []  # what lies below a stop node (the stop node itself counts)
+            for kind in stops:
+                places = self._places(kind)
+                cuts.extend((p, ends[p]) for p in places[bisect_left(places, start + 1):bisect_left(places, end)])
+            if cuts:
+                cuts.sort()
+                merged: List[Tuple[int, int]] = []
+                for a, b in cuts:
+                    if merged and a < merged[-1][1]:
+                        merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+                    else:
+                        merged.append((a, b))
+                firsts = [a for a, _ in merged]
+                kept = []
+                for place, n in found:
+                    k = bisect_left(firsts, place) - 1  # the last cut starting before place
+                    if k < 0 or place >= merged[k][1]:
+                        kept.append((place, n))
+                found = kept
+        if len(wanted) > 1:
+            found.sort(key=lambda pair: pair[0])
+        return [n for _, n in found]
+
+    def _places(self, kind: type) -> List[int]:
+        places = self._orders_of.get(kind)
+        if places is None:
+            order = self._order
+            places = self._orders_of[kind] = [order[id(n)] for n in self._by_type.get(kind, ())]
+        return places
+
+    def _subtree_ends(self) -> List[int]:
+        """For each place in walk order, where the subtree there ends."""
+        if self._ends is None:
+            parents, order, seq = self.parents, self._order, self._seq
+            ends = list(range(1, len(seq) + 1))
+            for place in range(len(seq) - 1, 0, -1):  # children come after their parent
+                up = order[id(parents[id(seq[place])])]
+                if ends[place] > ends[up]:
+                    ends[up] = ends[place]
+            self._ends = ends
+        return self._ends
 
     def nodes(self, kinds: Tuple[type, ...]) -> List[cst.CSTNode]:
         """Every node of the module of one of ``kinds`` (exact types), from an

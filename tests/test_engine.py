@@ -203,3 +203,32 @@ def test_string_value_reads_a_literal_as_python_does(literal):
     node = cst.SimpleString(literal)
     value = node.evaluated_value
     assert string_value(node) == (value if isinstance(value, str) else None)
+
+
+def test_find_all_from_the_index_equals_a_walk():
+    """find_all below a node of an indexed tree answers from the type index
+    (a subtree is one run of walk order): the same nodes, in the same order,
+    as walking the subtree, with and without stop types."""
+    import importlib.util
+    import random
+    from pathlib import Path
+
+    from codemods.tree import find_all, node_types, walk
+
+    sources = [(Path(__file__).parent.parent / "fixtures" / "train_mlp" / "input.py").read_text()]
+    spec = importlib.util.find_spec("diffusers")
+    if spec is not None and spec.origin:
+        sources.append((Path(spec.origin).parent / "pipelines/stable_diffusion/pipeline_stable_diffusion.py").read_text())
+    kinds = [cst.Call, cst.Name, (cst.For, cst.While), (cst.Call, cst.Attribute), cst.FunctionDef]
+    stops = [(), (cst.FunctionDef, cst.ClassDef), (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda),
+             (cst.Call,)]
+    rng = random.Random(7)
+    for source in sources:
+        module = cst.parse_module(source)
+        tree = TreeCache(module)
+        tree.parents  # builds the index
+        for _ in range(300):
+            node, kind, stop = rng.choice(tree._seq), rng.choice(kinds), rng.choice(stops)
+            expected = [n for n in walk(node, stop) if type(n) in node_types(kind)]
+            got = find_all(node, kind, stop)
+            assert [id(n) for n in got] == [id(n) for n in expected], (type(node).__name__, kind, stop)
