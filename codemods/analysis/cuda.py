@@ -87,14 +87,25 @@ def cuda_references(tree: TreeCache, qualnames: QualNames) -> List[Tuple[cst.CST
     if source and not any(m in source for m in (b"cuda", b"nccl", b"pin_memory", b"map_location", b"device_ids",
                                                 b"output_device", b"GradScaler", b"spawn")):
         return found
+    # Names and attribute chains count as a whole chain, one that names one
+    # of the words: found from the few names that hold a word, climbing to
+    # the head of their chain (rather than a look at every chain)
+    heads: Set[int] = set()
+    for name in tree.in_walk_order((cst.Name,)):
+        value = name.value  # type: ignore[attr-defined]
+        if "cuda" in value or "cudnn" in value or "GradScaler" in value or "spawn" in value:
+            head, up = name, parents.get(id(name))
+            while type(up) is cst.Attribute and (up.value is head or up.attr is head):  # type: ignore[union-attr]
+                head, up = up, parents.get(id(up))
+            heads.add(id(head))
     for n in tree.in_walk_order(node_types(_REFERENCE_NODES)):  # the type index: no walk
         kind = type(n)  # (exact types: LibCST's node classes are ABCs, slow in isinstance)
         if kind is cst.Attribute or kind is cst.Name:
+            if id(n) not in heads:
+                continue
             parent = parents.get(id(n))
-            if isinstance(parent, cst.Attribute) and (parent.value is n or parent.attr is n):
-                continue  # only the whole chain counts
             text = dotted(n)
-            if not (text and ("cuda" in text or "cudnn" in text or "GradScaler" in text or "spawn" in text)):
+            if not text:
                 continue
             if not (isinstance(parent, (cst.ImportAlias, cst.ImportFrom)) or _in_import(n, parents)):
                 q = qualnames(n)
