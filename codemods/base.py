@@ -193,12 +193,7 @@ class XlaCodemod(cst.CSTTransformer):
 
     def _place_findings(self) -> None:
         """Give the findings recorded in this pass their lines, all at once."""
-        if not self._unplaced:
-            return
-        starts = self.tree.start_positions([node for _, node in self._unplaced])
-        for finding, node in self._unplaced:
-            finding.line, finding.col, finding.end_line, finding.end_col = starts.get(id(node), (1, 1, 0, 0))
-        self._unplaced = []
+        place(self.tree, self._unplaced)
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if self._region_ids is not None and self._in_region is None:
@@ -332,6 +327,17 @@ if "libcst.codemod" in sys.modules:
     sys.modules["libcst.codemod"].CodemodCommand.register(XlaCodemod)
 
 
+def place(tree: TreeCache, unplaced: List[Tuple[Finding, cst.CSTNode]]) -> None:
+    """Give findings recorded on nodes of ``tree`` their positions, in one
+    position pass, and empty ``unplaced``."""
+    if not unplaced:
+        return
+    starts = tree.start_positions([node for _, node in unplaced])
+    for finding, node in unplaced:
+        finding.line, finding.col, finding.end_line, finding.end_col = starts.get(id(node), (1, 1, 0, 0))
+    unplaced.clear()
+
+
 def tree_cache(context: Any, module: cst.Module) -> TreeCache:
     """The cache for ``module`` kept in the context, made if missing or stale."""
     cache = context.scratch.get(TREE_KEY)
@@ -349,6 +355,6 @@ def statement(expr: cst.BaseExpression) -> cst.SimpleStatementLine:
 __all__ = [
     "ALL", "Context", "FILE_SUPPRESS_RE", "FINDINGS_KEY", "ORIGINAL_LINE_KEY", "OPTIONS_KEY", "USED_SUPPRESSIONS_KEY", "SELECT_KEY", "SOURCE_KEY", "TARGET_KEY", "TREE_KEY", "UNPLACED_KEY", "RULE_PACKAGES", "Finding",
     "Rule", "TreeCache", "XlaCodemod", "call_name", "code_matches", "dotted", "file_suppressions", "find_all",
-    "parse_suppressions",
+    "parse_suppressions", "place",
     "statement", "string_value", "tree_cache", "unique", "walk",
 ]

@@ -31,6 +31,7 @@ from codemods.base import (
     UNPLACED_KEY,
     Finding,
     TreeCache,
+    place,
     unique,
 )
 from xlaport.settings import Settings  # noqa: F401 -- re-exported
@@ -123,11 +124,7 @@ def transform(source: bytes, settings: Settings, filename: str = "",
     def flush(cache: TreeCache) -> None:
         """Place the findings on the current tree (one position pass for
         all the codemods that ran on it) and map them to the user's lines."""
-        if unplaced:
-            starts = cache.start_positions([node for _, node in unplaced])
-            for f, node in unplaced:
-                f.line, f.col, f.end_line, f.end_col = starts.get(id(node), (1, 1, 0, 0))
-            unplaced.clear()
+        place(cache, unplaced)
         for f in on_tree:
             for back in reversed(maps):
                 f.line = back(f.line)
