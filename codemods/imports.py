@@ -113,13 +113,12 @@ def _stand_in(stmt: cst.CSTNode, roots: Set[str], n: int, last: bool) -> Optiona
     the first statement after them.  So an import of another module stands
     in as another plain import, and a compound statement after the imports
     (a 3,000-line class) as ``pass`` -- each with the same leading lines."""
+    name = f"{_STAND_IN}{n}"
     if isinstance(stmt, cst.SimpleStatementLine):
         if last or len(stmt.body) != 1 or _mentions(stmt.body[0], roots):
             return None
-        name = f"{_STAND_IN}{n}"
         small: cst.BaseSmallStatement = cst.Import(names=[cst.ImportAlias(name=cst.Name(name))])
     elif last and isinstance(stmt, cst.BaseCompoundStatement) and not find_all(stmt, (cst.Import, cst.ImportFrom)):
-        name = f"{_STAND_IN}{n}"
         small = cst.Expr(cst.Name(name))
     else:
         return None

@@ -158,11 +158,7 @@ def find_all(node: cst.CSTNode, kind: Union[type, Tuple[type, ...]], stop: Tuple
     Does not descend into nodes of the ``stop`` types (other than ``node``).
     """
     wanted = node_types(kind)
-    if not stop and type(node) is cst.Module:
-        tree = _TREES.get(id(node))
-        if tree is not None and tree.module is node and tree._parents is not None:
-            return tree.in_walk_order(wanted)  # the type index: no walk
-    for tree in list(_TREES.values()):  # a node of an indexed tree: its subtree is a run of the index
+    for tree in list(_TREES.values()):  # a node of an indexed tree: the type index answers, no walk
         if tree._parents is not None and id(node) in tree._order:
             return tree.find_in(node, wanted, node_types(stop) if stop else frozenset())
     return [n for n in walk(node, stop) if type(n) in wanted]
@@ -346,6 +342,8 @@ class TreeCache:
         :func:`walk` is depth-first, so a subtree is one run of walk order
         (and a walk from ``node`` meets its nodes in the same order)."""
         start = self._order[id(node)]
+        if start == 0 and not stops:
+            return self.in_walk_order(wanted)  # the whole module
         ends = self._subtree_ends()
         end = ends[start]
         found: List[Tuple[int, cst.CSTNode]] = []
