@@ -304,6 +304,10 @@ class XlaCodemod(cst.CSTTransformer):
         nearly always -- and from LibCST's ``QualifiedNameProvider`` (full
         scope analysis, about a second per thousand lines) otherwise."""
         quick = self.tree.import_qualnames(node)
+        if quick is None:  # the root is also bound some other way: by scope
+            from codemods.analysis.bindings import import_qualnames  # (the analysis imports this module)
+
+            quick = import_qualnames(self.tree, node)
         if quick is not None:
             return quick
         return {q.name for q in self.meta(QualifiedNameProvider, node, ())}  # type: ignore[attr-defined, union-attr]

@@ -238,6 +238,13 @@ class TreeCache:
             self._parents = parents
         return self._parents
 
+    def nodes_unique(self) -> bool:
+        """No node object appears twice in the tree (what ``unique``
+        checks), found while indexing it: a node met twice is numbered
+        once."""
+        self.parents
+        return len(self._order) == len(self._seq)
+
     @property
     def knows_xla(self) -> bool:
         """The original file already supports XLA: it imports torch_xla or

@@ -221,3 +221,14 @@ def test_find_all_from_the_index_equals_a_walk():
             expected = [n for n in walk(node, stop) if type(n) in node_types(kind)]
             got = find_all(node, kind, stop)
             assert [id(n) for n in got] == [id(n) for n in expected], (type(node).__name__, kind, stop)
+
+
+def test_a_tree_sharing_a_node_is_found_while_indexing():
+    module = cst.parse_module("a = f(1)\nb = g(2)\n")
+    assert TreeCache(module).nodes_unique()
+    shared = cst.Name("x")
+    twice = module.with_changes(body=[s.with_changes(body=[s.body[0].with_changes(value=shared)])
+                                      for s in module.body])
+    assert twice.code == "a = x\nb = x\n"
+    assert not TreeCache(twice).nodes_unique()
+    assert TreeCache(twice.deep_clone()).nodes_unique()

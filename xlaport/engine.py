@@ -32,7 +32,6 @@ from codemods.base import (
     Finding,
     TreeCache,
     place,
-    unique,
 )
 from xlaport.settings import Settings  # noqa: F401 -- re-exported
 from xlaport.linemap import line_map
@@ -158,8 +157,12 @@ def transform(source: bytes, settings: Settings, filename: str = "",
                 flush(cache)
                 maps.append(line_map(text, new_text))
                 text = new_text
-                tree = unique(new_tree)
-                context.scratch[TREE_KEY] = TreeCache(tree, source, text)
+                tree = new_tree
+                rewritten = TreeCache(tree, source, text)
+                if not rewritten.nodes_unique():  # (metadata needs every node once)
+                    tree = new_tree.deep_clone()
+                    rewritten = TreeCache(tree, source, text)
+                context.scratch[TREE_KEY] = rewritten
     flush(context.scratch[TREE_KEY])  # type: ignore[arg-type]
     # the text of the last rewritten tree is at hand; code is generated again
     # only when imports were added or removed after it

@@ -15,11 +15,12 @@ with ``ScopeProvider`` on real modules.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from codemods.tree import TreeCache, children, node_types
+from codemods.traverse import fields
+from codemods.tree import TreeCache, children, dotted, node_types
 
 _SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef, cst.Module)
 _COMPS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
@@ -181,33 +182,32 @@ def _walrus_scope(scope: _Scope) -> _Scope:
 
 def binding_nodes(tree: TreeCache, name: cst.Name) -> List[cst.CSTNode]:
     """The nodes that bind ``name`` where it is used (see the module doc)."""
+    return _resolve(tree, name)[1]
+
+
+def _resolve(tree: TreeCache, name: cst.Name) -> Tuple[Optional[_Scope], List[cst.CSTNode]]:
+    """The scope whose bindings of ``name`` it reads, and those bindings."""
+    return _resolve_from(tree, _own_scope(tree, name), name.value)
+
+
+def _resolve_from(tree: TreeCache, start: _Scope, value: str) -> Tuple[Optional[_Scope], List[cst.CSTNode]]:
+    """Where a name read in ``start`` is bound, looking outward."""
     scopes = _index(tree)
-    parents = tree.parents
-    cur: Optional[cst.CSTNode] = parents.get(id(name))
-    child: cst.CSTNode = name
-    scope: Optional[_Scope] = None
-    while cur is not None:
-        if id(cur) in scopes and _inside_scope_body(cur, child):
-            scope = scopes[id(cur)]
-            break
-        child, cur = cur, parents.get(id(cur))
-    if scope is None:
-        scope = scopes[id(tree.module)]
+    scope: Optional[_Scope] = start
     first = True
-    value = name.value
     while scope is not None:
         if value in scope.globals:
             scope = scopes[id(tree.module)]
-            return list(scope.names.get(value, ()))
+            return scope, list(scope.names.get(value, ()))
         if value in scope.nonlocals:
             scope = scope.parent
             continue
         skip = isinstance(scope.node, cst.ClassDef) and not first
         if not skip and value in scope.names:
-            return list(scope.names[value])
+            return scope, list(scope.names[value])
         first = False
         scope = scope.parent
-    return []
+    return None, []
 
 
 def _inside_scope_body(scope_node: cst.CSTNode, child: cst.CSTNode) -> bool:
@@ -222,4 +222,163 @@ def _inside_scope_body(scope_node: cst.CSTNode, child: cst.CSTNode) -> bool:
     return True  # a comprehension: all of it (its first iterable too, a simplification)
 
 
-__all__ = ["binding_nodes"]
+def import_qualnames(tree: TreeCache, node: cst.CSTNode) -> Optional[Set[str]]:
+    """What LibCST's ``QualifiedNameProvider`` gives for a ``Name`` or
+    ``Attribute`` chain, read from the bindings of its root where it is read:
+    an import gives the imported name (``F.pad`` -> ``torch.nn.functional.pad``),
+    any other binding the scope-qualified name (``f.<locals>.F.pad``; at
+    module level ``F.pad`` itself).  None where that is not certain (a
+    binding in a lambda or a comprehension, a name bound nowhere): then only
+    the full scope analysis can say.
+
+    For modules that bind an imported name some other way too (``FSDP = None``
+    after a failed import, ``B, C, F, H, W = x.shape`` in one function), where
+    the quick read of the imports (``TreeCache.import_qualnames``) declines.
+    ``tests/test_bindings.py`` compares it with the provider on real modules."""
+    text = dotted(node)
+    root = node
+    while isinstance(root, cst.Attribute):
+        root = root.value
+    if not text or not isinstance(root, cst.Name):
+        return None
+    own = _own_scope(tree, root)
+    if isinstance(own.node, _COMPS):
+        return None  # (a comprehension's first iterable is read outside it: simplified here)
+    scope, bound = _resolve(tree, root)
+    if scope is None or not bound or any(b is node for b in bound):
+        return None
+    if node is root and scope is own:
+        # A plain name read in the scope that binds it: LibCST counts the
+        # bindings of that scope made before it (statements left before it
+        # is read), else looks outward from the enclosing scope.
+        earlier = []
+        for b in bound:
+            # (parameters are bound before the body runs; LibCST reads
+            # defaults and annotations in the enclosing scope)
+            order = _in_body(tree, node, own.node) if isinstance(b, cst.Param) else _statement_order(tree, b, node)
+            if order is None:
+                return None  # the same statement: LibCST's own counting decides
+            if order:
+                earlier.append(b)
+        if not earlier:
+            if own.parent is None:
+                return None  # builtins, or nothing
+            scope, bound = _resolve_from(tree, own.parent, root.value)
+            if scope is None or not bound:
+                return None
+        else:
+            bound = earlier
+    _, _, rest = text.partition(".")
+    found: Set[str] = set()
+    for b in bound:
+        if isinstance(b, (cst.Import, cst.ImportFrom)):
+            if isinstance(b.names, cst.ImportStar):
+                return None
+            for alias in b.names:
+                imported = dotted(alias.name) or ""
+                if alias.asname is not None:
+                    if not isinstance(alias.asname.name, cst.Name):
+                        return None
+                    local = alias.asname.name.value
+                else:
+                    local = imported if isinstance(b, cst.ImportFrom) else imported.split(".")[0]
+                    if isinstance(b, cst.Import):
+                        if local != imported and local == root.value:
+                            return None  # `import a.b` binds `a.b` too: LibCST looks that up first
+                        imported = local
+                if local != root.value:
+                    continue
+                if isinstance(b, cst.ImportFrom):
+                    module = "." * len(b.relative) + (dotted(b.module) or "" if b.module is not None else "")
+                    imported = f"{module}{imported}" if module.endswith(".") else f"{module}.{imported}"
+                found.add(f"{imported}.{rest}" if rest else imported)
+        else:
+            prefix = _prefix(scope)
+            if prefix is None:
+                return None
+            found.add(f"{prefix}.{text}" if prefix else text)
+    return found
+
+
+_STATEMENTS = (cst.BaseSmallStatement, cst.BaseCompoundStatement)
+
+
+def _statement_order(tree: TreeCache, a: cst.CSTNode, b: cst.CSTNode) -> Optional[bool]:
+    """Whether the statement holding ``a`` comes before the one holding
+    ``b`` (in LibCST's visiting order); None when one holds the other."""
+    parents = tree.parents
+
+    def statement(n: cst.CSTNode) -> Optional[cst.CSTNode]:
+        cur: Optional[cst.CSTNode] = n
+        while cur is not None and not isinstance(cur, _STATEMENTS):
+            cur = parents.get(id(cur))
+        return cur
+
+    sa, sb = statement(a), statement(b)
+    if sa is None or sb is None:
+        return None
+    path = {}  # id(ancestor of sa, itself included) -> the child on the way to sa
+    child, cur = sa, sa
+    path[id(sa)] = sa
+    while True:
+        up = parents.get(id(cur))
+        if up is None:
+            break
+        path[id(up)] = cur
+        cur = up
+    child, cur = sb, sb
+    while id(cur) not in path:
+        child, cur = cur, parents.get(id(cur))
+        if cur is None:
+            return None
+    if cur is sa or cur is sb:
+        return None  # one statement holds the other
+    towards_a = path[id(cur)]
+    for field in fields(type(cur)):
+        value = getattr(cur, field)
+        for item in (value if isinstance(value, (list, tuple)) else (value,)):
+            if item is towards_a:
+                return True
+            if item is child:
+                return False
+    return None
+
+
+def _in_body(tree: TreeCache, node: cst.CSTNode, fn: cst.CSTNode) -> Optional[bool]:
+    """True when ``node`` is in the body of the function ``fn``."""
+    parents = tree.parents
+    child, cur = node, parents.get(id(node))
+    while cur is not None and cur is not fn:
+        child, cur = cur, parents.get(id(cur))
+    return True if cur is fn and child is getattr(fn, "body", None) else None
+
+
+def _own_scope(tree: TreeCache, name: cst.Name) -> _Scope:
+    """The scope ``name`` is read in (before any lookup outward)."""
+    scopes = _index(tree)
+    parents = tree.parents
+    child: cst.CSTNode = name
+    cur = parents.get(id(name))
+    while cur is not None:
+        if id(cur) in scopes and _inside_scope_body(cur, child):
+            return scopes[id(cur)]
+        child, cur = cur, parents.get(id(cur))
+    return scopes[id(tree.module)]
+
+
+def _prefix(scope: _Scope) -> Optional[str]:
+    """LibCST's name prefix of a scope: ``f.<locals>``, ``C``, ``C.m.<locals>``."""
+    parts: List[str] = []
+    cur: Optional[_Scope] = scope
+    while cur is not None and not isinstance(cur.node, cst.Module):
+        if isinstance(cur.node, cst.FunctionDef):
+            parts[:0] = [cur.node.name.value, "<locals>"]
+        elif isinstance(cur.node, cst.ClassDef):
+            parts.insert(0, cur.node.name.value)
+        else:  # a lambda or a comprehension
+            return None
+        cur = cur.parent
+    return ".".join(parts)
+
+
+__all__ = ["binding_nodes", "import_qualnames"]
