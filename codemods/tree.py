@@ -238,6 +238,25 @@ class TreeCache:
             self._parents = parents
         return self._parents
 
+    def release(self) -> None:
+        """Let go of everything computed about the tree, so that it is freed
+        as soon as the caller lets go of it rather than by the cycle
+        collector: the analyses in ``memo`` refer back to this cache, and
+        the closures they made refer to them.  Each analysis object is
+        emptied (it is never read again)."""
+        for value in list(self.memo.values()):
+            _empty(value)
+        self.memo.clear()
+        self._parents = None
+        self._by_type = {}
+        self._order = {}
+        self._seq = []
+        self._ends = None
+        self._orders_of = {}
+        self._positions = {}
+        self._metadata = {}
+        self._wrapper = None
+
     def nodes_unique(self) -> bool:
         """No node object appears twice in the tree (what ``unique``
         checks), found while indexing it: a node met twice is numbered
@@ -493,6 +512,23 @@ class TreeCache:
                 wrapper = self._wrapper
             found = self._metadata[provider] = wrapper.resolve(provider)
         return found
+
+
+def _empty(value: object, depth: int = 0) -> None:
+    """Empty an analysis of xlaport's held in a TreeCache's ``memo`` (and
+    those in a dict or list there), breaking the cycles through it."""
+    if isinstance(value, cst.CSTNode) or depth > 1:
+        return
+    if isinstance(value, dict):
+        for v in list(value.values()):
+            _empty(v, depth + 1)
+        value.clear()
+    elif isinstance(value, list):
+        for v in value:
+            _empty(v, depth + 1)
+        value.clear()
+    elif type(value).__module__.startswith("codemods.") and hasattr(value, "__dict__"):
+        vars(value).clear()  # (only xlaport's own analyses: an ast tree here is the prefilter's too)
 
 
 def unique(module: cst.Module) -> cst.Module:

@@ -1,11 +1,15 @@
 """The engine's shortcuts must not change results: import insertion on the
 module head only, import-table name resolution, and pruned passes."""
 
+from pathlib import Path
+
 import libcst as cst
 import pytest
 
 from codemods.base import TreeCache
 from tests.conftest import convert_text
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # (input, expected) pairs for where the new import goes.
 IMPORT_PLACEMENT = [
@@ -232,3 +236,24 @@ def test_a_tree_sharing_a_node_is_found_while_indexing():
     assert twice.code == "a = x\nb = x\n"
     assert not TreeCache(twice).nodes_unique()
     assert TreeCache(twice.deep_clone()).nodes_unique()
+
+
+def test_a_converted_file_leaves_no_tree_for_the_cycle_collector():
+    """The analyses a TreeCache memoises point back at it: the engine empties
+    them at the end, so that trees are freed by reference counting as soon as
+    a file is done (the collector's time was 10% of a corpus run)."""
+    import gc
+
+    from xlaport.engine import Settings, transform
+
+    source = (ROOT / "fixtures" / "diffusers_sd" / "input.py").read_bytes()
+    gc.collect()
+    gc.disable()
+    try:
+        before = sum(isinstance(o, cst.Module) for o in gc.get_objects())
+        out = transform(source, Settings(), "input.py")
+        after = sum(isinstance(o, cst.Module) for o in gc.get_objects())
+    finally:
+        gc.enable()
+    assert out.findings and out.code != source  # the analyses did run
+    assert after == before

@@ -110,70 +110,82 @@ def transform(source: bytes, settings: Settings, filename: str = "",
             FINDINGS_KEY: [],
         },
     )
-    maps: List[Callable[[int], int]] = []  # maps[k]: lines after rule k -> before
-    findings: List[Finding] = []
-    on_tree: List[Finding] = []  # findings on the current tree, in its lines
-    unplaced: List[Tuple[Finding, cst.CSTNode]] = []  # ... of which these still need their position
-    context.scratch[UNPLACED_KEY] = unplaced
-    text = original_text
-    context.scratch[TREE_KEY] = TreeCache(tree, source, original_text)
-    # the prefilter's ``ast`` parse of this same source, for statement lines
-    context.scratch[TREE_KEY].memo["ast"] = prefilter.parsed(source)
+    # The analyses a TreeCache holds point back at it (and at its tree):
+    # they are let go at the end, so that the trees are freed as soon as
+    # the file is done rather than by the cycle collector (see
+    # runner.tune_gc).
+    made: List[TreeCache] = []
+    try:
+        maps: List[Callable[[int], int]] = []  # maps[k]: lines after rule k -> before
+        findings: List[Finding] = []
+        on_tree: List[Finding] = []  # findings on the current tree, in its lines
+        unplaced: List[Tuple[Finding, cst.CSTNode]] = []  # ... of which these still need their position
+        context.scratch[UNPLACED_KEY] = unplaced
+        text = original_text
+        context.scratch[TREE_KEY] = TreeCache(tree, source, original_text)
+        made.append(context.scratch[TREE_KEY])
+        # the prefilter's ``ast`` parse of this same source, for statement lines
+        context.scratch[TREE_KEY].memo["ast"] = prefilter.parsed(source)
 
-    def flush(cache: TreeCache) -> None:
-        """Place the findings on the current tree (one position pass for
-        all the codemods that ran on it) and map them to the user's lines."""
-        place(cache, unplaced)
-        for f in on_tree:
-            for back in reversed(maps):
-                f.line = back(f.line)
-                if f.end_line:
-                    f.end_line = max(back(f.end_line), f.line)
-        findings.extend(on_tree)
-        on_tree.clear()
+        def flush(cache: TreeCache) -> None:
+            """Place the findings on the current tree (one position pass for
+            all the codemods that ran on it) and map them to the user's lines."""
+            place(cache, unplaced)
+            for f in on_tree:
+                for back in reversed(maps):
+                    f.line = back(f.line)
+                    if f.end_line:
+                        f.end_line = max(back(f.end_line), f.line)
+            findings.extend(on_tree)
+            on_tree.clear()
 
-    found = count_references(context.scratch[TREE_KEY]) if CudaCatchAll in codemods else 0  # type: ignore[arg-type]
-    for cls in codemods:
-        # One TreeCache per tree holds the metadata and analyses that every
-        # codemod running on it shares; a codemod that changes the tree starts
-        # a new one.
-        cache: TreeCache = context.scratch[TREE_KEY]  # type: ignore[assignment]
-        if not cls.wanted(cache, context.scratch[OPTIONS_KEY]):
-            continue
-        context.scratch[SOURCE_KEY] = text
-        context.scratch[FINDINGS_KEY] = []
-        context.scratch[ORIGINAL_LINE_KEY] = _back_through(list(maps))
-        new_tree = cls(context).transform_module_impl(tree)
-        new = context.scratch[FINDINGS_KEY]
-        on_tree.extend(new)
-        # A codemod changes the tree only where it records a fix; without
-        # one, the rebuilt tree equals the old one and the old tree (with its
-        # metadata) is kept.
-        if any(f.fix for f in new):
-            new_text = spliced_code(tree, text, new_tree, cache.statement_starts())
-            if new_text is None:
-                new_text = new_tree.code
-            if new_text != text:
-                flush(cache)
-                maps.append(line_map(text, new_text))
-                text = new_text
-                tree = new_tree
-                rewritten = TreeCache(tree, source, text)
-                if not rewritten.nodes_unique():  # (metadata needs every node once)
-                    tree = new_tree.deep_clone()
+        found = count_references(context.scratch[TREE_KEY]) if CudaCatchAll in codemods else 0  # type: ignore[arg-type]
+        for cls in codemods:
+            # One TreeCache per tree holds the metadata and analyses that every
+            # codemod running on it shares; a codemod that changes the tree starts
+            # a new one.
+            cache: TreeCache = context.scratch[TREE_KEY]  # type: ignore[assignment]
+            if not cls.wanted(cache, context.scratch[OPTIONS_KEY]):
+                continue
+            context.scratch[SOURCE_KEY] = text
+            context.scratch[FINDINGS_KEY] = []
+            context.scratch[ORIGINAL_LINE_KEY] = _back_through(list(maps))
+            new_tree = cls(context).transform_module_impl(tree)
+            new = context.scratch[FINDINGS_KEY]
+            on_tree.extend(new)
+            # A codemod changes the tree only where it records a fix; without
+            # one, the rebuilt tree equals the old one and the old tree (with its
+            # metadata) is kept.
+            if any(f.fix for f in new):
+                new_text = spliced_code(tree, text, new_tree, cache.statement_starts())
+                if new_text is None:
+                    new_text = new_tree.code
+                if new_text != text:
+                    flush(cache)
+                    maps.append(line_map(text, new_text))
+                    text = new_text
+                    tree = new_tree
                     rewritten = TreeCache(tree, source, text)
-                context.scratch[TREE_KEY] = rewritten
-    flush(context.scratch[TREE_KEY])  # type: ignore[arg-type]
-    # the text of the last rewritten tree is at hand; code is generated again
-    # only when imports were added or removed after it
-    tree, with_imports = imports.apply(context, tree)
-    if with_imports:
-        text = tree.code
-    out = source if text == original_text else text.encode(tree.encoding)
-    findings = _without_repeats(findings)
-    findings.sort(key=lambda f: (f.line, f.col, f.code))
-    left = int(context.scratch.get(COVERAGE_KEY, 0))  # type: ignore[call-overload]
-    return Outcome(out, findings, (found, left))
+                    if not rewritten.nodes_unique():  # (metadata needs every node once)
+                        tree = new_tree.deep_clone()
+                        rewritten = TreeCache(tree, source, text)
+                    made.append(rewritten)
+                    context.scratch[TREE_KEY] = rewritten
+        flush(context.scratch[TREE_KEY])  # type: ignore[arg-type]
+        # the text of the last rewritten tree is at hand; code is generated again
+        # only when imports were added or removed after it
+        tree, with_imports = imports.apply(context, tree)
+        if with_imports:
+            text = tree.code
+        out = source if text == original_text else text.encode(tree.encoding)
+        findings = _without_repeats(findings)
+        findings.sort(key=lambda f: (f.line, f.col, f.code))
+        left = int(context.scratch.get(COVERAGE_KEY, 0))  # type: ignore[call-overload]
+        return Outcome(out, findings, (found, left))
+    finally:
+        for cache in made:
+            cache.release()
+        context.scratch.clear()
 
 
 def _back_through(maps: List[Callable[[int], int]]) -> Callable[[int], int]:
