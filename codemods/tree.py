@@ -1,155 +1,26 @@
-"""The read side of a tree: CST helpers and the per-tree cache.
+"""The read side of a tree: the per-tree cache, and ``find_all`` from it.
 
-Reading a LibCST tree with its own visitors rebuilds every node; the helpers
-here read the dataclass fields directly.  :class:`TreeCache` holds what every
+The stateless helpers live in :mod:`codemods.nodes` (re-exported here).
+:class:`TreeCache` holds what every
 codemod running on one tree shares (parents, imports, resolved metadata, the
 analyses' memo).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from bisect import bisect_left
-import re
 import weakref
-from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple, Union
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from codemods.nodes import (_LISTS, _NODE_TYPES, _child_fields, call_name, children, dotted, node_types, string_value,
+                            walk)
+
 # The packages whose names the rules look for.  A name imported from any other
 # package can never match a rule, so it needs no scope analysis to be sure.
 RULE_PACKAGES = ("torch", "torch_xla", "tqdm")
-
-
-# ---------------------------------------------------------------- CST helpers
-
-
-def string_value(node: cst.CSTNode) -> Optional[str]:
-    """The value of a plain string literal, else None."""
-    if type(node) is cst.SimpleString:
-        text = node.value  # type: ignore[attr-defined]
-        quote = text[-1]
-        if text[0] == quote and "\\" not in text and "\r" not in text:  # no prefix, no escapes: as written
-            return text[3:-3] if len(text) >= 6 and text.startswith(quote * 3) else text[1:-1]
-        try:
-            value = node.evaluated_value
-        except Exception:  # pragma: no cover - malformed literal
-            return None
-        return value if isinstance(value, str) else None
-    if isinstance(node, cst.ConcatenatedString):
-        left, right = string_value(node.left), string_value(node.right)
-        if left is not None and right is not None:
-            return left + right
-    return None
-
-
-def call_name(node: cst.CSTNode) -> Optional[str]:
-    """The last name of a call's callee: ``a.b.c(...)`` -> ``c``."""
-    if not isinstance(node, cst.Call):
-        return None
-    func = node.func
-    if isinstance(func, cst.Name):
-        return func.value
-    if isinstance(func, cst.Attribute):
-        return func.attr.value
-    return None
-
-
-def dotted(node: cst.CSTNode) -> Optional[str]:
-    """``a.b.c`` as a string for Name/Attribute chains, else None."""
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        base = dotted(node.value)
-        return f"{base}.{node.attr.value}" if base else None
-    return None
-
-
-# Fields that only ever hold whitespace, comments or punctuation: the fast
-# walker below never needs to look inside them.
-_SKIP_FIELDS = re.compile(
-    r"^(whitespace.*|lpar|rpar|leading_lines|lines_after_decorators|header|footer|comma|semicolon|"
-    r"newline|trailing_whitespace|equal|colon|dot|star|lbracket|rbracket|lbrace|rbrace|"
-    r"first_line_comment|empty_lines|indent|operator)$"
-)
-_CHILD_FIELDS: Dict[type, Tuple[str, ...]] = {}
-
-
-def _child_fields(kind: type) -> Tuple[str, ...]:
-    names = _CHILD_FIELDS.get(kind)
-    if names is None:
-        names = tuple(f.name for f in dataclasses.fields(kind) if not _SKIP_FIELDS.match(f.name))
-        _CHILD_FIELDS[kind] = names
-    return names
-
-
-def children(node: cst.CSTNode) -> List[cst.CSTNode]:
-    """``node.children`` without LibCST's visitor machinery (and without
-    whitespace): an order of magnitude cheaper; source order."""
-    out: List[cst.CSTNode] = []
-    nodes = _NODE_TYPES
-    for name in _child_fields(type(node)):
-        value = getattr(node, name)
-        if type(value) in nodes:
-            out.append(value)
-        elif type(value) in _LISTS:
-            out.extend(v for v in value if type(v) in nodes)
-    return out
-
-
-def _all_node_types() -> FrozenSet[type]:
-    seen: Set[type] = set()
-    todo = [cst.CSTNode]
-    while todo:
-        t = todo.pop()
-        if t not in seen:
-            seen.add(t)
-            todo.extend(t.__subclasses__())
-    return frozenset(seen)
-
-
-# ``isinstance`` against LibCST's node classes goes through ``ABCMeta`` and
-# is several times slower than a set lookup of the exact type; the walkers
-# below run it millions of times on a large package.
-_NODE_TYPES = _all_node_types()
-_LISTS = (list, tuple)
-_EXPANDED: Dict[object, FrozenSet[type]] = {}
-
-
-def node_types(kinds: Union[type, Tuple[type, ...]]) -> FrozenSet[type]:
-    """The node types ``isinstance(n, kinds)`` accepts, as a set of exact
-    types (``type(n) in node_types(kinds)`` is the same test, faster)."""
-    found = _EXPANDED.get(kinds)
-    if found is None:
-        found = _EXPANDED[kinds] = frozenset(t for t in _NODE_TYPES if issubclass(t, kinds))
-    return found
-
-
-def walk(node: cst.CSTNode, stop: Tuple[type, ...] = ()) -> Iterator[cst.CSTNode]:
-    """Every descendant of ``node`` (itself first), without building new nodes.
-
-    ``CSTNode.visit`` rebuilds each node it passes; reading the dataclass
-    fields directly is an order of magnitude cheaper for read-only searches.
-    Does not descend into nodes of the ``stop`` types (other than ``node``).
-    The order is not guaranteed to be source order.
-    """
-    stops = node_types(stop) if stop else frozenset()
-    nodes = _NODE_TYPES
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        yield n
-        kind = type(n)
-        if kind in stops and n is not node:
-            continue
-        for name in _child_fields(kind):
-            value = getattr(n, name)
-            vkind = type(value)
-            if vkind in nodes:
-                stack.append(value)
-            elif vkind in _LISTS:
-                stack.extend(v for v in value if type(v) in nodes)
 
 
 def find_all(node: cst.CSTNode, kind: Union[type, Tuple[type, ...]], stop: Tuple[type, ...] = ()) -> List[cst.CSTNode]:
@@ -552,3 +423,8 @@ def _bound_names(target: object) -> Set[str]:
     if isinstance(target, cst.StarredElement):
         return _bound_names(target.value)
     return set()
+
+
+# (the helpers of codemods.nodes are read from here too)
+__all__ = ["RULE_PACKAGES", "TreeCache", "call_name", "children", "dotted", "find_all", "node_types", "parent_map",
+           "string_value", "unique", "walk"]
