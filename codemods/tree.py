@@ -386,8 +386,9 @@ class TreeCache:
 
 
 def _empty(value: object, depth: int = 0) -> None:
-    """Empty an analysis of xlaport's held in a TreeCache's ``memo`` (and
-    those in a dict or list there), breaking the cycles through it."""
+    """Empty an analysis (``codemods.analysis``) held in a TreeCache's
+    ``memo``, or those in a dict or list there, breaking the cycles through
+    it."""
     if isinstance(value, cst.CSTNode) or depth > 1:
         return
     if isinstance(value, dict):
@@ -398,8 +399,10 @@ def _empty(value: object, depth: int = 0) -> None:
         for v in value:
             _empty(v, depth + 1)
         value.clear()
-    elif type(value).__module__.startswith("codemods.") and hasattr(value, "__dict__"):
-        vars(value).clear()  # (only xlaport's own analyses: an ast tree here is the prefilter's too)
+    elif type(value).__module__.startswith("codemods.analysis.") and hasattr(value, "__dict__"):
+        # only the per-tree analyses (Values, ModuleFacts, CudaFacts, scopes):
+        # an ast tree here is the prefilter's too, a target is shared
+        vars(value).clear()
 
 
 def unique(module: cst.Module) -> cst.Module:
