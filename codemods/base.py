@@ -301,8 +301,10 @@ class XlaCodemod(cst.CSTTransformer):
 
         Read from the module's imports when that is exact -- the name's root
         is imported and bound no other way anywhere in the module, which is
-        nearly always -- and from LibCST's ``QualifiedNameProvider`` (full
-        scope analysis, about a second per thousand lines) otherwise."""
+        nearly always --, else from the bindings where it is read
+        (``bindings.import_qualnames``: the provider's answer), and from
+        LibCST's ``QualifiedNameProvider`` (full scope analysis, about a
+        second per thousand lines) where neither is sure."""
         quick = self.tree.import_qualnames(node)
         if quick is None:  # the root is also bound some other way: by scope
             from codemods.analysis.bindings import import_qualnames  # (the analysis imports this module)

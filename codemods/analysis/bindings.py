@@ -317,9 +317,8 @@ def _statement_order(tree: TreeCache, a: cst.CSTNode, b: cst.CSTNode) -> Optiona
     sa, sb = statement(a), statement(b)
     if sa is None or sb is None:
         return None
-    path = {}  # id(ancestor of sa, itself included) -> the child on the way to sa
-    child, cur = sa, sa
-    path[id(sa)] = sa
+    path: Dict[int, cst.CSTNode] = {id(sa): sa}  # id(sa or an ancestor) -> its child on the way to sa
+    cur = sa
     while True:
         up = parents.get(id(cur))
         if up is None:
