@@ -408,13 +408,9 @@ def _empty(value: object, depth: int = 0) -> None:
 def unique(module: cst.Module) -> cst.Module:
     """``module`` itself when no node object appears twice in it (what
     metadata needs), else a deep copy.  Codemod output nearly always
-    qualifies, and checking is much cheaper than copying."""
-    seen: Set[int] = set()
-    for n in walk(module):
-        if id(n) in seen:
-            return module.deep_clone()
-        seen.add(id(n))
-    return module
+    qualifies, and checking (the engine's own test, ``nodes_unique``) is
+    much cheaper than copying."""
+    return module if TreeCache(module).nodes_unique() else module.deep_clone()
 
 
 def _bound_names(target: object) -> Set[str]:
