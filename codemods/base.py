@@ -61,6 +61,10 @@ ORIGINAL_LINE_KEY = "xlaport.original_line"
 UNPLACED_KEY = "xlaport.unplaced"
 # {(line of the user's file, code)} that a suppression comment silenced
 USED_SUPPRESSIONS_KEY = "xlaport.used_suppressions"
+# {line of the user's file} where a rule turned off (--ignore, --select,
+# per-file ignores) would have spoken: a set there when the CUDA catch-all
+# (which must not speak for them) runs
+SILENCED_KEY = "xlaport.silenced"
 
 
 
@@ -235,6 +239,12 @@ class XlaCodemod(cst.CSTTransformer):
         line, col, end, _ = self.tree.position(self.context, node)
         return line, col, end
 
+    def user_line(self, line: int) -> int:
+        """A line of the tree this pass reads, as a line of the user's file:
+        what a message shows (earlier rules may have added or removed lines)."""
+        back = self.context.scratch.get(ORIGINAL_LINE_KEY) or (lambda n: n)
+        return back(line)  # type: ignore[no-any-return]
+
     def is_suppressed(self, node: cst.CSTNode, code: str) -> bool:
         if not self._suppressed:
             return False
@@ -243,9 +253,8 @@ class XlaCodemod(cst.CSTTransformer):
             codes = self._suppressed.get(line)
             if codes and code_matches(code, codes):
                 # remembered for XLA002 (unused suppressions), by the user's line
-                back = self.context.scratch.get(ORIGINAL_LINE_KEY) or (lambda n: n)
                 used = self.context.scratch.setdefault(USED_SUPPRESSIONS_KEY, set())
-                used.add((back(line), code))  # type: ignore[union-attr, operator]
+                used.add((self.user_line(line), code))  # type: ignore[union-attr, operator]
                 return True
         return False
 
@@ -262,7 +271,11 @@ class XlaCodemod(cst.CSTTransformer):
         Returns True when the rule is enabled and not suppressed on that line,
         i.e. when the caller may go on and rewrite.
         """
-        if not self.enabled(code) or self.is_suppressed(node, code) or not self._in_changed_lines(node):
+        if not self.enabled(code):
+            if self.context.scratch.get(SILENCED_KEY) is not None:
+                self.context.scratch[SILENCED_KEY].add(self.user_line(self.position(node)[0]))
+            return False
+        if self.is_suppressed(node, code) or not self._in_changed_lines(node):
             return False
         if fix and self.RESPECTS_HAND_PORTS and self.tree.knows_xla:
             # code its authors already made work on XLA: their CUDA branches are
@@ -285,8 +298,7 @@ class XlaCodemod(cst.CSTTransformer):
         if only is None:
             return True
         start, _, _ = self.position(node)
-        back = self.context.scratch.get(ORIGINAL_LINE_KEY) or (lambda line: line)
-        return back(start) in only  # type: ignore[operator]
+        return self.user_line(start) in only  # type: ignore[operator]
 
     def add_imports(self, needed: Iterable[Import]) -> None:
         for module, obj, asname in needed:
@@ -359,7 +371,7 @@ def statement(expr: cst.BaseExpression) -> cst.SimpleStatementLine:
 
 
 __all__ = [
-    "ALL", "Context", "FILE_SUPPRESS_RE", "FINDINGS_KEY", "ORIGINAL_LINE_KEY", "OPTIONS_KEY", "USED_SUPPRESSIONS_KEY", "SELECT_KEY", "SOURCE_KEY", "TARGET_KEY", "TREE_KEY", "UNPLACED_KEY", "RULE_PACKAGES", "Finding",
+    "ALL", "Context", "FILE_SUPPRESS_RE", "FINDINGS_KEY", "ORIGINAL_LINE_KEY", "SILENCED_KEY", "OPTIONS_KEY", "USED_SUPPRESSIONS_KEY", "SELECT_KEY", "SOURCE_KEY", "TARGET_KEY", "TREE_KEY", "UNPLACED_KEY", "RULE_PACKAGES", "Finding",
     "Rule", "TreeCache", "XlaCodemod", "call_name", "code_matches", "dotted", "file_suppressions", "find_all",
     "parse_suppressions", "place",
     "statement", "string_value", "tree_cache", "unique", "walk",

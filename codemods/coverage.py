@@ -13,7 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from codemods.analysis.cuda import count_references, cuda_references
-from codemods.base import SELECT_KEY, Rule, XlaCodemod
+from codemods.base import SELECT_KEY, SILENCED_KEY, USED_SUPPRESSIONS_KEY, Rule, XlaCodemod
 from codemods.cuda_api import CudaApi
 
 COVERAGE_KEY = "xlaport.cuda_left"
@@ -82,12 +82,19 @@ class CudaCatchAll(XlaCodemod):
         refs = cuda_references(self.tree, self.qualnames)
         self.context.scratch[COVERAGE_KEY] = count_references(self.tree)
         selected = set(self.context.scratch.get(SELECT_KEY) or ())  # type: ignore[arg-type]
+        # lines where a rule the user turned off or suppressed would have
+        # spoken (whichever rule: XLA104 on a comparison holds a "cuda"
+        # string, whose own rules are XLA102/XLA109): silent here too
+        quiet = set(self.context.scratch.get(SILENCED_KEY) or ()) | {
+            line for line, _ in self.context.scratch.get(USED_SUPPRESSIONS_KEY) or ()}  # type: ignore[union-attr]
         for ref, label in refs:
             owners = _owners(label)
             if selected - {CATCH_ALL.code} and not selected & set(owners):
                 continue  # its own rule is turned off: the user chose not to hear about it
             if any(self.is_suppressed(ref, code) for code in owners):
                 continue  # so is a suppression of its own rule on that line
+            if quiet and self.user_line(self.position(ref)[0]) in quiet:
+                continue
             if label.startswith("torch."):
                 hint = f"`{label.replace('torch.', '', 1)}` has no XLA conversion in xlaport: remove or replace it"
             else:

@@ -163,7 +163,7 @@ class ProgressBars(XlaCodemod):
                      self.tree.module)
         use = _escaping_use(scope, name)
         if use is not None:
-            self.escaped[id(binding)] = (name, self.position(use)[0])  # type: ignore[index]
+            self.escaped[id(binding)] = (name, self.user_line(self.position(use)[0]))  # type: ignore[index]
             self.kept_bars.add(name)
 
     def _unwrap(self, call: cst.Call, kind: str) -> Optional[cst.BaseExpression]:

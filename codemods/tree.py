@@ -142,8 +142,7 @@ class TreeCache:
         found = self.memo.get("knows_xla")  # (asked for each finding: searched once)
         if found is None:
             src = self.source
-            found = self.memo["knows_xla"] = bool(src) and any(
-                k in src for k in (b"torch_xla", b"is_torch_xla_available", b"XLA_AVAILABLE", b"is_tpu_available"))
+            found = self.memo["knows_xla"] = bool(src) and any(k in src for k in _XLA_WORDS) and _ports_xla(src)
         return bool(found)
 
     @property
@@ -427,3 +426,35 @@ def _bound_names(target: object) -> Set[str]:
 # (the helpers of codemods.nodes are read from here too)
 __all__ = ["RULE_PACKAGES", "TreeCache", "call_name", "children", "dotted", "find_all", "node_types", "parent_map",
            "string_value", "unique", "walk"]
+
+
+_XLA_GUARDS = ("is_torch_xla_available", "XLA_AVAILABLE", "is_tpu_available")
+_XLA_WORDS = (b"torch_xla",) + tuple(g.encode() for g in _XLA_GUARDS)
+
+
+def _ports_xla(source: bytes) -> bool:
+    """The code itself (not a comment, a docstring or a string) imports
+    torch_xla or reads one of the XLA guards: read from the original file,
+    so that what the rules add on the way never counts."""
+    import ast
+
+    from codemods.analysis.prefilter import parsed
+
+    tree = parsed(source)
+    if tree is None:
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "torch_xla" for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch_xla" and not node.level:
+            return True
+        if isinstance(node, ast.Name) and node.id in _XLA_GUARDS:
+            return True
+        if isinstance(node, ast.Attribute) and node.attr in _XLA_GUARDS:
+            return True
+        if isinstance(node, ast.alias) and node.name in _XLA_GUARDS:
+            return True
+    return False

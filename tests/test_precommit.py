@@ -34,8 +34,8 @@ def project(tmp_path):
     repo.mkdir()
     hooks = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
     for hook in hooks:
-        sub = hook["entry"].split()[1]
-        hook["entry"] = f"{sys.executable} -m xlaport {sub}"
+        args = " ".join(hook["entry"].split()[1:])  # the sub-command and its flags, as shipped
+        hook["entry"] = f"{sys.executable} -m xlaport {args}"
         hook["language"] = "system"
     config = {"repos": [{"repo": "local", "hooks": hooks}]}
     (repo / ".pre-commit-config.yaml").write_text(yaml.safe_dump(config))
@@ -73,3 +73,17 @@ def test_convert_hook_rewrites_and_then_passes(project):
     assert second.returncode == 0, second.stdout
     lint = _pre_commit(repo, env, "xlaport-lint", "--all-files")
     assert lint.returncode == 0, lint.stdout
+
+
+def test_hooks_apply_the_projects_excludes_to_the_files_pre_commit_passes(project):
+    repo, env = project
+    (repo / "vendor").mkdir()
+    (repo / "vendor" / "gpu_vendored.py").write_text(CUDA)
+    (repo / "pyproject.toml").write_text('[tool.xlaport]\nexclude = ["vendor/*"]\n')
+    for cmd in (["git", "add", "."], ["git", "commit", "-qm", "vendor"]):
+        subprocess.run(cmd, cwd=repo, check=True, env=env, capture_output=True)
+    lint = _pre_commit(repo, env, "xlaport-lint", "--all-files")
+    assert "gpu_vendored.py" not in lint.stdout, lint.stdout
+    assert "gpu.py:2:5: XLA101" in lint.stdout
+    _pre_commit(repo, env, "xlaport-convert", "--all-files")
+    assert (repo / "vendor" / "gpu_vendored.py").read_text() == CUDA

@@ -30,7 +30,7 @@ from xlaport.settings import Settings
 
 DIR_NAME = ".xlaport_cache"
 _PACKAGES = ("codemods", "xlaport")
-FORMAT = "2"  # of an entry; part of the key
+FORMAT = "3"  # of an entry; part of the key
 
 
 @lru_cache(maxsize=None)
@@ -52,9 +52,12 @@ def settings_fingerprint(settings: Settings) -> str:
         "select": list(settings.select) if settings.select is not None else None,
         "ignore": list(settings.ignore),
         "target": settings.target,
-        "options": {k: settings.options[k] for k in sorted(settings.options)},
+        # (restyle: `convert` writes Ruff's style of the same output; an entry
+        # holds both, so that lint and convert share it -- see styled_output)
+        "options": {k: settings.options[k] for k in sorted(settings.options) if k != "restyle"},
         "per_file_ignores": {k: list(v) for k, v in sorted(settings.per_file_ignores.items())},
     }
+
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -89,7 +92,7 @@ class Cache:
         target = self._file(key)
         try:
             self._prepare()
-            target.parent.mkdir(parents=True, exist_ok=True)
+            target.parent.mkdir(mode=0o700, exist_ok=True)
             tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps({**entry, "key": key}))
             os.replace(tmp, target)
@@ -100,7 +103,10 @@ class Cache:
         if self._ready:
             return
         top = self.dir.parent
-        top.mkdir(parents=True, exist_ok=True)
+        # private to the user: what is read back from here is trusted to
+        # be xlaport's own answers (see the README: trust it like the code)
+        top.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.dir.mkdir(mode=0o700, exist_ok=True)
         for name, text in ((".gitignore", "# created by xlaport\n*\n"),
                            ("CACHEDIR.TAG", "Signature: 8a477f597d28d172789f06886806bc55\n# xlaport's cache\n")):
             if not (top / name).exists():
@@ -108,9 +114,22 @@ class Cache:
         self._ready = True
 
 
-def encode(output: Optional[bytes], original: bytes, findings: List[Finding], problem, cuda) -> Dict[str, object]:
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def encode(output: Optional[bytes], original: bytes, findings: List[Finding], problem, cuda,
+           styled: Optional[bytes] = None, restyled: bool = False) -> Dict[str, object]:
+    """An entry, tied to the input it answers for and to its own output by
+    their digests (checked on read: see :func:`decode`).  ``restyled``: the
+    entry also holds ``styled``, the output as `convert` writes it (None:
+    the same)."""
+    changed = output is not None and output != original
     return {
-        "output": None if output is None or output == original else base64.b64encode(output).decode(),
+        **(encode_style(styled) if restyled else {}),
+        "input": _sha(original),
+        "output": base64.b64encode(output).decode() if changed else None,  # type: ignore[arg-type]
+        "output_sha": _sha(output) if changed else None,  # type: ignore[arg-type]
         "same": output is not None and output == original,
         "findings": [[f.code, f.message, f.line, f.col, f.fix, f.hot, f.cell, f.end_line, f.end_col] for f in findings],
         "problem": list(problem) if problem is not None else None,
@@ -118,23 +137,78 @@ def encode(output: Optional[bytes], original: bytes, findings: List[Finding], pr
     }
 
 
-# the entry of a file that no enabled codemod can concern (``runner._work``'s None)
-NOTHING: Dict[str, object] = {"nothing": True}
+def nothing(original: bytes) -> Dict[str, object]:
+    """The entry of a file that no enabled codemod can concern (``runner._work``'s None)."""
+    return {"nothing": True, "input": _sha(original)}
+
+
+def _int(value: object) -> bool:
+    return type(value) is int
+
+
+def _optional(value: object, check) -> bool:  # type: ignore[no-untyped-def]
+    return value is None or check(value)
+
+
+def _finding_ok(row: object) -> bool:
+    return (isinstance(row, list) and len(row) == 9 and isinstance(row[0], str) and isinstance(row[1], str)
+            and _int(row[2]) and _int(row[3]) and type(row[4]) is bool and _optional(row[5], lambda v: type(v) is bool)
+            and _optional(row[6], _int) and _int(row[7]) and _int(row[8]))
 
 
 def decode(entry: Dict[str, object], original: bytes, path: str):
     """``(output, findings, problem, cuda)`` as ``runner._work`` returns
-    them, or None for a file with nothing to look at."""
-    if entry.get("nothing"):
+    them, or None for a file with nothing to look at.  An entry that is not
+    for these bytes, whose output does not match its digest, or whose
+    fields are not of their types raises ValueError (a miss): the cache is
+    never trusted to put text into a source file unchecked."""
+    if entry.get("input") != _sha(original):
+        raise ValueError("an entry for other bytes")
+    if entry.get("nothing") is True:
         return None
     out: Optional[bytes]
-    if entry.get("same"):
+    if entry.get("same") is True:
         out = original
-    elif entry.get("output") is not None:
-        out = base64.b64decode(entry["output"])  # type: ignore[arg-type]
-    else:
+    elif isinstance(entry.get("output"), str):
+        out = base64.b64decode(entry["output"], validate=True)  # type: ignore[arg-type]
+        if entry.get("output_sha") != _sha(out):
+            raise ValueError("an output that does not match its digest")
+    elif entry.get("output") is None:
         out = None
+    else:
+        raise ValueError("output of the wrong type")
+    rows, problem, cuda = entry.get("findings"), entry.get("problem"), entry.get("cuda")
+    if not (isinstance(rows, list) and all(_finding_ok(r) for r in rows)):
+        raise ValueError("findings of the wrong shape")
+    if not (problem is None or (isinstance(problem, list) and len(problem) == 3 and isinstance(problem[0], str)
+                                and _optional(problem[1], _int) and _optional(problem[2], _int))):
+        raise ValueError("a problem of the wrong shape")
+    if not (isinstance(cuda, list) and len(cuda) == 2 and all(_int(c) for c in cuda)):
+        raise ValueError("CUDA counts of the wrong shape")
     findings = [Finding(c, m, line, col, fix, hot, path=path, cell=cell, end_line=end_line, end_col=end_col)
-                for c, m, line, col, fix, hot, cell, end_line, end_col in entry["findings"]]  # type: ignore[union-attr]
-    problem = tuple(entry["problem"]) if entry.get("problem") is not None else None  # type: ignore[arg-type]
-    return out, findings, problem, tuple(entry["cuda"])  # type: ignore[arg-type]
+                for c, m, line, col, fix, hot, cell, end_line, end_col in rows]
+    return out, findings, tuple(problem) if problem is not None else None, tuple(cuda)
+
+
+def encode_style(styled: Optional[bytes]) -> Dict[str, object]:
+    """The fields of an entry that hold the output as `convert` writes it
+    (``xlaport.style``), for the Ruff that styled it."""
+    from xlaport.style import ruff_version
+
+    return {"ruff": ruff_version(), "styled": base64.b64encode(styled).decode() if styled is not None else None,
+            "styled_sha": _sha(styled) if styled is not None else None}
+
+
+def styled_output(entry: Dict[str, object]):  # type: ignore[no-untyped-def]
+    """(known, styled output or None) from an entry: not known when it was
+    made without styling, or by another Ruff."""
+    from xlaport.style import ruff_version
+
+    if entry.get("ruff") != ruff_version():
+        return False, None
+    if entry.get("styled") is None:
+        return True, None
+    styled = base64.b64decode(entry["styled"], validate=True)  # type: ignore[arg-type]
+    if entry.get("styled_sha") != _sha(styled):
+        raise ValueError("a styled output that does not match its digest")
+    return True, styled

@@ -7,9 +7,11 @@ imports its runtime only when it runs.  Printing lives in ``xlaport.output``.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,18 +23,10 @@ from codemods import registry
 from codemods.target import DEFAULT_TARGET, TARGETS
 from xlaport import output
 from xlaport.config import load_config
-from xlaport.files import (
-    Entry,
-    FileProblem,
-    atomic_write,
-    check_writable,
-    copy_tree_files,
-    discover,
-    is_inside,
-    remove_stale_temps,
-)
+from xlaport.files import Entry, discover, remove_stale_temps
 from xlaport.runner import ERROR_CODE, FileResult, process
 from xlaport.settings import Settings
+from xlaport.writes import PlanError, check_output_root, destinations, write_in_place, write_tree
 
 
 def _codes(value: Optional[str]) -> Optional[List[str]]:
@@ -173,41 +167,38 @@ def _prepare(paths, select, ignore, target, exclude, force_exclude, no_gitignore
         entries = discover(paths, excludes, force_exclude=force,
                            respect_gitignore=not no_gitignore and config.get("respect_gitignore", True) is not False,
                            missing_ok=diff_base is not None)
+    if output_file:
+        target = os.path.realpath(output_file)
+        for e in entries:
+            if e.data is None and os.path.realpath(e.path) == target:
+                raise click.UsageError(f"--output-file {output_file} is an input file: the report would replace it")
     return Run(settings, entries, fmt, quiet, verbose, statistics, output_file, jobs, no_cache)
 
 
 def _process(entries, settings: Settings, jobs: int, no_cache: bool, show_progress: bool) -> List[FileResult]:
     """``process`` with the cache, a progress bar on a terminal, and a clean
     stop on Ctrl-C or SIGTERM (workers are killed, nothing is written)."""
-    import signal
-
     from xlaport.cache import Cache
 
     no_cache = no_cache or os.environ.get("XLAPORT_NO_CACHE", "") not in ("", "0")
     cache = None if no_cache else Cache.default(settings)
-
-    def on_term(signum, frame):  # SIGTERM: stop like Ctrl-C, so that the workers go too
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, on_term)
     try:
-        if show_progress and len(entries) > 20 and sys.stderr.isatty():
-            from rich.console import Console
-            from rich.progress import Progress
+        with _stopped_by_signals():
+            if show_progress and len(entries) > 20 and sys.stderr.isatty():
+                from rich.console import Console
+                from rich.progress import Progress
 
-            with Progress(transient=True, console=Console(stderr=True)) as bar:
-                task = bar.add_task("xlaport", total=len(entries))
-                return process(entries, settings, jobs, cache, lambda n: bar.advance(task, n))
-        return process(entries, settings, jobs, cache)
-    except KeyboardInterrupt:
+                with Progress(transient=True, console=Console(stderr=True)) as bar:
+                    task = bar.add_task("xlaport", total=len(entries))
+                    return process(entries, settings, jobs, cache, lambda n: bar.advance(task, n))
+            return process(entries, settings, jobs, cache)
+    except KeyboardInterrupt as stop:
         click.echo("xlaport: interrupted; nothing was written.", err=True)
         sys.stdout.flush()
         sys.stderr.flush()
         # not sys.exit: the pool's exit hook would join its manager thread,
         # which can wait forever on the workers just killed
-        os._exit(130)
-    finally:
-        signal.signal(signal.SIGTERM, old)
+        os._exit(_exit_status(stop))
 
 
 def _settings(config, select, ignore, target, keep_progress, prints) -> Settings:
@@ -314,42 +305,54 @@ def convert(paths, output_dir, show_diff, check, exit_non_zero_on_fix, **kw):
     if stdin and output_dir:
         raise click.UsageError("`-` (standard input) prints the converted program; it does not go with -o")
     out_root = Path(output_dir) if output_dir else None
-    if out_root is not None:
-        for p in paths:
-            if Path(p).is_dir() and (is_inside(out_root, Path(p))):
-                raise click.UsageError(f"output directory {output_dir} is inside input {p}; choose another place")
-            if Path(p).is_file() and out_root.resolve() == Path(p).resolve().parent:
-                raise click.UsageError(f"output directory {output_dir} would overwrite input {p}")
-    results = run.process()
     write = not (show_diff or check)
-    if write and stdin:
-        for r in results:
-            sys.stdout.buffer.write(r.output if r.output is not None else (r.entry.data or b""))
-        sys.stdout.flush()
-    elif write:
-        for stale in remove_stale_temps({r.path.parent for r in results}):
-            _echo(f"{stale}: removed a temporary file left by an interrupted run", err=True)
+    run.settings.options = {**run.settings.options, "restyle": True}  # see xlaport.style
+    if out_root is not None and write:
         try:
-            _write(results, paths, out_root)
-        except KeyboardInterrupt:  # every file is replaced whole or not at all
-            _echo("xlaport: interrupted while writing; each file is either converted or unchanged.", err=True)
-            sys.exit(130)
+            check_output_root(paths, out_root)
+            destinations([FileResult(e, original=b"") for e in run.entries if not e.error], paths, out_root)
+        except PlanError as exc:
+            raise click.UsageError(str(exc)) from None
+    with _stopped_by_signals():
+        results = run.process()
+        if write and stdin:
+            for r in results:
+                sys.stdout.buffer.write(r.output if r.output is not None else (r.entry.data or b""))
+            sys.stdout.flush()
+        elif write:
+            try:
+                if out_root is None:
+                    for stale in remove_stale_temps({r.path.parent for r in results}):
+                        _echo(f"{stale}: removed a temporary file left by an interrupted run", err=True)
+                    write_in_place(results)
+                    _to_written_lines(results)
+                else:
+                    write_tree(results, paths, out_root, lambda line: _echo(line, err=True))
+            except KeyboardInterrupt as stop:  # every file is replaced whole or not at all
+                _echo("xlaport: interrupted while writing; each file is either converted or unchanged.", err=True)
+                sys.exit(_exit_status(stop))
     if show_diff:
         for r in results:
             if r.changed:
                 click.echo(_diff(r), nl=False)
+        # the diff is the output: what it cannot show (files that failed,
+        # items needing review) goes to standard error
+        output.write(results, run.fmt, sys.stderr, False, run.statistics)
     elif stdin and write:
         output.write(results, run.fmt, sys.stderr, not run.quiet, run.statistics)
     else:
         run.report(results)
-    changed = [r for r in results if r.changed]
+    changed = [r for r in results if r.writable]
     errors = [r for r in results if r.error]
-    fixes = sum(1 for r in results for f in r.findings if f.fix)
+    fixes = sum(1 for r in changed for f in r.findings if f.fix)
     left = sum(1 for r in results for f in r.findings if not f.fix)
     verb = "would change" if not write else "changed"
+    where = ""
+    if write and out_root is None and not stdin and any(r.changed and r.findings for r in changed):
+        where = " Lines are those of the files as written."
     _closing(results, run,
              f"{len(changed)} file(s) {verb} ({fixes} rewrite(s)), {left} finding(s) left for review, "
-             f"{len(errors)} file(s) could not be processed, {len(results)} file(s) seen.",
+             f"{len(errors)} file(s) could not be processed, {len(results)} file(s) seen.{where}",
              "would be rewritten" if not write else "rewritten", fixes_done=write)
     if errors:
         sys.exit(2)
@@ -357,37 +360,52 @@ def convert(paths, output_dir, show_diff, check, exit_non_zero_on_fix, **kw):
         sys.exit(1)
 
 
-def _write(results: List[FileResult], paths: Sequence[str], out_root: Optional[Path]) -> None:
-    if out_root is None:
-        for r in results:
-            if r.writable:
-                try:
-                    check_writable(r.path)
-                    atomic_write(r.path, r.output)  # type: ignore[arg-type]
-                except FileProblem as exc:
-                    r.error = str(exc)
-                except OSError as exc:
-                    r.error = f"cannot write: {exc.strerror or exc}"
-        return
-    single_dir = len(paths) == 1 and Path(paths[0]).is_dir()
-    written = []
+_LINE_IN_MESSAGE = re.compile(r"\bline (\d+)\b")
+
+
+def _to_written_lines(results: List[FileResult]) -> None:
+    """Findings of a file converted in place point at the file as written
+    (an earlier rewrite may have added or removed lines above them)."""
+    from xlaport.linemap import line_map
+
     for r in results:
-        if r.original is None or r.entry.notice:
+        if not (r.writable and r.findings) or str(r.path).endswith(".ipynb"):
             continue
-        rel = r.entry.relative
-        if not single_dir and r.entry.root is not None:
-            rel = Path(r.entry.root.name) / rel
-        dest = out_root / rel
         try:
-            atomic_write(dest, r.output if r.writable else r.original, like=r.path)  # type: ignore[arg-type]
-            written.append(r.path)
-        except OSError as exc:
-            r.error = f"cannot write {dest}: {exc.strerror or exc}"
-    for p in paths:
-        if Path(p).is_dir():
-            dest = out_root if single_dir else out_root / Path(p).name
-            for src, reason in copy_tree_files(Path(p), dest, written):
-                _echo(f"{src}: {reason}", err=True)
+            old, new = r.original.decode("utf-8"), r.output.decode("utf-8")  # type: ignore[union-attr]
+        except UnicodeDecodeError:
+            continue
+        forward = line_map(new, old)  # a line of the input -> the line of the output that holds it
+        for f in r.findings:
+            f.line = forward(f.line)
+            if f.end_line:
+                f.end_line = max(forward(f.end_line), f.line)
+            # a line a message names ("in the loop at line 6") moves with it
+            f.message = _LINE_IN_MESSAGE.sub(lambda m: f"line {forward(int(m.group(1)))}", f.message)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C would be, so that one clean-up serves both."""
+
+
+def _exit_status(stop: BaseException) -> int:
+    return 143 if isinstance(stop, Terminated) else 130
+
+
+@contextlib.contextmanager
+def _stopped_by_signals():
+    """SIGTERM stops the run like Ctrl-C, in every phase (workers killed,
+    temporary files removed, a message, exit 143)."""
+    import signal
+
+    def on_term(signum, frame):
+        raise Terminated
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 @main.command()
@@ -403,6 +421,8 @@ def lint(paths, show_diff, include_cold, **kw):
     run = _prepare(paths, **kw)
     if include_cold:
         run.settings.options = {**run.settings.options, "include_cold": True}
+    if show_diff:  # the diff `convert` would apply
+        run.settings.options = {**run.settings.options, "restyle": True}
     if not paths:
         _nothing_to_do(run)
     results = run.process()

@@ -10,6 +10,7 @@ values of the wrong kind are errors.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
@@ -17,8 +18,10 @@ import click
 
 
 def _find(paths: Sequence[str]) -> Optional[Path]:
-    start = Path(paths[0]).resolve() if paths else Path.cwd()
-    if start.is_file() or not start.exists():
+    # realpath, not Path.resolve: a looping symbolic link must not raise here
+    # (it is reported as the file it is, XLA001)
+    start = Path(os.path.realpath(paths[0])) if paths else Path.cwd()
+    if not start.is_dir():
         start = start.parent
     for d in (start, *start.parents):
         candidate = d / "pyproject.toml"

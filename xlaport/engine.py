@@ -25,6 +25,7 @@ from codemods.base import (
     ORIGINAL_LINE_KEY,
     OPTIONS_KEY,
     SELECT_KEY,
+    SILENCED_KEY,
     SOURCE_KEY,
     TARGET_KEY,
     TREE_KEY,
@@ -68,13 +69,42 @@ def parse(source: bytes) -> cst.Module:
     try:
         return cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
-        raise SourceError(
+        raise python_error(source) or SourceError(
             f"cannot parse: {exc.message}", exc.raw_line, exc.raw_column + 1
         ) from None
-    except (UnicodeDecodeError, LookupError) as exc:
-        raise SourceError(f"cannot decode: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise decode_error(source, exc) from None
+    except LookupError as exc:
+        raise SourceError(f"cannot decode: {exc}", 1, 1) from None
     except (SyntaxError, RecursionError, ValueError) as exc:
-        raise SourceError(f"cannot parse: {exc}") from None
+        raise python_error(source) or SourceError(f"cannot parse: {exc}") from None
+
+
+def python_error(source: bytes) -> Optional[SourceError]:
+    """Where Python's own parser says the source is wrong (LibCST's parser
+    reports an error where it gave up, often a line later, and a
+    tokenizer error on line 1): None when Python reads it."""
+    try:
+        compile(source, "<source>", "exec", flags=0x400, dont_inherit=True)  # ast.PyCF_ONLY_AST
+    except SyntaxError as exc:  # IndentationError and TabError too
+        message = exc.msg
+        if "(unicode error)" in message or "can't decode" in message:
+            try:
+                source.decode("utf-8")
+            except UnicodeDecodeError as dec:
+                return decode_error(source, dec)
+        return SourceError(f"cannot parse: {message}", exc.lineno or 1, max(exc.offset or 1, 1))
+    except (ValueError, RecursionError, MemoryError) as exc:  # NUL bytes, absurd nesting
+        return SourceError(f"cannot parse: {exc}", 1, 1)
+    return None
+
+
+def decode_error(source: bytes, exc: UnicodeDecodeError) -> SourceError:
+    """The line and column of the first byte that does not decode."""
+    start = exc.start
+    line = source.count(b"\n", 0, start) + 1
+    col = start - (source.rfind(b"\n", 0, start) + 1) + 1
+    return SourceError(f"cannot decode as {exc.encoding}: byte 0x{source[start]:02x} ({exc.reason})", line, col)
 
 
 def _text_of(source: bytes, tree: cst.Module) -> str:
@@ -99,6 +129,12 @@ def transform(source: bytes, settings: Settings, filename: str = "",
     codemods = applicable(source, settings, codes, triggered)
     if not codemods:
         return Outcome(source, [])
+    if prefilter.rejected(source):
+        # Python could not read it: too deep a nesting crashes LibCST's
+        # native parser (a segfault, 5,000 nested brackets) -- say so first
+        problem = python_error(source)
+        if problem is not None and any(w in problem.message for w in ("nested", "recursion", "too complex")):
+            raise problem
     tree = parse(source)
     original_text = _text_of(source, tree)
     context = Context(
@@ -110,6 +146,8 @@ def transform(source: bytes, settings: Settings, filename: str = "",
             FINDINGS_KEY: [],
         },
     )
+    if CudaCatchAll in codemods and len(codes) < len(registry.selected_codes(None, ())):
+        context.scratch[SILENCED_KEY] = set()  # some rule is off: the catch-all must not speak for it
     # The analyses a TreeCache holds point back at it (and at its tree):
     # they are let go at the end, so that the trees are freed as soon as
     # the file is done rather than by the cycle collector (see

@@ -8,7 +8,6 @@ the target in one step.
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import tempfile
 from dataclasses import dataclass
@@ -98,6 +97,10 @@ def discover(paths: Sequence[str], exclude: Sequence[str] = (), force_exclude: b
             if not missing_ok:
                 add(Entry(p, None, error="no such file or directory"))
             continue
+        special = _not_regular(p)
+        if special:
+            add(Entry(p, None, error=special))
+            continue
         if p.is_file():
             if force_exclude and (_excluded(str(p), exclude) or _in_skipped_dir(p)):
                 continue
@@ -152,18 +155,53 @@ def _walk(root: Path, exclude: Sequence[str]) -> Iterator[Entry]:
                 else:
                     yield Entry(path, root, notice="symbolic link: skipped")
                 continue
-            yield Entry(path, root)
+            special = _not_regular(path)
+            yield Entry(path, root, error=special) if special else Entry(path, root)
+
+
+def _not_regular(path: Path) -> Optional[str]:
+    """Why ``path`` is not a regular file or a directory (a FIFO, a device,
+    a socket), or None.  Reading a FIFO would wait for a writer forever."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None  # reported when it is read
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode)
+            else "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "a special file")
+    return f"not a regular file but {kind}; not read"
 
 
 def read_bytes(path: Path) -> bytes:
+    """The bytes of a regular file.  Opened without blocking and checked
+    before reading, so that a FIFO that appeared after discovery cannot
+    hang the run."""
     try:
-        data = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except PermissionError:
         raise FileProblem("permission denied (cannot read)") from None
     except IsADirectoryError:
         raise FileProblem("is a directory") from None
     except OSError as exc:
         raise FileProblem(f"cannot read: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise FileProblem("is a directory")
+        if not stat.S_ISREG(mode):
+            raise FileProblem(_not_regular(path) or "not a regular file; not read")
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        data = b"".join(chunks)
+    except OSError as exc:
+        raise FileProblem(f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
     if b"\0" in data:
         raise FileProblem("binary file (contains NUL bytes)")
     return data
@@ -179,10 +217,16 @@ def check_writable(path: Path) -> None:
         raise FileProblem("file is read-only; left unchanged")
 
 
-def atomic_write(path: Path, data: bytes, like: Optional[Path] = None) -> None:
+def atomic_write(path: Path, data: bytes, like: Optional[Path] = None, expected: Optional[bytes] = None) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename.
 
-    Permission bits come from ``like`` (default: the file being replaced).
+    Permission bits, owner and group come from ``like`` (default: the file
+    being replaced; the owner only where this process may give it, as root
+    in a CI container).  ``expected``: what the file must still hold -- one
+    edited since it was read is left as it is (FileProblem).  A file with
+    other hard links is rewritten in place, signals held off while it is,
+    so that every name of it sees the new text (a rename would give this
+    name a new inode and leave the others on the old text).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     source_stat = None
@@ -190,6 +234,11 @@ def atomic_write(path: Path, data: bytes, like: Optional[Path] = None) -> None:
         if candidate is not None and candidate.exists():
             source_stat = candidate.stat()
             break
+    if expected is not None and _current(path) != expected:
+        raise FileProblem("changed during the run (edited while xlaport read it): left as it is; run again")
+    if like is None and source_stat is not None and source_stat.st_nlink > 1 and stat.S_ISREG(source_stat.st_mode):
+        _rewrite_in_place(path, data)
+        return
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=TEMP_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -198,6 +247,8 @@ def atomic_write(path: Path, data: bytes, like: Optional[Path] = None) -> None:
             os.fsync(fh.fileno())
         if source_stat is not None:
             os.chmod(tmp, stat.S_IMODE(source_stat.st_mode))
+            if like is None:
+                _keep_owner(tmp, source_stat)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -205,6 +256,42 @@ def atomic_write(path: Path, data: bytes, like: Optional[Path] = None) -> None:
         except OSError:
             pass
         raise
+
+
+def _current(path: Path) -> Optional[bytes]:
+    try:
+        return read_bytes(path)
+    except FileProblem:
+        return None
+
+
+def _keep_owner(path: str, st: os.stat_result) -> None:
+    if (st.st_uid, st.st_gid) == (os.getuid(), os.getgid()) or not hasattr(os, "chown"):
+        return
+    for uid, gid in ((st.st_uid, st.st_gid), (-1, st.st_gid)):  # the group alone, where the owner cannot be given
+        try:
+            os.chown(path, uid, gid)
+            return
+        except OSError:
+            continue
+
+
+def _rewrite_in_place(path: Path, data: bytes) -> None:
+    """Replace a hard-linked file's content, keeping its inode.  SIGINT and
+    SIGTERM wait until the content is whole (a few system calls)."""
+    import signal
+
+    held = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held) if hasattr(signal, "pthread_sigmask") else None
+    try:
+        with open(path, "r+b") as fh:
+            fh.write(data)
+            fh.truncate()
+            fh.flush()
+            os.fsync(fh.fileno())
+    finally:
+        if old is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def remove_stale_temps(directories: Iterable[Path]) -> List[Path]:
@@ -238,43 +325,3 @@ def _alive(pid: int) -> bool:
     except OSError:
         return True  # exists, owned by someone else
     return True
-
-
-def is_inside(child: Path, parent: Path) -> bool:
-    try:
-        child.resolve().relative_to(parent.resolve())
-        return True
-    except ValueError:
-        return False
-
-
-def copy_tree_files(root: Path, out: Path, skip: Sequence[Path]) -> List[Tuple[Path, str]]:
-    """Copy every file under ``root`` to ``out`` except those in ``skip``.
-
-    Returns problems as (path, reason); a file that cannot be copied does not
-    stop the others.
-    """
-    problems: List[Tuple[Path, str]] = []
-    skipped = {os.path.abspath(p) for p in skip}
-    out_abs = out.resolve()
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        base = Path(dirpath)
-        dirnames[:] = [
-            d for d in dirnames if d not in {"__pycache__"} and (base / d).resolve() != out_abs
-        ]
-        for name in filenames:
-            src = base / name
-            if os.path.abspath(src) in skipped:
-                continue
-            dst = out / src.relative_to(root)
-            try:
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                if src.is_symlink():
-                    if dst.is_symlink() or dst.exists():
-                        dst.unlink()
-                    os.symlink(os.readlink(src), dst)
-                else:
-                    shutil.copy2(src, dst)
-            except OSError as exc:
-                problems.append((src, f"cannot copy: {exc.strerror or exc}"))
-    return problems

@@ -16,39 +16,49 @@ import ast
 import difflib
 import json
 import re
+import uuid
+import warnings
 from dataclasses import replace
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from codemods.base import Finding
 from xlaport.engine import Settings, SourceError, transform
 
 _MAGIC_RE = re.compile(r"^([ \t]*)([%!].*|.*\?\?\s*)$")
-_MASK = "__xlaport_magic_{}__"
-_UNMASK_RE = re.compile(r"^([ \t]*)__xlaport_magic_(\d+)__$", re.MULTILINE)
 
 
-def _mask(source: str) -> Tuple[str, List[str]]:
-    saved: List[str] = []
-    lines = []
-    for line in source.split("\n"):
-        m = _MAGIC_RE.match(line)
-        if m:
-            lines.append(m.group(1) + _MASK.format(len(saved)))
-            saved.append(m.group(2))
-        else:
-            lines.append(line)
-    return "\n".join(lines), saved
+class _Markers:
+    """The lines xlaport puts into the joined program: a marker before each
+    cell, a stand-in for each IPython line, a statement before the first
+    cell (imports the conversion adds land above it).  Each carries a token
+    that occurs in no cell, so no user text can be taken for one."""
 
+    def __init__(self, texts: List[str]) -> None:
+        joined = "\n".join(texts)
+        token = uuid.uuid4().hex[:12]
+        while token in joined:
+            token = uuid.uuid4().hex[:12]
+        self.cell = f"# xlaport-cell-{token} {{}}"
+        self.cell_re = re.compile(rf"^# xlaport-cell-{token} (\d+)$", re.MULTILINE)
+        self.mask = f"__xlaport_magic_{token}_{{}}__"
+        self.unmask_re = re.compile(rf"^([ \t]*)__xlaport_magic_{token}_(\d+)__$", re.MULTILINE)
+        self.head = f"__xlaport_notebook_{token}__ = None\n"
 
-def _unmask(source: str, saved: List[str]) -> str:
-    return _UNMASK_RE.sub(lambda m: m.group(1) + saved[int(m.group(2))], source)
+    def hide(self, source: str) -> Tuple[str, List[str]]:
+        saved: List[str] = []
+        lines = []
+        for line in source.split("\n"):
+            m = _MAGIC_RE.match(line)
+            if m:
+                lines.append(m.group(1) + self.mask.format(len(saved)))
+                saved.append(m.group(2))
+            else:
+                lines.append(line)
+        return "\n".join(lines), saved
 
+    def show(self, source: str, saved: List[str]) -> str:
+        return self.unmask_re.sub(lambda m: m.group(1) + saved[int(m.group(2))], source)
 
-_CELL = "# xlaport-cell {}"
-# A statement before the first cell: imports the conversion adds land above it
-# (a module's leading comments are its header, which imports go below).
-_HEAD = "__xlaport_notebook__ = None\n"
-_CELL_RE = re.compile(r"^# xlaport-cell (\d+)$", re.MULTILINE)
 
 Result = Tuple[bytes, List[Finding], List[str], Tuple[int, int]]
 
@@ -57,7 +67,9 @@ def _read(data: bytes):
     import nbformat  # imported here: only notebooks pay for it
 
     try:
-        return nbformat.reads(data.decode("utf-8"), as_version=nbformat.NO_CONVERT)
+        with warnings.catch_warnings():  # (nbformat warns about ids and versions: not ours to print)
+            warnings.simplefilter("ignore")
+            return nbformat.reads(data.decode("utf-8"), as_version=nbformat.NO_CONVERT)
     except Exception as exc:  # nbformat raises many kinds
         raise SourceError(f"not a readable notebook: {exc}") from None
 
@@ -66,12 +78,12 @@ def _source(cell) -> str:
     return cell.source if isinstance(cell.source, str) else "".join(cell.source)
 
 
-def _code_cells(nb):
+def _code_cells(nb, markers: "_Markers"):
     """(cell number, cell, source, source with magics masked, the magics)."""
     for index, cell in enumerate(nb.cells, start=1):
         if cell.get("cell_type") == "code":
             source = _source(cell)
-            masked, saved = _mask(source)
+            masked, saved = markers.hide(source)
             yield index, cell, source, masked, saved
 
 
@@ -79,12 +91,13 @@ def transform_notebook(data: bytes, settings: Settings, filename: str = "") -> R
     """Returns (new bytes, findings with ``cell`` set, per-cell problems,
     CUDA references found and left)."""
     nb = _read(data)
+    markers = _Markers([_source(c) for c in nb.cells])
     settings = replace(settings, changed_lines=None)  # --diff-base: a changed notebook is read whole
     problems: List[str] = []
     cells = []  # (cell index, cell, original source, masked-out magics, first program line)
-    parts: List[str] = [_HEAD]
+    parts: List[str] = [markers.head]
     line = 2
-    for index, cell, source, masked, saved in _code_cells(nb):
+    for index, cell, source, masked, saved in _code_cells(nb, markers):
         try:
             ast.parse(masked)
         except SyntaxError as exc:
@@ -92,7 +105,7 @@ def transform_notebook(data: bytes, settings: Settings, filename: str = "") -> R
             problems.append(f"cell {index}{where}: cannot parse: {exc.msg}")
             continue
         text = masked if masked.endswith("\n") else masked + "\n"
-        parts.append(_CELL.format(index) + "\n" + text)
+        parts.append(markers.cell.format(index) + "\n" + text)
         cells.append((index, cell, source, saved, line + 1))
         line += 1 + text.count("\n")
     if not cells:
@@ -100,32 +113,40 @@ def transform_notebook(data: bytes, settings: Settings, filename: str = "") -> R
     try:
         outcome = transform("".join(parts).encode("utf-8"), settings, filename)
     except SourceError:  # LibCST and ast disagree about some cell: one cell at a time
-        return _cell_by_cell(data, nb, settings, filename)
+        return _cell_by_cell(data, nb, settings, filename, markers)
     findings = _place(outcome.findings, cells)
     new_text = outcome.code.decode("utf-8")
-    pieces = _CELL_RE.split(new_text)
-    added, segments = pieces[0].replace(_HEAD, ""), dict(zip(map(int, pieces[1::2]), pieces[2::2]))
-    changed = False
+    split = _split(new_text, markers, [c[0] for c in cells])
+    if split is None:
+        problems.append("the converted program could not be cut back into its cells; the notebook is left as it is")
+        return data, findings, problems, outcome.cuda
+    added, segments = split
+    new_sources: Dict[int, str] = {}
     for index, cell, source, saved, _ in cells:
-        new = segments.get(index)
-        if new is None:
-            continue
+        new = segments[index]
         new = new[1:] if new.startswith("\n") else new
         if not source.endswith("\n") and new.endswith("\n"):
             new = new[:-1]
-        new = _unmask(new, saved)
+        new = markers.show(new, saved)
         if new != source:
-            cell.source = new
-            changed = True
-    if added.strip():
-        import nbformat
-
-        first = next(k for k, c in enumerate(nb.cells) if c.get("cell_type") == "code")
-        nb.cells.insert(first, nbformat.v4.new_code_cell(added.strip("\n")))
-        changed = True
-    if not changed:
+            new_sources[index] = new
+    if not new_sources and not added.strip():
         return data, findings, problems, outcome.cuda
-    return _write(nb, data), findings, problems, outcome.cuda
+    return _write(data, new_sources, added.strip("\n")), findings, problems, outcome.cuda
+
+
+def _split(text: str, markers: _Markers, expected: List[int]) -> Optional[Tuple[str, Dict[int, str]]]:
+    """(what precedes the first cell, the text of each cell) of the converted
+    program; None unless its markers are exactly the cells put in, in order,
+    and the pieces join back into the program."""
+    pieces = markers.cell_re.split(text)
+    numbers = [int(n) for n in pieces[1::2]]
+    if numbers != expected or pieces[0].count(markers.head) != 1:
+        return None
+    rebuilt = pieces[0] + "".join(markers.cell.format(n) + body for n, body in zip(numbers, pieces[2::2]))
+    if rebuilt != text:
+        return None
+    return pieces[0].replace(markers.head, ""), dict(zip(numbers, pieces[2::2]))
 
 
 def _place(findings: List[Finding], cells) -> List[Finding]:
@@ -147,24 +168,47 @@ def _last_at_or_before(starts: List[int], line: int) -> int:
     return bisect.bisect_right(starts, line) - 1
 
 
-def _write(nb, data: bytes) -> bytes:
-    import nbformat
-
-    text = nbformat.writes(nb)
-    # keep the file's own indentation style when it is the common 1-space one
-    if not data.lstrip().startswith(b"{\n "):
-        text = json.dumps(json.loads(text), ensure_ascii=False)
+def _write(data: bytes, sources: Dict[int, str], added: str) -> bytes:
+    """The notebook file with new cell sources (by cell number) and, when
+    ``added``, a new code cell before the first one -- edited in the JSON as
+    it was read: key order, layout and every other field stay as they were,
+    and the new cell has an ``id`` only where the notebook's version
+    (nbformat >= 4.5) defines one."""
+    raw = json.loads(data.decode("utf-8"))
+    cells = raw["cells"]
+    for number, text in sources.items():
+        cell = cells[number - 1]
+        cell["source"] = text.splitlines(keepends=True) if isinstance(cell.get("source"), list) else text
+    if added:
+        new: Dict[str, object] = {"cell_type": "code", "execution_count": None}
+        if (raw.get("nbformat", 4), raw.get("nbformat_minor", 0)) >= (4, 5):
+            taken = {c.get("id") for c in cells}
+            token = uuid.uuid4().hex[:8]
+            while token in taken:
+                token = uuid.uuid4().hex[:8]
+            new["id"] = token
+        new["metadata"] = {}
+        new["outputs"] = []
+        first = next(c for c in cells if c.get("cell_type") == "code")
+        new["source"] = added.splitlines(keepends=True) if isinstance(first.get("source"), list) else added
+        cells.insert(cells.index(first), new)
+    head = data.lstrip()[:64]
+    indent: Optional[int] = None
+    if head.startswith(b"{\n"):
+        rest = head[2:]
+        indent = len(rest) - len(rest.lstrip(b" "))
+    text = json.dumps(raw, indent=indent, ensure_ascii=False)
     if data.endswith(b"\n") and not text.endswith("\n"):
         text += "\n"
     return text.encode("utf-8")
 
 
-def _cell_by_cell(data: bytes, nb, settings: Settings, filename: str) -> Result:
+def _cell_by_cell(data: bytes, nb, settings: Settings, filename: str, markers: _Markers) -> Result:
     findings: List[Finding] = []
     problems: List[str] = []
-    changed = False
+    sources: Dict[int, str] = {}
     found = left = 0
-    for index, cell, source, masked, saved in _code_cells(nb):
+    for index, cell, source, masked, saved in _code_cells(nb, markers):
         try:
             outcome = transform(masked.encode("utf-8"), settings, filename)
         except SourceError as exc:
@@ -175,11 +219,10 @@ def _cell_by_cell(data: bytes, nb, settings: Settings, filename: str) -> Result:
         for f in outcome.findings:
             f.cell = index
             findings.append(f)
-        new = _unmask(outcome.code.decode("utf-8"), saved)
+        new = markers.show(outcome.code.decode("utf-8"), saved)
         if new != source:
-            cell.source = new
-            changed = True
-    return (_write(nb, data) if changed else data), findings, problems, (found, left)
+            sources[index] = new
+    return (_write(data, sources, "") if sources else data), findings, problems, (found, left)
 
 
 def file_line(data: bytes, cell: int, line: int) -> int:

@@ -13,7 +13,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from codemods import registry
 from codemods.rule import Finding
-from xlaport.cache import NOTHING, Cache, decode, encode
+from xlaport.cache import Cache, decode, encode, encode_style, nothing
 from xlaport.files import Entry, FileProblem, read_bytes
 from xlaport.settings import Settings
 
@@ -73,7 +73,9 @@ def _convert_bytes(path: str, data: bytes, settings: Settings,
 Problem = Optional[Tuple[str, Optional[int], Optional[int]]]
 
 
-Outcome = Tuple[Optional[bytes], List[Finding], Problem, Tuple[int, int]]
+# (output, findings, problem, CUDA counts, the output as `convert` writes it when
+# that differs: see xlaport.style)
+Outcome = Tuple[Optional[bytes], List[Finding], Problem, Tuple[int, int], Optional[bytes]]
 
 
 def _work(args: Tuple[str, bytes, Settings]) -> Optional[Outcome]:
@@ -88,16 +90,28 @@ def _work(args: Tuple[str, bytes, Settings]) -> Optional[Outcome]:
     try:
         out, findings, problems, cuda = _convert_bytes(path, data, settings, triggered)
     except SourceError as exc:
-        return None, [], (exc.message, exc.line, exc.col), (0, 0)
+        return None, [], (exc.message, exc.line, exc.col), (0, 0), None
     except RecursionError:
-        return None, [], ("too deeply nested for the parser", None, None), (0, 0)
+        return None, [], ("too deeply nested for the parser", None, None), (0, 0), None
     except Exception as exc:  # an xlaport bug must not abort the run
-        return None, [], (f"internal error in xlaport: {type(exc).__name__}: {exc}", None, None), (0, 0)
+        return None, [], (f"internal error in xlaport: {type(exc).__name__}: {exc}", None, None), (0, 0), None
     for f in findings:
         f.path = path
+    styled = _styled(path, data, out) if settings.options.get("restyle") and not problems else None
     if problems:
-        return out, findings, ("; ".join(problems), None, None), cuda
-    return out, findings, None, cuda
+        return out, findings, ("; ".join(problems), None, None), cuda, styled
+    return out, findings, None, cuda, styled
+
+
+def _styled(path: str, data: bytes, out: Optional[bytes]) -> Optional[bytes]:
+    """The output as `convert` writes it (``xlaport.style``): None when it
+    is the engine's output as it is."""
+    if out is None or out == data:
+        return None
+    from xlaport.style import restyle
+
+    styled = restyle(path, data, out)
+    return styled if styled != out else None
 
 
 def _triggered(data: bytes, settings: Settings) -> List[registry.CodemodInfo]:
@@ -132,6 +146,10 @@ def process(entries: Sequence[Entry], settings: Settings, jobs: int = 0, cache: 
                 try:
                     outcome = decode(hit, data, str(entry.path))
                     if outcome is not None:
+                        outcome = (*outcome, None)
+                    if outcome is not None and settings.options.get("restyle"):
+                        outcome = _with_style(cache, key, hit, outcome, str(entry.path), data)
+                    if outcome is not None:
                         _fill(result, outcome)
                     continue
                 except (KeyError, TypeError, ValueError):
@@ -148,13 +166,28 @@ def process(entries: Sequence[Entry], settings: Settings, jobs: int = 0, cache: 
     for (result, job, key), outcome in zip(work, outcomes):
         if outcome is not None:
             _fill(result, outcome)
-        if cache is not None:
-            cache.put(key, NOTHING if outcome is None else encode(outcome[0], job[1], *outcome[1:]))
+        if cache is not None and not (outcome is not None and outcome[2] is not None and outcome[2][0] == DIED):
+            cache.put(key, nothing(job[1]) if outcome is None else encode(
+                outcome[0], job[1], *outcome[1:4], styled=outcome[4], restyled=bool(job[2].options.get("restyle"))))
     return results
 
 
+def _with_style(cache: Cache, key: str, entry, outcome, path: str, data: bytes):  # type: ignore[no-untyped-def]
+    """A cached outcome with its output as `convert` writes it: the styled
+    output the entry holds, or (an entry `lint` made) styled now and kept."""
+    from xlaport.cache import styled_output
+
+    known, styled = styled_output(entry)
+    if not known and outcome[2] is None:
+        styled = _styled(path, data, outcome[0])
+        cache.put(key, {**entry, **encode_style(styled)})
+    return (*outcome[:4], styled)
+
+
 def _fill(result: FileResult, outcome) -> None:
-    out, findings, error, cuda = outcome
+    out, findings, error, cuda, styled = outcome
+    if styled is not None:
+        out = styled
     result.parsed = True
     result.cuda = tuple(cuda)  # type: ignore[assignment]
     if out is not None:
@@ -176,10 +209,10 @@ def _run(jobs_in: List[Tuple[str, bytes, Settings]], jobs: int, progress) -> Ite
             if progress is not None:
                 progress(1)
         return
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures import FIRST_COMPLETED, wait
+    from concurrent.futures.process import BrokenProcessPool
 
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(jobs_in)), initializer=_worker_init,
-                               initargs=(os.getpid(),))
+    pool = _pool(min(jobs, len(jobs_in)))
     try:
         # Largest files first, in small chunks: the run does not end waiting
         # on one worker's large file, an interrupted run stops within one
@@ -192,22 +225,91 @@ def _run(jobs_in: List[Tuple[str, bytes, Settings]], jobs: int, progress) -> Ite
             chunk = order[k:k + size]
             pending[pool.submit(_work_chunk, [jobs_in[i] for i in chunk])] = chunk
         done: Dict[int, Optional[Outcome]] = {}
+        lost: List[int] = []  # jobs of a worker that died (and of every chunk the broken pool gave up)
         next_out = 0
         while pending:
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in finished:
-                for i, outcome in zip(pending.pop(future), future.result()):
+                chunk = pending.pop(future)
+                try:
+                    outcomes = future.result()
+                except BrokenProcessPool:
+                    lost += chunk
+                    continue
+                for i, outcome in zip(chunk, outcomes):
                     done[i] = outcome
                     if progress is not None:
                         progress(1)
             while next_out in done:
                 yield done.pop(next_out)
                 next_out += 1
+        if lost:
+            pool.shutdown(wait=False, cancel_futures=True)
+            pool = None  # type: ignore[assignment]
+            for i, outcome in _recover(sorted(lost), jobs_in, jobs):
+                done[i] = outcome
+                if progress is not None:
+                    progress(1)
+            while next_out in done:
+                yield done.pop(next_out)
+                next_out += 1
     except BaseException:
-        _kill_workers(pool)
-        pool.shutdown(wait=False, cancel_futures=True)  # waiting on killed workers can hang
+        if pool is not None:
+            _kill_workers(pool)
+            pool.shutdown(wait=False, cancel_futures=True)  # waiting on killed workers can hang
         raise
-    pool.shutdown(wait=True)
+    if pool is not None:
+        pool.shutdown(wait=True)
+
+
+# The outcome of a file whose worker process died while converting it, even
+# alone: a crash in LibCST's native parser (very deep nesting), or the
+# system's out-of-memory killer.  Not cached: memory may be free next time.
+DIED = ("the process converting this file died (a crash in the native parser, or killed by the system, "
+        "e.g. out of memory); left as it is")
+
+
+def _pool(workers: int):  # type: ignore[no-untyped-def]
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(max_workers=workers, initializer=_worker_init, initargs=(os.getpid(),))
+
+
+def _recover(lost: List[int], jobs_in: List[Tuple[str, bytes, Settings]], jobs: int) -> Iterator[Tuple[int, Optional[Outcome]]]:
+    """Jobs a dead worker took with it, again: one file per task, ``jobs``
+    at a time in a fresh pool; when that pool breaks too, each file of the
+    batch runs alone, so that the one that kills its worker is found and
+    reported (:data:`DIED`) and every other file is converted."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    queue = list(lost)
+    pool = None
+    try:
+        while queue:
+            batch, queue = queue[:jobs], queue[jobs:]
+            pool = pool or _pool(jobs)
+            futures = [(i, pool.submit(_work_chunk, [jobs_in[i]])) for i in batch]
+            broken: List[int] = []
+            for i, future in futures:
+                try:
+                    yield i, future.result()[0]
+                except BrokenProcessPool:
+                    broken.append(i)
+            if not broken:
+                continue
+            pool.shutdown(wait=False, cancel_futures=True)
+            pool = None
+            for i in broken:
+                solo = _pool(1)
+                try:
+                    yield i, solo.submit(_work_chunk, [jobs_in[i]]).result()[0]
+                except BrokenProcessPool:
+                    yield i, (None, [], (DIED, None, None), (0, 0), None)
+                finally:
+                    solo.shutdown(wait=False, cancel_futures=True)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _work_chunk(chunk: List[Tuple[str, bytes, Settings]]) -> List[Optional[Outcome]]:
@@ -243,6 +345,7 @@ def _worker_init(parent: int) -> None:
 
     tune_gc()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (a forked worker inherits the parent's handler)
     importlib.import_module("xlaport.engine")  # now, while the parent is still submitting the work
 
     def watch() -> None:

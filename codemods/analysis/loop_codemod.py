@@ -133,11 +133,12 @@ class LoopCodemod(XlaCodemod):
         return self.tensor_stack[-1] if self.tensor_stack else set()
 
     def hot_loop_line(self) -> int:
+        """The line of the user's file where the innermost hot loop starts."""
         for loop, step, loader in self.loop_stack:
             if step or loader:
                 lines = self._memo("loop_lines", self.tree.module, lambda: {  # every candidate loop, one pass
                     k: v[0] for k, v in self.tree.start_positions(module_facts(self.tree).hot_loops).items()})
-                return lines.get(id(loop)) or self.position(loop)[0]  # type: ignore[union-attr]
+                return self.user_line(lines.get(id(loop)) or self.position(loop)[0])  # type: ignore[union-attr]
         return 0
 
     def is_step_closure(self, call: cst.Call) -> bool:

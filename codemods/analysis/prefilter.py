@@ -95,6 +95,12 @@ def parsed(source: bytes) -> Optional[ast.Module]:
     return tree if last is source else None
 
 
+def rejected(source: bytes) -> bool:
+    """Python's own parser refused ``source``, the last file read here."""
+    last, tree = _LAST
+    return last is source and tree is None
+
+
 def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
     """The facts that can hold for ``source``; None when ``ast`` cannot read
     it (then nothing is filtered and LibCST reports the problem)."""
@@ -102,6 +108,7 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
+        _LAST = (source, None)
         return None
     _LAST = (source, tree)
     facts: Set[str] = set()
