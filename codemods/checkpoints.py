@@ -15,6 +15,7 @@ from typing import List
 
 import libcst as cst
 
+from codemods.analysis.values import MODULE, values
 from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all, string_value
 
 MAP_LOCATION = Rule(
@@ -77,20 +78,55 @@ class Checkpoints(XlaCodemod):
             return self._save(original_node, updated_node)
         return updated_node
 
-    def _load(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+    def _load(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         for i, a in enumerate(original.args):
             is_location = (a.keyword is not None and a.keyword.value == "map_location") or (
-                a.keyword is None and i == 1)
+                a.keyword is None and not a.star and i == 1)
             if not is_location or string_value(a.value) == "cpu":
                 continue
-            if self.flag(a.value, MAP_LOCATION.code, 'map_location -> "cpu" (load_state_dict moves the tensors)',
-                         fix=True):
+            model = self._loads_a_model(original)
+            message = ('map_location -> "cpu", then the model to the device (it is used as a model)' if model
+                       else 'map_location -> "cpu" (load_state_dict moves the tensors)')
+            if self.flag(a.value, MAP_LOCATION.code, message, fix=True):
                 args = list(updated.args)
                 args[i] = args[i].with_changes(value=cst.SimpleString('"cpu"'))
-                return updated.with_changes(args=args)
+                loaded = updated.with_changes(args=args)
+                if not model:
+                    return loaded
+                self.add_imports(self.target.device_imports)
+                return cst.Call(func=cst.Attribute(value=loaded, attr=cst.Name("to")),
+                                args=[cst.Arg(self.target.device_node())])
         return updated
 
+    def _loads_a_model(self, call: cst.Call) -> bool:
+        """The loaded object is used as a model: called, or asked for what
+        only a module has (``.eval()``, ``.parameters()``) -- directly, or
+        through the name it is assigned to."""
+        parent = self.parent(call)
+        if isinstance(parent, cst.Attribute) and parent.attr.value in _MODULE_METHODS:
+            return True
+        if not isinstance(parent, cst.Assign) or len(parent.targets) != 1:
+            return False
+        target = parent.targets[0].target
+        if not isinstance(target, cst.Name):
+            return False
+        scope = next((a for a in self.ancestors(call) if isinstance(a, (cst.FunctionDef, cst.Module))), None)
+        for use in find_all(scope, cst.Name, stop=(cst.ClassDef,)):  # type: ignore[arg-type]
+            if use.value != target.value or use is target:  # type: ignore[attr-defined]
+                continue
+            up = self.parent(use)
+            if isinstance(up, cst.Call) and up.func is use:
+                return True
+            if isinstance(up, cst.Attribute) and up.value is use and up.attr.value in _MODULE_METHODS:
+                return True
+        return False
+
     def _save(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        if original.args and MODULE in values(self.tree).of(original.args[0].value):
+            self.flag(original, XM_SAVE.code, "`torch.save` of a whole module: on XLA it pickles XLA tensors, "
+                      "which load back only where torch_xla runs; save `model.state_dict()` with `xm.save` "
+                      "(or move the model to the CPU first)", fix=False)
+            return updated
         if not original.args or not self._is_state(original.args[0].value, original):
             return updated
         if not self.flag(original, XM_SAVE.code, "`torch.save` of device state -> `xm.save`", fix=True):
@@ -114,6 +150,10 @@ class Checkpoints(XlaCodemod):
             if name in targets and _has_state_dict(assign.value):  # type: ignore[attr-defined]
                 return True
         return False
+
+
+_MODULE_METHODS = {"eval", "train", "parameters", "named_parameters", "modules", "children", "forward",
+                   "half", "float", "bfloat16", "requires_grad_", "zero_grad", "generate"}
 
 
 def _has_state_dict(node: cst.CSTNode) -> bool:

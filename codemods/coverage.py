@@ -22,7 +22,9 @@ COVERAGE_KEY = "xlaport.cuda_left"
 # (--ignore, --select), what it would have converted is not reported here.
 _OWNERS = {'"cuda"': ("XLA102", "XLA109"), '"nccl"': ("XLA141",), ".cuda()": ("XLA101",),
            ".pin_memory()": ("XLA108",), "pin_memory=": ("XLA108",), "device_ids=": ("XLA142",),
-           "output_device=": ("XLA142",), "map_location=": ("XLA131",)}
+           "output_device=": ("XLA142",), "map_location=": ("XLA131",), "int device": ("XLA102",),
+           "inference_mode()": ("XLA151",), "fused=": ("XLA152",), "matmul precision": ("XLA153",),
+           "DataParallel": ("XLA154",)}
 
 
 def _owners(label: str) -> tuple:
@@ -49,6 +51,11 @@ _HINTS = {
     "output_device=": "a CUDA output device: drop it",
     "pin_memory=": "pinned memory needs CUDA: set it False",
     "map_location=": 'load checkpoints with map_location="cpu", then move them with load_state_dict',
+    "int device": "an integer device is a CUDA ordinal (cuda:N): use torch_xla.device()",
+    "inference_mode()": "inference tensors fail on XLA: use torch.no_grad()",
+    "fused=": "no fused optimizer kernels for XLA tensors: fused=False",
+    "matmul precision": "on XLA: torch_xla.backends.set_mat_mul_precision(...)",
+    "DataParallel": "DataParallel does nothing on XLA: torch_xla.launch + DistributedDataParallel",
 }
 
 CATCH_ALL = Rule(

@@ -113,6 +113,17 @@ class DeviceStrings(XlaCodemod):
             self._rewrite.update(id(s) for s in find_all(value, (cst.SimpleString, cst.FormattedString))
                                  if is_cuda_string(s))
 
+    def visit_Arg(self, node: cst.Arg) -> None:
+        """``torch.autocast(device_type="cuda" if ... else "cpu")``: a place
+        that takes a device *type*, a string."""
+        if node.keyword is not None and node.keyword.value == "device_type" and isinstance(node.value, cst.IfExp) \
+                and is_device_string_choice(node.value):  # (a plain "cuda" there is an autocast's: XLA121)
+            if self._facts.tests_availability(node.value.test):
+                self._rewrite.add(id(node.value))
+            else:
+                self._rewrite.update(id(s) for s in find_all(node.value, (cst.SimpleString, cst.FormattedString))
+                                     if is_cuda_string(s))
+
     def visit_Comparison(self, node: cst.Comparison) -> None:
         operands = [node.left] + [c.comparator for c in node.comparisons]
         if any(self._is_device_name(o) for o in operands):

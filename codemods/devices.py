@@ -16,10 +16,11 @@ from typing import Optional, Union
 
 import libcst as cst
 
-from codemods.analysis.cuda import cuda_facts
+from codemods.analysis.cuda import cuda_facts, is_cuda_string
+from codemods.analysis.ordinals import ordinal_uses
 from codemods.base import Rule, XlaCodemod, dotted, find_all, string_value
+from codemods.nodes import source_of
 
-_CUDA_RE = re.compile(r"^cuda(:\d+)?$")
 _HOST_DEVICES = {"cpu", "mps"}
 
 CUDA_METHOD = Rule(
@@ -46,22 +47,27 @@ CUDA_LITERAL = Rule(
     why=(
         'A string "cuda" passed as a device (to `.to()`, a `device=` keyword, '
         "`torch.device(...)`, or a variable named like a device) pins the program to "
-        "a GPU. On XLA the device is `torch_xla.device()`. Never `xla:N`: each process "
+        "a GPU, and so does an integer (`.to(rank)`, `device=local_rank`: to torch an int device is "
+        "`cuda:N`). On XLA the device is `torch_xla.device()`. Never `xla:N`: each process "
         "sees its own device as xla:0. A CUDA default of a function parameter is only "
         "reported: it is evaluated at import time, where the XLA runtime must not start."
     ),
     before=(
         "import torch\n\ndevice = torch.device(\"cuda\", 0)\n"
         "x = torch.zeros(3, device=\"cuda:1\")\npipe.to(\"cuda\")\n"
+        "rank = int(os.environ[\"LOCAL_RANK\"])\nmodel.to(rank)\ny = torch.ones(2, device=rank % 8)\n"
     ),
     after=(
         "import torch\nimport torch_xla\n\ndevice = torch_xla.device()\n"
         "x = torch.zeros(3, device=torch_xla.device())\npipe.to(torch_xla.device())\n"
+        "rank = int(os.environ[\"LOCAL_RANK\"])\nmodel.to(torch_xla.device())\n"
+        "y = torch.ones(2, device=torch_xla.device())\n"
     ),
     valid=(
         'print("running on cuda")\n',
         'def f():\n    """Move to cuda."""\n    return x.to(device)\n',
         "import torch\ng = torch.Generator(device=\"cpu\")\n",
+        "def place(x, device, n):\n    return x.to(device), x.to(n)\n",
     ),
 )
 
@@ -89,14 +95,16 @@ CUDA_IDIOM = Rule(
 CUDA_COMPARE = Rule(
     code="XLA104",
     name="cuda-comparison",
-    summary='comparison with "cuda" is never true on XLA (reported, not rewritten)',
+    summary='`device.type == "cuda"` -> `"xla"`; other comparisons with "cuda" are reported',
     why=(
-        'Code such as `if device.type == "cuda":` selects a CUDA-only path. On XLA the '
-        'device type is "xla", so the branch is skipped; xlaport cannot know whether '
-        "that is what you want. Check the branch by hand."
+        'Code such as `if device.type == "cuda": model = model.to(device)` chooses the path the '
+        'accelerator takes. On XLA the device type is "xla", so the comparison becomes one with "xla" '
+        "and the program takes the side it took on the GPU (a side that needs CUDA itself -- a fused "
+        "optimizer, device properties -- has been removed first: XLA116). A comparison with \"cuda\" "
+        "of anything else (a config value, a backend name) is reported: check the branch by hand."
     ),
-    before='if x.device.type == "cuda":\n    pass\n',
-    after=None,
+    before='if x.device.type == "cuda":\n    model = model.to(x.device)\nif cfg.backend == "cuda":\n    pass\n',
+    after='if x.device.type == "xla":\n    model = model.to(x.device)\nif cfg.backend == "cuda":\n    pass\n',
     valid=('if x.device.type == "xla":\n    pass\n',),
 )
 
@@ -128,14 +136,7 @@ CUDA_GENERATOR = Rule(
 )
 
 
-def is_cuda_literal(node: cst.CSTNode) -> bool:
-    value = string_value(node)
-    if value is not None:
-        return bool(_CUDA_RE.match(value))
-    if isinstance(node, cst.FormattedString):  # f"cuda:{rank}"
-        first = node.parts[0] if node.parts else None
-        return isinstance(first, cst.FormattedStringText) and first.value.startswith("cuda:")
-    return False
+is_cuda_literal = is_cuda_string  # "cuda", "cuda:1", f"cuda:{rank}", "cuda:{}".format(gpu)
 
 
 def _is_host_literal(node: cst.CSTNode) -> bool:
@@ -160,9 +161,14 @@ class DeviceSwap(XlaCodemod):
 
     def regions(self, tree):
         """Statements that mention CUDA: a "cuda..." string, or a name such as
-        ``cuda``, ``is_available``'s module or a ``use_cuda`` flag."""
-        return tree.statements_where(lambda n: "cuda" in n.value,
-                                     (cst.Name, cst.SimpleString, cst.FormattedStringText))
+        ``cuda``, ``is_available``'s module or a ``use_cuda`` flag; and those
+        that pass an integer ordinal as a device (``model.to(rank)``)."""
+        found = tree.statements_where(lambda n: "cuda" in n.value,
+                                      (cst.Name, cst.SimpleString, cst.FormattedStringText))
+        return found + [tree.statement_of(use) for use in ordinal_uses(tree, self.qualnames).values()]
+
+    def _is_ordinal_use(self, node: cst.CSTNode) -> bool:
+        return id(node) in ordinal_uses(self.tree, self.qualnames)
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -250,9 +256,14 @@ class DeviceSwap(XlaCodemod):
                 return self._cuda_method_to(updated_node)
             return updated_node
 
-        # torch.device("cuda"...) / torch.device(<idiom>) -> device
+        # torch.device("cuda"...) / torch.device(<idiom>) / torch.device(<int>) -> device
         if self._is_torch_device(original_node) and original_node.args:
             first = original_node.args[0].value
+            if self._is_ordinal_use(first):
+                if self.flag(original_node, CUDA_LITERAL.code, f"`torch.device({source_of(first)})`: an integer "
+                             "device is a CUDA ordinal -> XLA device", fix=True):
+                    return self._device()
+                return updated_node
             if is_cuda_literal(first):
                 if self.flag(original_node, CUDA_LITERAL.code, "`torch.device(\"cuda\")` -> XLA device", fix=True):
                     return self._device()
@@ -276,6 +287,15 @@ class DeviceSwap(XlaCodemod):
             and is_cuda_literal(original_node.args[0].value)
         ):
             if self.flag(original_node.args[0].value, CUDA_LITERAL.code, '`.to("cuda")` -> `.to(<XLA device>)`', fix=True):
+                args = list(updated_node.args)
+                args[0] = args[0].with_changes(value=self._device())
+                return updated_node.with_changes(args=args)
+        # .to(rank): an integer device is a CUDA ordinal
+        if (isinstance(func, cst.Attribute) and func.attr.value == "to" and original_node.args
+                and original_node.args[0].keyword is None and self._is_ordinal_use(original_node.args[0].value)):
+            first = original_node.args[0].value
+            if self.flag(first, CUDA_LITERAL.code, f"`.to({source_of(first)})`: an integer device is a CUDA ordinal "
+                         "-> `.to(<XLA device>)`", fix=True):
                 args = list(updated_node.args)
                 args[0] = args[0].with_changes(value=self._device())
                 return updated_node.with_changes(args=args)
@@ -331,6 +351,10 @@ class DeviceSwap(XlaCodemod):
             return updated_node  # handled in leave_Call (XLA107)
         if is_cuda_literal(value):
             if self.flag(value, CUDA_LITERAL.code, '`device="cuda"` -> XLA device', fix=True):
+                return updated_node.with_changes(value=self._device())
+        elif self._is_ordinal_use(value):
+            if self.flag(value, CUDA_LITERAL.code, f"`device={source_of(value)}`: an integer device is a CUDA ordinal "
+                         "-> XLA device", fix=True):
                 return updated_node.with_changes(value=self._device())
         elif self._is_idiom(value) and value not in self._handled:
             if self.flag(value, CUDA_IDIOM.code, "CUDA-if-available device choice -> XLA device", fix=True):
@@ -410,10 +434,20 @@ class DeviceSwap(XlaCodemod):
         return body_target
 
     # ------------------------------------------------------------ XLA104
-    def visit_Comparison(self, node: cst.Comparison) -> None:
+    def leave_Comparison(self, original_node: cst.Comparison, updated_node: cst.Comparison) -> cst.Comparison:
+        node = original_node
         operands = [node.left] + [t.comparator for t in node.comparisons]
         for op in operands:
             if string_value(op) is not None and string_value(op).startswith("cuda"):  # type: ignore[union-attr]
+                others = [o for o in operands if o is not op]
+                if string_value(op) == "cuda" and len(operands) == 2 and _is_device_type(others[0]):
+                    # `x.device.type == "cuda"`: the device's type (the
+                    # CUDA-only sides of such tests are gone: XLA116)
+                    if self.flag(node, CUDA_COMPARE.code, '`.type == "cuda"` -> `.type == "xla"`: the XLA '
+                                 "device takes the side the GPU took", fix=True):
+                        return _replace_operand(updated_node, operands.index(op),
+                                                cst.SimpleString(op.value[0] + "xla" + op.value[0]))  # type: ignore[attr-defined]
+                    return updated_node
                 self.flag(
                     node,
                     CUDA_COMPARE.code,
@@ -421,12 +455,27 @@ class DeviceSwap(XlaCodemod):
                     "check this branch",
                     fix=False,
                 )
-                return
+                return updated_node
+        return updated_node
 
     # ------------------------------------------------------------ helpers
     def _device(self) -> cst.BaseExpression:
         self.add_imports(self.target.device_imports)
         return self.target.device_node()
+
+
+def _is_device_type(node: cst.CSTNode) -> bool:
+    """``<a device>.type``: ``device.type``, ``x.device.type``, ``self.device.type``."""
+    return isinstance(node, cst.Attribute) and node.attr.value == "type" and \
+        bool(re.search(r"device$", (dotted(node.value) or "").split(".")[-1]))
+
+
+def _replace_operand(node: cst.Comparison, index: int, new: cst.BaseExpression) -> cst.Comparison:
+    if index == 0:
+        return node.with_changes(left=new.with_changes(lpar=node.left.lpar, rpar=node.left.rpar))
+    targets = list(node.comparisons)
+    targets[index - 1] = targets[index - 1].with_changes(comparator=new)
+    return node.with_changes(comparisons=targets)
 
 
 _DEVICE_ARG_RE = re.compile(r"(^|_)device$|^dev$")

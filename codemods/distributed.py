@@ -18,12 +18,13 @@ one process (``fn(0, *a)``) and eager code instead.
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import libcst as cst
 
 
 from codemods.base import Rule, XlaCodemod, dotted, find_all, string_value
+from codemods.nodes import source_of
 
 PROCESS_GROUP = Rule(
     code="XLA141",
@@ -145,13 +146,26 @@ class Distributed(XlaCodemod):
         "init_process_group", "DistributedDataParallel", "DDP", "spawn", "compile", "DistributedSampler"))
 
     def regions(self, tree):
-        return tree.statements_where(lambda n: n.value in (
+        found = tree.statements_where(lambda n: n.value in (
             "init_process_group", "DistributedDataParallel", "DDP", "spawn", "compile", "DistributedSampler"),
             (cst.Name,))
+        return found + [tree.statement_of(s) for s in _backend_choices(tree, self.qualnames).values()]
 
     def visit_Module(self, node: cst.Module) -> None:
         source = self.tree.source
         self._spawns = b"spawn" in source
+        self._choices = _backend_choices(self.tree, self.qualnames)  # id -> "nccl" string of an accelerator choice
+
+    def leave_SimpleString(self, original_node: cst.SimpleString, updated_node: cst.SimpleString):
+        if id(original_node) not in self._choices:
+            return updated_node
+        backend = self.target.process_group_backend
+        if not self.flag(original_node, PROCESS_GROUP.code, f'backend chosen for the accelerator: "nccl" -> '
+                         f'"{backend}"', fix=True):
+            return updated_node
+        self.add_imports(self.target.process_group_imports)
+        quote = "'" if original_node.value.startswith("'") else '"'
+        return cst.SimpleString(f"{quote}{backend}{quote}")
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         q = self.qualnames(original_node.func)
@@ -171,6 +185,8 @@ class Distributed(XlaCodemod):
         i = _find(original, "backend", 0)
         if i is not None and string_value(original.args[i].value) in ("gloo", "mpi", self.target.process_group_backend):
             return updated
+        if i is not None and _choice_name(original.args[i].value) in _chosen_names(self._choices, self.tree):
+            return self._keep_choice(original, updated, i)
         if i is not None and string_value(original.args[i].value) is None and not self._holds_nccl(original.args[i].value):
             # chosen at run time (timm picks gloo on the CPU): not ours to force
             self.flag(original, PROCESS_GROUP.code, "process group backend chosen at run time: on XLA it must be "
@@ -187,6 +203,23 @@ class Distributed(XlaCodemod):
         kept = [a for k, a in enumerate(updated.args)
                 if k != i and a.keyword is not None and a.keyword.value in ("timeout", "pg_options")]
         init_key, _, init_value = self.target.process_group_init.partition("=")
+        return updated.with_changes(args=_join([backend, _arg(init_key, init_value)] + kept))
+
+    def _keep_choice(self, original: cst.Call, updated: cst.Call, i: int) -> cst.Call:
+        """``init_process_group(backend=choice)`` where ``choice`` is now the
+        target's backend for the accelerator: the target's rendezvous, the
+        choice kept."""
+        if self.target.process_group_init is None:
+            return updated
+        if not self.flag(original, PROCESS_GROUP.code, f'process group: init_method for the '
+                         f'"{self.target.process_group_backend}" backend', fix=True):
+            return updated
+        self.add_imports(self.target.process_group_imports)
+        init_key, _, init_value = self.target.process_group_init.partition("=")
+        backend = updated.args[i].with_changes(keyword=cst.Name("backend"), equal=cst.AssignEqual(
+            cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+        kept = [a for k, a in enumerate(updated.args)
+                if k != i and a.keyword is not None and a.keyword.value in ("timeout", "pg_options")]
         return updated.with_changes(args=_join([backend, _arg(init_key, init_value)] + kept))
 
     def _holds_nccl(self, value: cst.CSTNode) -> bool:
@@ -255,7 +288,7 @@ class Distributed(XlaCodemod):
         for k, a in enumerate(original.args):
             if a.keyword is not None and a.keyword.value in values:
                 new = values[a.keyword.value]
-                if cst.Module([]).code_for_node(a.value) != new:
+                if source_of(a.value) != new:
                     args[k] = args[k].with_changes(value=cst.parse_expression(new))
                     changed = True
         if changed and self.flag(original, LAUNCH.code, "DistributedSampler shards by the XLA runtime", fix=True):
@@ -280,3 +313,55 @@ class Distributed(XlaCodemod):
                 if k != i and not (a.keyword is not None and a.keyword.value in ("mode", "options"))]
         args.insert(1, _arg("backend", f'"{backend}"'))
         return updated.with_changes(args=_join(args))
+
+
+def _choice_name(value: cst.CSTNode) -> str:
+    return dotted(value) or ""
+
+
+def _backend_choices(tree, qualnames) -> Dict[int, cst.SimpleString]:  # type: ignore[no-untyped-def]
+    """The "nccl" strings of backend choices made for the accelerator --
+    ``backend = "nccl" if torch.cuda.is_available() else "gloo"`` -- for a
+    name the module passes to ``init_process_group``: every value the name is
+    given is "nccl" or "gloo", one of them "nccl"."""
+    memo = tree.memo.get("backend_choices")
+    if isinstance(memo, dict):
+        return memo
+    used = set()
+    for call in tree.nodes((cst.Call,)):
+        if qualnames(call.func) & _PG:  # type: ignore[attr-defined]
+            i = _find(call, "backend", 0)  # type: ignore[arg-type]
+            if i is not None and dotted(call.args[i].value):  # type: ignore[attr-defined]
+                used.add(dotted(call.args[i].value))  # type: ignore[attr-defined]
+    found: Dict[int, cst.SimpleString] = {}
+    for name in used:
+        values = [a.value for a in tree.nodes((cst.Assign,))  # type: ignore[attr-defined]
+                  if any(dotted(t.target) == name for t in a.targets)]  # type: ignore[attr-defined]
+        strings = [s for v in values for s in _choice_strings(v)]
+        if values and strings and len(strings) == sum(len(_leaves(v)) for v in values) \
+                and {string_value(s) for s in strings} <= {"nccl", "gloo"} \
+                and "nccl" in {string_value(s) for s in strings}:
+            found.update({id(s): s for s in strings if string_value(s) == "nccl"})  # type: ignore[misc]
+    tree.memo["backend_choices"] = found
+    return found
+
+
+def _leaves(value: cst.CSTNode) -> List[cst.CSTNode]:
+    if isinstance(value, cst.IfExp):
+        return _leaves(value.body) + _leaves(value.orelse)
+    return [value]
+
+
+def _choice_strings(value: cst.CSTNode) -> List[cst.SimpleString]:
+    return [v for v in _leaves(value) if isinstance(v, cst.SimpleString) and string_value(v) is not None]
+
+
+def _chosen_names(choices: Dict[int, cst.SimpleString], tree) -> set:  # type: ignore[no-untyped-def]
+    """The names whose values hold one of ``choices``."""
+    names = set()
+    if not choices:
+        return names
+    for a in tree.nodes((cst.Assign,)):
+        if any(id(s) in choices for s in _choice_strings(a.value)):  # type: ignore[attr-defined]
+            names |= {dotted(t.target) for t in a.targets}  # type: ignore[attr-defined]
+    return names

@@ -63,6 +63,11 @@ _SKIP_FIELDS = re.compile(
 _CHILD_FIELDS: Dict[type, Tuple[str, ...]] = {}
 
 
+def source_of(node: cst.CSTNode) -> str:
+    """The code of one node, as LibCST writes it."""
+    return cst.Module(body=[]).code_for_node(node)
+
+
 def _child_fields(kind: type) -> Tuple[str, ...]:
     names = _CHILD_FIELDS.get(kind)
     if names is None:

@@ -18,6 +18,7 @@ from codemods.rule import code_matches
 
 # The order the codemods run in (see the package docstring): edit this to add one.
 ORDER: Tuple[Tuple[str, str], ...] = (
+    ("codemods.guards", "CudaGuards"),  # first: decides CUDA tests before the device rules rewrite them
     ("codemods.device_strings", "DeviceStrings"),
     ("codemods.devices", "DeviceSwap"),
     ("codemods.cuda_api", "CudaApi"),
@@ -29,6 +30,7 @@ ORDER: Tuple[Tuple[str, str], ...] = (
     ("codemods.loaders", "DeviceLoader"),
     ("codemods.barriers", "StepBarrier"),
     ("codemods.host_reads", "HostReads"),
+    ("codemods.runtime", "XlaRuntime"),  # late: it asks whether the rules before it import torch_xla
     ("codemods.coverage", "CudaCatchAll"),
     ("codemods.suppressions", "UnusedSuppressions"),  # last: it reads what the others silenced
 )

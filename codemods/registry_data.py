@@ -6,6 +6,10 @@ LibCST: their order, their rules and the bytes that trigger them.
 
 # (module, class, trigger bytes, needs, ((code, name, summary, fixes), ...))
 CODEMODS = (
+    ('codemods.guards', 'CudaGuards', (b'cuda', b'accelerator'), ('code~cuda', 'code~accelerator'), (
+        ('XLA116', 'cuda-only-branch', 'a side of a CUDA test that needs CUDA itself (fused kernels, device properties) goes: XLA takes the other', True),
+        ('XLA117', 'cuda-requirement', "a requirement for CUDA on the program's path (`assert torch.cuda.is_available()`) is met by XLA: removed", True),
+    )),
     ('codemods.device_strings', 'DeviceStrings', (b'cuda',), ('code~cuda',), (
         ('XLA109', 'cuda-device-string', 'a device kept in a string (`device = "cuda"`) becomes `"xla"`, and tests on it follow', True),
     )),
@@ -13,7 +17,7 @@ CODEMODS = (
         ('XLA101', 'cuda-method', '`.cuda()` moves to the CUDA device: move to the XLA device instead', True),
         ('XLA102', 'cuda-device-literal', '`"cuda"`/`"cuda:N"` used as a device: use the XLA device', True),
         ('XLA103', 'cuda-if-available', '`"cuda" if torch.cuda.is_available() else "cpu"`: use the XLA device', True),
-        ('XLA104', 'cuda-comparison', 'comparison with "cuda" is never true on XLA (reported, not rewritten)', False),
+        ('XLA104', 'cuda-comparison', '`device.type == "cuda"` -> `"xla"`; other comparisons with "cuda" are reported', True),
         ('XLA106', 'cuda-parameter-default', 'a parameter defaults to a CUDA device (reported, not rewritten)', False),
         ('XLA107', 'cuda-generator', '`torch.Generator("cuda")`: XLA has no device generators; use a CPU one', True),
     )),
@@ -62,6 +66,14 @@ CODEMODS = (
         ('XLA405', 'dynamic-shape-op', '`nonzero`, `masked_select`, `unique`, one-argument `where`: data-dependent shapes', False),
         ('XLA406', 'boolean-mask-index', 'indexing with a boolean mask on the hot path (data-dependent shape)', False),
         ('XLA407', 'loop-counter-index', 'a device tensor iterated or indexed with the Python loop counter', False),
+    )),
+    ('codemods.runtime', 'XlaRuntime', (b'inference_mode', b'fused', b'set_float32_matmul_precision', b'DataParallel', b'basicConfig', b'manual_seed'), ('name:inference_mode', 'name:fused', 'name:set_float32_matmul_precision', 'name:DataParallel', 'name:basicConfig', 'name:manual_seed'), (
+        ('XLA151', 'inference-mode', '`torch.inference_mode()` -> `torch.no_grad()` (inference tensors fail on XLA)', True),
+        ('XLA152', 'fused-optimizer', '`torch.optim.X(..., fused=True)` -> `fused=False` (no fused kernels for XLA tensors)', True),
+        ('XLA153', 'matmul-precision', '`torch.set_float32_matmul_precision(level)` -> `torch_xla.backends.set_mat_mul_precision(level)`', True),
+        ('XLA154', 'data-parallel', '`nn.DataParallel` does nothing on XLA (reported)', False),
+        ('XLA155', 'logging-basic-config', '`logging.basicConfig(...)` gets `force=True` in torch programs: importing torch_xla configures logging first', True),
+        ('XLA156', 'xla-seed', "`torch.manual_seed(s)` is followed by `torch_xla.manual_seed(s)`: XLA's generator is apart", True),
     )),
     ('codemods.coverage', 'CudaCatchAll', (b'cuda', b'nccl', b'pin_memory', b'map_location', b'device_ids', b'output_device', b'GradScaler', b'spawn'), ('code~cuda', 'code~nccl', 'code~pin_memory', 'code~map_location', 'code~device_ids', 'code~output_device', 'code~GradScaler', 'code~spawn'), (
         ('XLA199', 'cuda-left-over', 'a CUDA-specific construct no rule converted (reported, with a hint)', False),

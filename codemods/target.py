@@ -136,6 +136,18 @@ class Target:
     save: Optional[str] = "xm.save"  # torch.save of device state; None: left alone
     save_imports: Tuple[Import, ...] = (("torch_xla.core.xla_model", None, "xm"),)
     compile_backend: Optional[str] = "openxla"  # None: torch.compile(m) -> m (eager)
+    # What the runtime of the target cannot do the way torch on CUDA does
+    # (codemods/runtime.py); each None/False: leave the program as it is.
+    seed: Optional[str] = "torch_xla.manual_seed"  # also seeded beside torch.manual_seed(s)
+    seed_imports: Tuple[Import, ...] = _XLA
+    no_inference_mode: bool = True  # torch.inference_mode() -> torch.no_grad()
+    no_fused_optimizers: bool = True  # torch.optim.X(..., fused=True) -> fused=False
+    matmul_precision: Optional[str] = "torch_xla.backends.set_mat_mul_precision"
+    matmul_precision_imports: Tuple[Import, ...] = (("torch_xla.backends", None, None),)
+    # torch.set_float32_matmul_precision's levels -> the target's
+    matmul_levels: Mapping[str, str] = field(default_factory=lambda: {
+        "highest": "highest", "high": "high", "medium": "default"})
+    configures_logging: bool = True  # importing it calls logging.basicConfig(): the program's own needs force=True
 
     # a fresh copy for each use: a node object that appears twice in a tree
     # makes the engine copy the whole tree (metadata needs unique nodes)
@@ -213,6 +225,13 @@ CPU = Target(
     save=None,
     save_imports=(),
     compile_backend=None,
+    seed=None,
+    seed_imports=(),
+    no_inference_mode=False,
+    no_fused_optimizers=False,
+    matmul_precision=None,
+    matmul_precision_imports=(),
+    configures_logging=False,
 )
 
 TARGETS: Dict[str, Target] = {t.name: t for t in (TORCH_XLA_2_9, CPU)}

@@ -47,7 +47,7 @@ def test_lint_exit_codes(tmp_path):
 
 def test_json_output_fields(tmp_path):
     f = tmp_path / "a.py"
-    f.write_bytes(CUDA + b'if x.device.type == "cuda":\n    pass\n')
+    f.write_bytes(CUDA + b'if cfg.backend == "cuda":\n    pass\n')
     result = run("lint", "--format", "json", f)
     rows = json.loads(result.output)["findings"]
     assert {r["code"] for r in rows} == {"XLA101", "XLA104"}
@@ -218,9 +218,9 @@ def test_lint_include_cold_says_which_reads_run_every_step(tmp_path):
         "    def index_for_timestep(self, t):\n        return (self.timesteps == t).nonzero()[0].item()\n\n"
         "    def step(self, out, t, sample):\n        i = self.index_for_timestep(t)\n        return sample - out\n"
     )
-    hot_only = run("lint", "--format", "json", "--select", "XLA4", sched)
+    hot_only = run("lint", "--format", "json", "--port-cpu", "--select", "XLA4", sched)
     assert {(f["line"], f["code"]) for f in json.loads(hot_only.output)["findings"]} == {(9, "XLA401"), (9, "XLA405")}
-    both = json.loads(run("lint", "--format", "json", "--select", "XLA4", "--include-cold", sched).output)["findings"]
+    both = json.loads(run("lint", "--format", "json", "--port-cpu", "--select", "XLA4", "--include-cold", sched).output)["findings"]
     by_line = {(f["line"], f["code"]): f["message"] for f in both}
     assert "once per call (in `set_timesteps()`)" in by_line[(6, "XLA401")]
     assert "runs every step" in by_line[(9, "XLA401")] and "reached from `step()`" in by_line[(9, "XLA401")]
@@ -239,9 +239,9 @@ def test_lint_first_step_only_lookup_is_once_per_call(tmp_path):
         "        return sample - out\n\n"
         "    def other(self, t):\n        return t.item()\n"
     )
-    hot_only = json.loads(run("lint", "--format", "json", "--select", "XLA4", sched).output)["findings"]
+    hot_only = json.loads(run("lint", "--format", "json", "--port-cpu", "--select", "XLA4", sched).output)["findings"]
     assert {(f["line"], f["code"]) for f in hot_only} == {(16, "XLA401")}  # the else branch is every step
-    both = json.loads(run("lint", "--format", "json", "--select", "XLA4", "--include-cold", sched).output)["findings"]
+    both = json.loads(run("lint", "--format", "json", "--port-cpu", "--select", "XLA4", "--include-cold", sched).output)["findings"]
     by_line = {(f["line"], f["code"]): f["message"] for f in both}
     assert "once per call (in `index_for_timestep()`)" in by_line[(6, "XLA401")]
 

@@ -217,9 +217,9 @@ def test_diff_base_outside_git_or_bad_ref_is_a_usage_error(repo, tmp_path_factor
 def test_lint_words_rewrites_as_proposals_and_convert_as_done(tmp_path):
     f = tmp_path / "loop.py"
     f.write_text("import torch\nfor x in data:\n    loss = model(x)\n    loss.backward()\n    opt.step()\n")
-    proposed = [x["message"] for x in json.loads(run("lint", "--format", "json", f).stdout)["findings"]]
+    proposed = [x["message"] for x in json.loads(run("lint", "--format", "json", "--port-cpu", f).stdout)["findings"]]
     assert any("would be added" in m for m in proposed), proposed
-    done = run("convert", "--format", "json", f).stdout
+    done = run("convert", "--format", "json", "--port-cpu", f).stdout
     assert "would be" not in done and " added" in done
 
 

@@ -61,7 +61,7 @@ def test_lint_does_not_load_libcst_codemod_when_no_import_changes(tmp_path):
     )
     probe = (
         "import sys\nfrom xlaport.cli import main\n"
-        f"try:\n    main(['lint', '--no-cache', '--select', 'XLA4', {str(target)!r}])\nexcept SystemExit as e:\n    code = e.code\n"
+        f"try:\n    main(['lint', '--no-cache', '--port-cpu', '--select', 'XLA4', {str(target)!r}])\nexcept SystemExit as e:\n    code = e.code\n"
         "print(code, 'libcst.codemod' in sys.modules, 'libcst.matchers' in sys.modules)\n"
     )
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)

@@ -8,10 +8,8 @@ imports its runtime only when it runs.  Printing lives in ``xlaport.output``.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import json
 import os
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +23,9 @@ from xlaport import output
 from xlaport.config import load_config
 from xlaport.files import Entry, discover, remove_stale_temps
 from xlaport.runner import ERROR_CODE, FileResult, process
+from xlaport.program import leave_alone, nothing_to_port
 from xlaport.settings import Settings
-from xlaport.writes import PlanError, check_output_root, destinations, write_in_place, write_tree
+from xlaport.writes import PlanError, check_output_root, destinations, to_written_lines, write_in_place, write_tree
 
 
 def _codes(value: Optional[str]) -> Optional[List[str]]:
@@ -66,6 +65,8 @@ def common_options(fn):
                      help="Only lines changed since this git ref (findings; and rewrites in convert)."),
         click.option("--stdin-filename", default=None,
                      help="The path to report (and match config against) for source read from `-`."),
+        click.option("--port-cpu", is_flag=True, default=None,
+                     help="Also convert a program with no CUDA or accelerator code (moves a CPU-only program to XLA)."),
         click.option("--keep-progress", is_flag=True, default=None,
                      help="Keep progress bars; only drop their tensor-reading postfixes."),
         click.option("--prints", type=click.Choice(["defer", "delete", "keep"]), default=None,
@@ -95,10 +96,15 @@ class Run:
     output_file: Optional[str]
     jobs: int
     no_cache: bool
+    port_cpu: bool = False
+    notice: Optional[str] = None  # a line about the whole run (xlaport.program)
 
     def process(self) -> List[FileResult]:
-        return _process(self.entries, self.settings, self.jobs, self.no_cache,
-                        show_progress=self.fmt == "text" and not self.quiet and not self.output_file)
+        results = _process(self.entries, self.settings, self.jobs, self.no_cache,
+                           show_progress=self.fmt == "text" and not self.quiet and not self.output_file)
+        if not self.port_cpu and nothing_to_port(results):
+            self.notice = leave_alone(results)
+        return results
 
     def report(self, results: List[FileResult]) -> None:
         """The findings, in the chosen format, to stdout or --output-file."""
@@ -135,7 +141,7 @@ def _echo(message: str, err: bool = False) -> None:
 
 
 def _prepare(paths, select, ignore, target, exclude, force_exclude, no_gitignore, diff_base, stdin_filename,
-             keep_progress, prints, config_args, no_prefilter, fmt, output_file, statistics, quiet, verbose, jobs,
+             port_cpu, keep_progress, prints, config_args, no_prefilter, fmt, output_file, statistics, quiet, verbose, jobs,
              no_cache) -> Run:
     config_path = [c for c in config_args if "=" not in c or Path(c).is_file()]
     overrides = [c for c in config_args if c not in config_path]
@@ -172,7 +178,8 @@ def _prepare(paths, select, ignore, target, exclude, force_exclude, no_gitignore
         for e in entries:
             if e.data is None and os.path.realpath(e.path) == target:
                 raise click.UsageError(f"--output-file {output_file} is an input file: the report would replace it")
-    return Run(settings, entries, fmt, quiet, verbose, statistics, output_file, jobs, no_cache)
+    port_all = port_cpu if port_cpu is not None else bool(config.get("port_cpu", False))
+    return Run(settings, entries, fmt, quiet, verbose, statistics, output_file, jobs, no_cache, port_all)
 
 
 def _process(entries, settings: Settings, jobs: int, no_cache: bool, show_progress: bool) -> List[FileResult]:
@@ -229,30 +236,6 @@ def _settings(config, select, ignore, target, keep_progress, prints) -> Settings
 # ------------------------------------------------------------------ output helpers
 
 
-def _diff(r: FileResult) -> str:
-    assert r.original is not None and r.output is not None
-    if str(r.path).endswith(".ipynb"):
-        from xlaport.notebook import cell_diff
-
-        cells = cell_diff(r.original, r.output, str(r.path).lstrip("/"))
-        if cells is not None:
-            return cells
-    try:
-        old = r.original.decode("utf-8")
-        new = r.output.decode("utf-8")
-    except UnicodeDecodeError:
-        old = r.original.decode("latin-1")
-        new = r.output.decode("latin-1")
-    return "".join(
-        difflib.unified_diff(
-            old.splitlines(keepends=True),
-            new.splitlines(keepends=True),
-            fromfile=f"a/{str(r.path).lstrip('/')}",
-            tofile=f"b/{str(r.path).lstrip('/')}",
-        )
-    )
-
-
 def _closing(results: List[FileResult], run: Run, first_line: str, after: str, fixes_done: bool) -> None:
     """The summary on stderr (text formats): totals, then counts per rule with
     rewrites and items needing review apart, then CUDA coverage."""
@@ -261,6 +244,8 @@ def _closing(results: List[FileResult], run: Run, first_line: str, after: str, f
     for r in results:
         if r.notice:
             _echo(f"{r.path}: skipped: {r.notice}", err=True)
+    if run.notice:
+        _echo(run.notice, err=True)
     _echo(first_line, err=True)
     if any(r.findings or r.error for r in results) and not run.statistics:
         for line in output.summary_by_rule(results, fixes_done):
@@ -325,7 +310,7 @@ def convert(paths, output_dir, show_diff, check, exit_non_zero_on_fix, **kw):
                     for stale in remove_stale_temps({r.path.parent for r in results}):
                         _echo(f"{stale}: removed a temporary file left by an interrupted run", err=True)
                     write_in_place(results)
-                    _to_written_lines(results)
+                    to_written_lines(results)
                 else:
                     write_tree(results, paths, out_root, lambda line: _echo(line, err=True))
             except KeyboardInterrupt as stop:  # every file is replaced whole or not at all
@@ -334,7 +319,7 @@ def convert(paths, output_dir, show_diff, check, exit_non_zero_on_fix, **kw):
     if show_diff:
         for r in results:
             if r.changed:
-                click.echo(_diff(r), nl=False)
+                click.echo(output.unified_diff(r), nl=False)
         # the diff is the output: what it cannot show (files that failed,
         # items needing review) goes to standard error
         output.write(results, run.fmt, sys.stderr, False, run.statistics)
@@ -348,7 +333,7 @@ def convert(paths, output_dir, show_diff, check, exit_non_zero_on_fix, **kw):
     left = sum(1 for r in results for f in r.findings if not f.fix)
     verb = "would change" if not write else "changed"
     where = ""
-    if write and out_root is None and not stdin and any(r.changed and r.findings for r in changed):
+    if write and out_root is None and not stdin and any(r.findings and not str(r.path).endswith(".ipynb") for r in changed):
         where = " Lines are those of the files as written."
     _closing(results, run,
              f"{len(changed)} file(s) {verb} ({fixes} rewrite(s)), {left} finding(s) left for review, "
@@ -358,30 +343,6 @@ def convert(paths, output_dir, show_diff, check, exit_non_zero_on_fix, **kw):
         sys.exit(2)
     if changed and (check or show_diff or exit_non_zero_on_fix):
         sys.exit(1)
-
-
-_LINE_IN_MESSAGE = re.compile(r"\bline (\d+)\b")
-
-
-def _to_written_lines(results: List[FileResult]) -> None:
-    """Findings of a file converted in place point at the file as written
-    (an earlier rewrite may have added or removed lines above them)."""
-    from xlaport.linemap import line_map
-
-    for r in results:
-        if not (r.writable and r.findings) or str(r.path).endswith(".ipynb"):
-            continue
-        try:
-            old, new = r.original.decode("utf-8"), r.output.decode("utf-8")  # type: ignore[union-attr]
-        except UnicodeDecodeError:
-            continue
-        forward = line_map(new, old)  # a line of the input -> the line of the output that holds it
-        for f in r.findings:
-            f.line = forward(f.line)
-            if f.end_line:
-                f.end_line = max(forward(f.end_line), f.line)
-            # a line a message names ("in the loop at line 6") moves with it
-            f.message = _LINE_IN_MESSAGE.sub(lambda m: f"line {forward(int(m.group(1)))}", f.message)
 
 
 class Terminated(KeyboardInterrupt):
@@ -434,7 +395,7 @@ def lint(paths, show_diff, include_cold, **kw):
     if show_diff:
         for r in results:
             if r.changed:
-                click.echo(_diff(r), nl=False)
+                click.echo(output.unified_diff(r), nl=False)
     findings = sum(len(r.findings) for r in results)
     errors = [r for r in results if r.error]
     fixable = sum(1 for r in results for f in r.findings if f.fix)

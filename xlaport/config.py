@@ -2,7 +2,8 @@
 
 Keys: ``select``, ``extend-select``, ``ignore``, ``exclude`` (lists),
 ``per-file-ignores`` (glob -> codes), ``target`` (string), ``keep-progress``
-(bool), ``prints`` ("defer" | "delete" | "keep"), ``force-exclude`` (bool:
+(bool), ``prints`` ("defer" | "delete" | "keep"), ``port-cpu`` (bool: convert a
+program with no CUDA code too), ``force-exclude`` (bool:
 ``exclude`` applies to files named on the command line too, as pre-commit
 passes them), ``respect-gitignore`` (bool, default true).  Unknown keys and
 values of the wrong kind are errors.
@@ -31,7 +32,7 @@ def _find(paths: Sequence[str]) -> Optional[Path]:
 
 
 KNOWN_KEYS = ("select", "extend-select", "ignore", "exclude", "per-file-ignores", "target", "keep-progress", "prints",
-              "force-exclude", "respect-gitignore")
+              "force-exclude", "respect-gitignore", "port-cpu")
 PRINTS = ("defer", "delete", "keep")
 
 
@@ -93,7 +94,7 @@ def load_config(paths: Sequence[str], explicit: Optional[str] = None,
         if table["prints"] not in PRINTS:
             raise click.UsageError(f"{where} prints must be one of {', '.join(PRINTS)}, not {table['prints']!r}")
         options["prints"] = table["prints"]
-    for key in ("force-exclude", "respect-gitignore"):
+    for key in ("force-exclude", "respect-gitignore", "port-cpu"):
         if key in table:
             if not isinstance(table[key], bool):
                 raise click.UsageError(f"{where} {key} must be true or false, not {table[key]!r}")

@@ -12,7 +12,7 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Iterable, Iterator, List, Optional, Sequence
 
 SOURCE_SUFFIXES = (".py", ".ipynb")
 TEMP_SUFFIX = ".xlaport-tmp"

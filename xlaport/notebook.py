@@ -25,6 +25,8 @@ from codemods.base import Finding
 from xlaport.engine import Settings, SourceError, transform
 
 _MAGIC_RE = re.compile(r"^([ \t]*)([%!].*|.*\?\?\s*)$")
+# a line magic followed by Python: `%time y = model.cuda()`, `%timeit -n 3 f(x)`
+_CODE_MAGIC_RE = re.compile(r"^([ \t]*)(%(?:time|timeit|prun)\b(?:[ \t]+-[A-Za-z]+(?:[ \t]*\d+)?)*[ \t]+)(\S.*)$")
 
 
 class _Markers:
@@ -43,11 +45,19 @@ class _Markers:
         self.mask = f"__xlaport_magic_{token}_{{}}__"
         self.unmask_re = re.compile(rf"^([ \t]*)__xlaport_magic_{token}_(\d+)__$", re.MULTILINE)
         self.head = f"__xlaport_notebook_{token}__ = None\n"
+        # the code after a line magic stays code; its magic waits in a comment
+        self.prefix = f"  # __xlaport_prefix_{token}_{{}}__"
+        self.prefix_re = re.compile(rf"^([ \t]*)(.*?)[ \t]*# __xlaport_prefix_{token}_(\d+)__$", re.MULTILINE)
 
     def hide(self, source: str) -> Tuple[str, List[str]]:
         saved: List[str] = []
         lines = []
         for line in source.split("\n"):
+            code = _CODE_MAGIC_RE.match(line)
+            if code and _is_python(code.group(3)):
+                lines.append(code.group(1) + code.group(3) + self.prefix.format(len(saved)))
+                saved.append(code.group(2))
+                continue
             m = _MAGIC_RE.match(line)
             if m:
                 lines.append(m.group(1) + self.mask.format(len(saved)))
@@ -57,7 +67,16 @@ class _Markers:
         return "\n".join(lines), saved
 
     def show(self, source: str, saved: List[str]) -> str:
+        source = self.prefix_re.sub(lambda m: m.group(1) + saved[int(m.group(3))] + m.group(2), source)
         return self.unmask_re.sub(lambda m: m.group(1) + saved[int(m.group(2))], source)
+
+
+def _is_python(code: str) -> bool:
+    try:
+        ast.parse(code)
+        return True
+    except SyntaxError:
+        return False
 
 
 Result = Tuple[bytes, List[Finding], List[str], Tuple[int, int]]

@@ -9,6 +9,7 @@ review are kept apart everywhere.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -316,3 +317,28 @@ def summary_by_rule(results: Sequence[FileResult], fixes_done: bool) -> List[str
         lines.append("Needs review (not rewritten):")
         lines += [f"  {n:5d}  {code}  {name}" for n, code, name in review_rows]
     return lines
+
+
+def unified_diff(r: FileResult) -> str:
+    """What `--diff` prints for one changed file (per cell for notebooks)."""
+    assert r.original is not None and r.output is not None
+    if str(r.path).endswith(".ipynb"):
+        from xlaport.notebook import cell_diff
+
+        cells = cell_diff(r.original, r.output, str(r.path).lstrip("/"))
+        if cells is not None:
+            return cells
+    try:
+        old = r.original.decode("utf-8")
+        new = r.output.decode("utf-8")
+    except UnicodeDecodeError:
+        old = r.original.decode("latin-1")
+        new = r.output.decode("latin-1")
+    return "".join(
+        difflib.unified_diff(
+            old.splitlines(keepends=True),
+            new.splitlines(keepends=True),
+            fromfile=f"a/{str(r.path).lstrip('/')}",
+            tofile=f"b/{str(r.path).lstrip('/')}",
+        )
+    )

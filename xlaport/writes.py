@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -239,3 +240,27 @@ def copy_tree_files(root: Path, out: Path, skip: Sequence[Path], manifest: Manif
             except (OSError, FileProblem) as exc:
                 problems.append((src, f"cannot copy: {getattr(exc, 'strerror', None) or exc}"))
     return problems
+
+
+_LINE_IN_MESSAGE = re.compile(r"\bline (\d+)\b")
+
+
+def to_written_lines(results: List[FileResult]) -> None:
+    """Findings of a file converted in place point at the file as written
+    (an earlier rewrite may have added or removed lines above them)."""
+    from xlaport.linemap import line_map
+
+    for r in results:
+        if not (r.writable and r.findings) or str(r.path).endswith(".ipynb"):
+            continue
+        try:
+            old, new = r.original.decode("utf-8"), r.output.decode("utf-8")  # type: ignore[union-attr]
+        except UnicodeDecodeError:
+            continue
+        forward = line_map(new, old)  # a line of the input -> the line of the output that holds it
+        for f in r.findings:
+            f.line = forward(f.line)
+            if f.end_line:
+                f.end_line = max(forward(f.end_line), f.line)
+            # a line a message names ("in the loop at line 6") moves with it
+            f.message = _LINE_IN_MESSAGE.sub(lambda m: f"line {forward(int(m.group(1)))}", f.message)

@@ -44,13 +44,18 @@ SPAWNS = {"torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn", "t
 
 
 def is_cuda_string(node: cst.CSTNode) -> bool:
-    """``"cuda"``, ``"cuda:1"`` or ``f"cuda:{rank}"``."""
+    """``"cuda"``, ``"cuda:1"``, ``f"cuda:{rank}"``, ``"cuda:{}".format(gpu)``
+    or ``"cuda:%d" % gpu``."""
     value = string_value(node)
     if value is not None:
         return bool(CUDA_STRING_RE.match(value))
     if isinstance(node, cst.FormattedString):
         first = node.parts[0] if node.parts else None
         return isinstance(first, cst.FormattedStringText) and first.value.startswith("cuda:")
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "format":
+        return (string_value(node.func.value) or "").startswith("cuda:")
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
+        return (string_value(node.left) or "").startswith("cuda:")
     return False
 
 
@@ -85,7 +90,7 @@ def cuda_references(tree: TreeCache, qualnames: QualNames) -> List[Tuple[cst.CST
     parents = tree.parents
     source = tree.source
     if source and not any(m in source for m in (b"cuda", b"nccl", b"pin_memory", b"map_location", b"device_ids",
-                                                b"output_device", b"GradScaler", b"spawn")):
+                                                b"output_device", b"GradScaler", b"spawn") + _RUNTIME_WORDS):
         return found
     # Names and attribute chains count as a whole chain, one that names one
     # of the words: found from the few names that hold a word, climbing to
@@ -119,6 +124,10 @@ def cuda_references(tree: TreeCache, qualnames: QualNames) -> List[Tuple[cst.CST
             if type(func) is cst.Attribute and func.attr.value in ("cuda", "pin_memory"):
                 if not in_cuda_module(qualnames(func)):
                     found.append((n, f".{func.attr.value}()"))
+            elif (dotted(func) or "").rsplit(".", 1)[-1] in RUNTIME_CALLS:
+                label = RUNTIME_CALLS[(dotted(func) or "").rsplit(".", 1)[-1]]
+                if any(q.startswith("torch.") for q in qualnames(func)):
+                    found.append((n, label))
         elif kind is cst.SimpleString or kind is cst.FormattedString:
             if is_cuda_string(n):
                 found.append((n, '"cuda"'))
@@ -132,9 +141,23 @@ def cuda_references(tree: TreeCache, qualnames: QualNames) -> List[Tuple[cst.CST
                 found.append((n, "pin_memory="))
             elif key == "map_location" and string_value(n.value) != "cpu":
                 found.append((n, "map_location="))
+            elif key == "fused" and not is_false(n.value) and not (isinstance(n.value, cst.Name) and n.value.value == "None"):
+                call = parents.get(id(n))
+                if isinstance(call, cst.Call) and any(q.startswith("torch.optim.") for q in qualnames(call.func)):
+                    found.append((n, "fused="))
         elif kind is cst.DictElement and string_value(n.key) == "pin_memory" and not is_false(n.value):
             found.append((n, "pin_memory="))
+    from codemods.analysis.ordinals import ordinal_uses  # (it reads this module)
+
+    found += [(n, "int device") for n in ordinal_uses(tree, qualnames).values()]
     return found
+
+
+# torch calls that run on CUDA and not on XLA as they are (codemods/runtime.py):
+# counted with the CUDA surface, as what a port must change
+RUNTIME_CALLS = {"inference_mode": "inference_mode()", "set_float32_matmul_precision": "matmul precision",
+                 "DataParallel": "DataParallel"}
+_RUNTIME_WORDS = (b"inference_mode", b"fused", b"set_float32_matmul_precision", b"DataParallel")
 
 
 def count_references(tree: TreeCache) -> int:
@@ -176,7 +199,7 @@ class CudaFacts:
         self._qualnames = qualnames
         self._tree = tree
         self._device_uses: Optional[Set[str]] = None
-        self._assigned_other: Set[str] = set()
+        self._assigned_object: Set[str] = set()  # names also bound to a torch.device
         tree.parents  # builds the type index
         for node in tree.in_walk_order(node_types((cst.Assign, cst.AnnAssign, cst.Call))):
             if isinstance(node, (cst.Assign, cst.AnnAssign)) and node.value is not None:
@@ -185,7 +208,16 @@ class CudaFacts:
                     self._bind(target, node.value, qualnames)
             elif isinstance(node, cst.Call) and qualnames(node.func) & (SPAWNS | LAUNCHERS):
                 self.launchers.add(id(scope_of(node, tree)))
-        self.device_strings -= self._assigned_other
+        # A name has one kind across its bindings: a name that holds a device
+        # string in one branch and the user's choice (`args.device`, a
+        # parameter) in another is a string; only a binding to a device
+        # object makes it a device
+        for attr in tree.in_walk_order(node_types((cst.Attribute,))):  # `device.type`: used as an object
+            if attr.attr.value in ("type", "index"):  # type: ignore[attr-defined]
+                text = dotted(attr.value)  # type: ignore[attr-defined]
+                if text in self.device_strings:
+                    self._assigned_object.add(text)
+        self.device_strings -= self._assigned_object
 
     def _bind(self, target: cst.CSTNode, value: cst.CSTNode, qualnames: QualNames) -> None:
         text = dotted(target)
@@ -193,8 +225,8 @@ class CudaFacts:
             return
         if is_device_string_choice(value):
             self.device_strings.add(text)
-        elif not is_host_string(value):
-            self._assigned_other.add(text)
+        elif _is_device_object(value, qualnames, self._tree):
+            self._assigned_object.add(text)
         if isinstance(value, cst.Call) and qualnames(value.func) & GRAD_SCALERS:
             self.scalers.add(text)
         if isinstance(value, (cst.Call, cst.BooleanOperation, cst.UnaryOperation, cst.Name, cst.Attribute)) \
@@ -209,7 +241,7 @@ class CudaFacts:
         if self._device_uses is None:
             self._device_uses = set()
             for call in self._tree.nodes((cst.Call,)):
-                for arg in _device_args(call, self._qualnames):  # type: ignore[arg-type]
+                for arg in device_arguments(call, self._qualnames):  # type: ignore[arg-type]
                     used = dotted(arg)
                     if used:
                         self._device_uses.add(used)
@@ -235,8 +267,9 @@ class CudaFacts:
         return text.split(".")[-1] in {"scaler", "grad_scaler", "loss_scaler", "amp_scaler"}
 
 
-def _device_args(call: cst.Call, qualnames: QualNames) -> List[cst.BaseExpression]:
-    """The arguments of ``call`` that sit where a device goes."""
+def device_arguments(call: cst.Call, qualnames: QualNames) -> List[cst.BaseExpression]:
+    """The arguments of ``call`` that sit where a device goes: ``device=``,
+    the first of ``.to(...)`` and of ``torch.device(...)``."""
     found = [a.value for a in call.args if a.keyword is not None and a.keyword.value == "device"]
     positional = [a.value for a in call.args if a.keyword is None and not a.star]
     func = call.func
@@ -244,6 +277,23 @@ def _device_args(call: cst.Call, qualnames: QualNames) -> List[cst.BaseExpressio
                        or "torch.device" in qualnames(func)):
         found.append(positional[0])
     return found
+
+
+_DEVICE_MAKERS = {"torch.device", "torch_xla.device", "torch_xla.core.xla_model.xla_device",
+                  "torch_xla.runtime.xla_device", "torch.accelerator.current_accelerator"}
+
+
+def _is_device_object(value: cst.CSTNode, qualnames: QualNames, tree: TreeCache) -> bool:
+    """A ``torch.device``: made, or read off a tensor or an accelerator
+    (``args.device``, an option, is the user's string)."""
+    if isinstance(value, cst.Call):
+        return bool(qualnames(value.func) & _DEVICE_MAKERS)
+    if not (isinstance(value, cst.Attribute) and value.attr.value == "device"):
+        return False
+    from codemods.analysis.values import TENSOR, values  # (values reads this module's neighbours)
+
+    base = value.value
+    return "accelerator" in (dotted(base) or "").split(".")[-1] or TENSOR in values(tree).of(base)
 
 
 def scope_of(node: cst.CSTNode, tree: TreeCache) -> cst.CSTNode:

@@ -273,11 +273,10 @@ class Values:
     def _binding_kinds(self, binding: cst.CSTNode) -> Kinds:
         return self._cached(1, binding, lambda: self._bound_value(binding))
 
-    def _bound_value(self, binding: cst.CSTNode) -> Kinds:
-        if isinstance(binding, cst.Param):
-            return self._param(binding)
-        if isinstance(binding, cst.ClassDef):
-            return NONE
+    def source(self, binding: cst.CSTNode) -> Tuple[Optional[cst.CSTNode], List[int]]:
+        """What a binding binds: (the assigned value, or the ``For`` whose
+        target it is, or None; the index path of the binding inside a
+        tuple target, ``a, (b, c) = ...`` gives ``[1, 0]`` for ``b``)."""
         parent = self.tree.parents.get(id(binding))
         path: List[int] = []
         node: cst.CSTNode = binding
@@ -287,13 +286,21 @@ class Values:
             node, parent = parent, self.tree.parents.get(id(parent))
         if isinstance(parent, cst.AssignTarget):
             assign = self.tree.parents.get(id(parent))
-            value = assign.value if isinstance(assign, cst.Assign) else None
-        elif isinstance(parent, (cst.AnnAssign, cst.AugAssign, cst.NamedExpr)):
-            value = parent.value
-        elif isinstance(parent, cst.For):
-            return self._iterated(parent.iter, path)
-        else:
+            return (assign.value if isinstance(assign, cst.Assign) else None), path
+        if isinstance(parent, (cst.AnnAssign, cst.AugAssign, cst.NamedExpr)):
+            return parent.value, path
+        if isinstance(parent, cst.For):
+            return parent, path
+        return None, path
+
+    def _bound_value(self, binding: cst.CSTNode) -> Kinds:
+        if isinstance(binding, cst.Param):
+            return self._param(binding)
+        if isinstance(binding, cst.ClassDef):
             return NONE
+        value, path = self.source(binding)
+        if isinstance(value, cst.For):
+            return self._iterated(value.iter, path)
         if value is None:
             return NONE
         if not path:

@@ -1,0 +1,202 @@
+"""XLA116, XLA117: CUDA guards decided by what they guard.
+
+A program switches on CUDA in many spellings (``torch.cuda.is_available()``,
+``device_type == "cuda"``, a flag set from either).  Which way the switch
+goes on XLA depends on the code behind it, not on its spelling
+(``codemods.analysis.guards``):
+
+* XLA116 -- a side taken only on CUDA that uses something only CUDA has (a
+  fused optimizer, ``get_device_properties``, memory statistics, apex,
+  flash-attn) goes: XLA takes the other side, as a CPU host would;
+* XLA117 -- a requirement for CUDA on the program's path (``assert
+  torch.cuda.is_available()``, ``if not ...: sys.exit(...)``) is a
+  requirement for an accelerator, which XLA satisfies: it goes (unless the
+  module uses a CUDA-only library, whose needs it may be guarding).
+
+Every other CUDA test is left to the device rules, which make the CUDA side
+work on XLA (availability is true, "cuda" strings become "xla").
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Union
+
+import libcst as cst
+
+from codemods.analysis.guards import CUDA_ONLY_LIBS, cuda_only, guards, uses_cuda_only_libs
+from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all, string_value
+from codemods.edits import DropsStatements
+
+CUDA_ONLY_BRANCH = Rule(
+    code="XLA116",
+    name="cuda-only-branch",
+    summary="a side of a CUDA test that needs CUDA itself (fused kernels, device properties) goes: XLA takes the other",
+    why=(
+        "On XLA the program runs on the accelerator, so most CUDA tests are taken as true and the code behind "
+        "them is converted. Code that needs CUDA itself has no XLA form: `fused=True` optimizers raise on XLA "
+        "tensors, `torch.cuda.get_device_properties()` raises without a GPU, apex or flash-attn cannot load. "
+        "Such a side is removed and the other side kept, which is what the program does on a host without "
+        "CUDA; the decision is made for each test, so a flag that also chooses the device still does that."
+    ),
+    before=(
+        "import torch\n\nuse_fused = fused_available and device_type == \"cuda\"\n"
+        "extra_args = dict(fused=True) if use_fused else dict()\n"
+        "if torch.cuda.is_available():\n    major = torch.cuda.get_device_properties(0).major\n"
+        "else:\n    major = 0\n"
+    ),
+    after=(
+        "import torch\n\nuse_fused = fused_available and device_type == \"cuda\"\n"
+        "extra_args = dict()\nmajor = 0\n"
+    ),
+    valid=(
+        "import torch\n\nif torch.cuda.is_available():\n    model = model.cuda()\n",
+        "if device.type == \"cuda\":\n    torch.cuda.synchronize()\n",
+    ),
+)
+
+CUDA_REQUIREMENT = Rule(
+    code="XLA117",
+    name="cuda-requirement",
+    summary="a requirement for CUDA on the program's path (`assert torch.cuda.is_available()`) is met by XLA: removed",
+    why=(
+        "`assert torch.cuda.is_available(), \"needs a GPU\"` and `if not torch.cuda.is_available(): sys.exit()` "
+        "say that the program needs an accelerator; on a TPU host CUDA is not available, so they would stop a "
+        "program that XLA runs. They are removed. In a module that uses a CUDA-only library (apex, "
+        "bitsandbytes, flash-attn) the check may protect that library: it is left and reported (XLA105)."
+    ),
+    before=(
+        "import sys\nimport torch\n\nassert torch.cuda.is_available(), \"needs a GPU\"\n"
+        "if not torch.cuda.is_available():\n    sys.exit(\"no GPU\")\nmain()\n"
+    ),
+    after="import sys\nimport torch\n\nmain()\n",
+    valid=("import torch\nimport apex\n\nassert torch.cuda.is_available(), \"apex needs CUDA\"\n",),
+)
+
+_STOPS = {"exit", "quit", "abort", "_exit"}
+
+
+class CudaGuards(DropsStatements, XlaCodemod):
+    DESCRIPTION = "Decide CUDA tests by what they guard: drop CUDA-only sides and CUDA requirements."
+    RESPECTS_HAND_PORTS = True
+    RULES = (CUDA_ONLY_BRANCH, CUDA_REQUIREMENT)
+    TRIGGERS = (b"cuda", b"accelerator")
+    NEEDS = ("code~cuda", "code~accelerator")
+
+    def regions(self, tree):
+        facts = guards(tree, self.qualnames)
+        return [tree.statement_of(n) for n in tree.nodes((cst.If, cst.IfExp, cst.Assert))
+                if facts.tests_cuda(n.test)]  # type: ignore[attr-defined]
+
+    def _facts(self):  # type: ignore[no-untyped-def]
+        return guards(self.tree, self.qualnames)
+
+    # ------------------------------------------------------------ XLA116
+    def _cuda_side(self, test: cst.BaseExpression, body: cst.CSTNode,
+                   orelse: Optional[cst.CSTNode]) -> Optional[cst.CSTNode]:
+        value, _ = self._facts().fold(test, on_cuda=True)
+        if value is None:
+            return None
+        return body if value else orelse
+
+    def leave_IfExp(self, original_node: cst.IfExp, updated_node: cst.IfExp) -> cst.BaseExpression:
+        if not self._facts().tests_cuda(original_node.test):
+            return updated_node
+        side = self._cuda_side(original_node.test, original_node.body, original_node.orelse)
+        why = cuda_only(side, self.qualnames) if side is not None else None
+        if why is None:
+            return updated_node
+        value, rest = self._facts().fold(updated_node.test, on_cuda=False)
+        if not self.flag(original_node, CUDA_ONLY_BRANCH.code, f"the CUDA side uses {why}, which XLA does not "
+                         "have: the other side is kept", fix=True):
+            return updated_node
+        if value is None:
+            return updated_node.with_changes(test=rest)
+        kept = updated_node.body if value else updated_node.orelse
+        return kept.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar) if updated_node.lpar else kept
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If):  # type: ignore[no-untyped-def]
+        facts = self._facts()
+        if isinstance(self.parent(original_node), cst.If) or not facts.tests_cuda(original_node.test):
+            return updated_node  # (an elif is decided with the chain it belongs to)
+        if self._requirement(original_node):
+            if not self.flag(original_node, CUDA_REQUIREMENT.code, "a requirement for CUDA: XLA is the "
+                             "accelerator here, so it is met (removed)", fix=True):
+                return updated_node
+            return self._keep(updated_node, facts.fold(updated_node.test, on_cuda=True))
+        orelse = original_node.orelse
+        side = self._cuda_side(original_node.test, original_node.body,
+                               orelse.body if isinstance(orelse, cst.Else) else orelse)
+        why = cuda_only(side, self.qualnames) if side is not None else None
+        if why is None:
+            return updated_node
+        if not self.flag(original_node, CUDA_ONLY_BRANCH.code, f"the CUDA side uses {why}, which XLA does not "
+                         "have: the other side is kept", fix=True):
+            return updated_node
+        return self._keep(updated_node, facts.fold(updated_node.test, on_cuda=False))
+
+    def _keep(self, node: cst.If, folded) -> Union[cst.BaseStatement, cst.FlattenSentinel]:  # type: ignore[no-untyped-def]
+        """``node`` with its test decided: the side it takes, in its place."""
+        value, rest = folded
+        if value is None:
+            return node.with_changes(test=rest)
+        if value:
+            return self._statements(node, node.body)
+        orelse = node.orelse
+        if orelse is None:
+            return self.emptied(node)
+        if isinstance(orelse, cst.If):  # elif ...: becomes if ...:
+            return orelse.with_changes(leading_lines=node.leading_lines)
+        return self._statements(node, orelse.body)
+
+    def _statements(self, node: cst.If, suite: cst.BaseSuite):  # type: ignore[no-untyped-def]
+        if isinstance(suite, cst.IndentedBlock):
+            stmts: List[cst.BaseStatement] = list(suite.body)
+        else:
+            stmts = [cst.SimpleStatementLine(body=list(suite.body))]  # type: ignore[attr-defined]
+        if not stmts:
+            return self.emptied(node)
+        stmts[0] = stmts[0].with_changes(leading_lines=[*node.leading_lines, *stmts[0].leading_lines])
+        return cst.FlattenSentinel(stmts)
+
+    # ------------------------------------------------------------ XLA117
+    def _requirement(self, node: cst.If) -> bool:
+        """``if <no CUDA>: stop`` with nothing else: a requirement."""
+        value, _ = self._facts().fold(node.test, on_cuda=True)
+        return (value is False and node.orelse is None and _stops(node.body)
+                and not uses_cuda_only_libs(self.tree) and not _names_cuda_only_lib(node.body))
+
+    def leave_Assert(self, original_node: cst.Assert, updated_node: cst.Assert) -> cst.Assert:
+        facts = self._facts()
+        if not facts.tests_cuda(original_node.test) or uses_cuda_only_libs(self.tree):
+            return updated_node
+        value, _ = facts.fold(original_node.test, on_cuda=True)
+        if value is True and not _names_cuda_only_lib(original_node) and self.flag(original_node, CUDA_REQUIREMENT.code, "a requirement for CUDA: XLA is the "
+                                       "accelerator here, so it is met (removed)", fix=True):
+            self.drop(original_node)
+        return updated_node
+
+
+def _names_cuda_only_lib(node: cst.CSTNode) -> bool:
+    """The check's own message names what needs CUDA (``"bitsandbytes
+    requires CUDA"``): a requirement of that library, not of an accelerator."""
+    words = " ".join((string_value(s) or "").lower() for s in find_all(node, cst.SimpleString))
+    return any(lib in words for lib in CUDA_ONLY_LIBS if lib not in ("cuda", "nvidia")) or any(
+        w in words for w in ("flash", "kernel", "fused", "apex"))
+
+
+def _stops(body: cst.BaseSuite) -> bool:
+    """A block that ends the program: it raises or calls ``sys.exit()``."""
+    stmts = body.body if isinstance(body, cst.IndentedBlock) else [body]
+    last = stmts[-1] if stmts else None
+    if not isinstance(last, cst.SimpleStatementLine):
+        return False
+    for small in last.body:
+        if isinstance(small, cst.Raise):
+            return True
+        if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+            if call_name(small.value) in _STOPS or (dotted(small.value.func) or "") in ("sys.exit", "os._exit"):
+                return True
+    return False
+
+
+__all__ = ["CudaGuards", "CUDA_ONLY_BRANCH", "CUDA_REQUIREMENT"]
