@@ -19,9 +19,9 @@ from typing import Optional
 
 import libcst as cst
 
-from codemods.analysis.cuda import cuda_facts, in_cuda_module, is_false, scope_of
+from codemods.analysis.cuda import cuda_facts, in_cuda_module, is_false, is_script, scope_of
 from codemods.edits import DropsStatements
-from codemods.base import Rule, XlaCodemod, dotted, find_all, string_value
+from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all, string_value
 from codemods.target import Move
 
 AVAILABLE = Rule(
@@ -203,7 +203,8 @@ class CudaApi(DropsStatements, XlaCodemod):
                       "left as it is (False on XLA); convert the guarded code by hand", fix=False)
             return updated
         scope = scope_of(original, self.tree)
-        if code == DEVICE_QUERY.code and "xr." in move.code and isinstance(scope, cst.Module):
+        if code == DEVICE_QUERY.code and "xr." in move.code and isinstance(scope, cst.Module) \
+                and not is_script(self.tree, self.qualnames):
             self.flag(original, DEVICE_QUERY.code, f"`{short}()` at import time (a module-level value or a "
                       "decorator): the XLA runtime must not start on import; count devices inside a function "
                       "(`xr.world_size()`)", fix=False)

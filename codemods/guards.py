@@ -23,6 +23,7 @@ from typing import List, Optional, Union
 
 import libcst as cst
 
+from codemods.analysis.cuda import is_script
 from codemods.analysis.guards import CUDA_ONLY_LIBS, cuda_only, guards, uses_cuda_only_libs
 from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all, string_value
 from codemods.edits import DropsStatements
@@ -62,13 +63,14 @@ CUDA_REQUIREMENT = Rule(
         "`assert torch.cuda.is_available(), \"needs a GPU\"` and `if not torch.cuda.is_available(): sys.exit()` "
         "say that the program needs an accelerator; on a TPU host CUDA is not available, so they would stop a "
         "program that XLA runs. They are removed. In a module that uses a CUDA-only library (apex, "
-        "bitsandbytes, flash-attn) the check may protect that library: it is left and reported (XLA105)."
+        "bitsandbytes, flash-attn), or in a library module (not a program's entry point), the check may "
+        "protect what needs CUDA: it is left and reported (XLA105)."
     ),
     before=(
         "import sys\nimport torch\n\nassert torch.cuda.is_available(), \"needs a GPU\"\n"
-        "if not torch.cuda.is_available():\n    sys.exit(\"no GPU\")\nmain()\n"
+        "if not torch.cuda.is_available():\n    sys.exit(\"no GPU\")\nargs = parser.parse_args()\n"
     ),
-    after="import sys\nimport torch\n\nmain()\n",
+    after="import sys\nimport torch\n\nargs = parser.parse_args()\n",
     valid=("import torch\nimport apex\n\nassert torch.cuda.is_available(), \"apex needs CUDA\"\n",),
 )
 
@@ -162,12 +164,17 @@ class CudaGuards(DropsStatements, XlaCodemod):
     def _requirement(self, node: cst.If) -> bool:
         """``if <no CUDA>: stop`` with nothing else: a requirement."""
         value, _ = self._facts().fold(node.test, on_cuda=True)
-        return (value is False and node.orelse is None and _stops(node.body)
-                and not uses_cuda_only_libs(self.tree) and not _names_cuda_only_lib(node.body))
+        return (value is False and node.orelse is None and _stops(node.body) and self._programs_own()
+                and not _names_cuda_only_lib(node.body))
+
+    def _programs_own(self) -> bool:
+        """A requirement of the program, not of a library: stated by an
+        entry-point module that uses no CUDA-only library."""
+        return is_script(self.tree, self.qualnames) and not uses_cuda_only_libs(self.tree)
 
     def leave_Assert(self, original_node: cst.Assert, updated_node: cst.Assert) -> cst.Assert:
         facts = self._facts()
-        if not facts.tests_cuda(original_node.test) or uses_cuda_only_libs(self.tree):
+        if not facts.tests_cuda(original_node.test) or not self._programs_own():
             return updated_node
         value, _ = facts.fold(original_node.test, on_cuda=True)
         if value is True and not _names_cuda_only_lib(original_node) and self.flag(original_node, CUDA_REQUIREMENT.code, "a requirement for CUDA: XLA is the "

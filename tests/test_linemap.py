@@ -95,3 +95,12 @@ def test_identical_blocks_with_no_unique_line_still_align():
     assert back(102) == 101  # the line after the insertion
     assert back(4002) == 4001  # the changed line stays opposite its original
     assert back(len(new)) == len(old)
+
+
+def test_a_dedented_block_maps_line_for_line():
+    """A progress bar's `with` removed and its body dedented: each body line
+    still maps to its own line, not to the `with` (issue 26: positions)."""
+    old = "a = 1\nwith bar() as b:\n    for t in ts:\n        x = f(x)\n        b.update()\nprint(x)\n"
+    new = "a = 1\nfor t in ts:\n    x = f(x)\nprint(x)\n"
+    back = line_map(old, new)
+    assert [back(n) for n in range(1, 5)] == [1, 3, 4, 6]

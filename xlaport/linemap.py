@@ -29,7 +29,7 @@ def line_map(old: str, new: str) -> Callable[[int], int]:
     replaced, which is where a reader of the original should look.
     """
     old_lines, new_lines = old.splitlines(), new.splitlines()
-    pairs = match_lines(new_lines, old_lines)
+    pairs = _with_moved_lines(match_lines(new_lines, old_lines), new_lines, old_lines)
     table: Dict[int, int] = {}
     prev_i, prev_j = -1, -1
     for i, j in pairs + [(len(new_lines), len(old_lines))]:
@@ -41,6 +41,24 @@ def line_map(old: str, new: str) -> Callable[[int], int]:
         prev_i, prev_j = i, j
     last = max(len(old_lines), 1)
     return lambda line: table.get(line, min(line, last))
+
+
+def _with_moved_lines(pairs: List[Pair], new: Sequence[str], old: Sequence[str]) -> List[Pair]:
+    """``pairs`` and, in each gap between them, the lines that are the same
+    but for their indentation (a block dedented when its ``with`` went):
+    each maps to its own line, not to the start of the gap."""
+    out: List[Pair] = []
+    prev_i, prev_j = -1, -1
+    for i, j in pairs + [(len(new), len(old))]:
+        if i - prev_i > 1 and j - prev_j > 1:
+            gap_new = [line.strip() for line in new[prev_i + 1:i]]
+            gap_old = [line.strip() for line in old[prev_j + 1:j]]
+            out += [(prev_i + 1 + a, prev_j + 1 + b) for a, b in match_lines(gap_new, gap_old)
+                    if gap_new[a]]  # (blank lines anchor nothing)
+        if i < len(new):
+            out.append((i, j))
+        prev_i, prev_j = i, j
+    return out
 
 
 def match_lines(a: Sequence[str], b: Sequence[str]) -> List[Pair]:

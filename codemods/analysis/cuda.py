@@ -304,6 +304,31 @@ def scope_of(node: cst.CSTNode, tree: TreeCache) -> cst.CSTNode:
     return cur or tree.module
 
 
+def is_script(tree: TreeCache, qualnames: QualNames) -> bool:
+    """The module is a program's entry point: it runs at its top level
+    (parses its arguments, loops, or has an ``if __name__ == "__main__":``
+    block) and launches no processes.  Its top level is the program's path,
+    not an import: the XLA runtime may start there, and a requirement it
+    states is the program's."""
+    if "is_script" in tree.memo:
+        return bool(tree.memo["is_script"])
+    found = False
+    if id(tree.module) not in cuda_facts(tree, qualnames).launchers:
+        for stmt in tree.module.body:
+            if isinstance(stmt, (cst.For, cst.While)):
+                found = True
+            elif isinstance(stmt, cst.If) and "__main__" in {string_value(s) for s in walk(stmt.test)}:
+                found = True
+            elif isinstance(stmt, cst.SimpleStatementLine) and any(
+                    isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)
+                    and n.func.attr.value in ("parse_args", "parse_known_args") for n in walk(stmt)):
+                found = True
+            if found:
+                break
+    tree.memo["is_script"] = found
+    return found
+
+
 def cuda_facts(tree: TreeCache, qualnames: QualNames) -> CudaFacts:
     facts = tree.memo.get("cuda_facts")
     if not isinstance(facts, CudaFacts):

@@ -33,6 +33,11 @@ CUDA_ONLY_LIBS = frozenset({"apex", "bitsandbytes", "flash_attn", "xformers", "t
                             "tensorrt", "torch_tensorrt", "transformer_engine", "liger_kernel", "mamba_ssm",
                             "causal_conv1d", "pycuda", "cuda", "nvtx"})
 _NEGATED = (cst.NotEqual, cst.NotIn, cst.IsNot)
+# CUDA calls that serve placement or settings, converted or dropped by their
+# own rules: an index to place on (`.cuda(torch.cuda.current_device())`),
+# cuDNN/TF32 flags -- not a reason to leave the CUDA side
+_PLACEMENT = ("torch.backends.cudnn", "torch.backends.cuda.matmul", "torch.cuda.current_device",
+              "torch.accelerator.current_device_index")
 
 
 class Guards:
@@ -141,7 +146,7 @@ def cuda_only(node: cst.CSTNode, qualnames) -> Optional[str]:  # type: ignore[no
     for n in walk(node):
         if isinstance(n, cst.Call):
             name = in_cuda_module(qualnames(n.func))  # type: ignore[operator]
-            if name and not name.startswith(("torch.backends.cudnn", "torch.backends.cuda.matmul")):
+            if name and not name.startswith(_PLACEMENT):
                 move = _move(name)
                 if move is None or move.kind == "report":
                     return f"`{name.replace('torch.', '', 1)}()`"

@@ -60,9 +60,10 @@ def library_kinds(qual: str, args: List[cst.Arg]) -> Optional[Kinds]:
         return frozenset({DEVICE_LOADER})
     if qual in ("torch.load", "pickle.load", "dill.load", "joblib.load"):
         return frozenset({LOADED})
-    if qual.startswith(("torch.nn.parallel.", "torch.distributed.fsdp.")) or qual in (
+    if (qual.startswith(("torch.nn.parallel.", "torch.distributed.fsdp.")) and last[:1].isupper()) or qual in (
             "torch.nn.DataParallel", "timm.create_model", "torch.jit.load", "torch.jit.trace", "torch.jit.script",
-            "torch.hub.load", "torch.export.load"):
+            "torch.hub.load", "torch.export.load", "torch.distributed.fsdp.fully_shard",
+            "torch.distributed._composable.fsdp.fully_shard"):
         return frozenset({MODULE})
     if qual.startswith("torch.nn.") and not qual.startswith(("torch.nn.functional.", "torch.nn.utils.", "torch.nn.init.")):
         return frozenset({MODULE}) if last[:1].isupper() and last != "Parameter" else None
