@@ -133,7 +133,7 @@ needs_xla = pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, re
 def _verify(name, *args, **options):
     from xlaport.verify.core import verify
 
-    report = verify(FIXTURES / name / "input.py", args=args, timeout=300, **options)
+    report = verify(FIXTURES / name / "input.py", args=args, timeout=300, root=FIXTURES / name, **options)
     assert report.error is None, report.error
     assert report.verdict == "pass", (report.failures, [o for o in report.outputs if not o.ok])
     assert report.metrics["executions"] > 0

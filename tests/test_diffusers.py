@@ -114,6 +114,7 @@ def _verify_sd(converted, steps):
 
     out, _ = converted
     report = verify(ROOT / "fixtures" / "diffusers_sd" / "input.py", converted=out / "input.py",
+                    root=ROOT / "fixtures" / "diffusers_sd",
                     args=["--steps", str(steps)], timeout=600)
     assert report.error is None, report.error
     return report

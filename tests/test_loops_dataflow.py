@@ -49,7 +49,7 @@ def test_host_reads_in_a_loop_found_by_dataflow_are_every_step():
 def test_broken_off_loop_prints_every_line_the_cpu_run_prints():
     from xlaport.verify.core import verify
 
-    report = verify(FIXTURES / "break_print" / "input.py", timeout=300)
+    report = verify(FIXTURES / "break_print" / "input.py", timeout=300, root=FIXTURES / "break_print")
     assert report.verdict == "pass", report.failures
     lines = [o for o in report.outputs if o.name.startswith("stdout line")]
     assert len(lines) == 4 and all(o.ok for o in lines)
@@ -60,7 +60,8 @@ def test_broken_off_loop_prints_every_line_the_cpu_run_prints():
 def test_compvis_sampler_compiles_the_same_at_two_lengths():
     from xlaport.verify.core import verify
 
-    report = verify(FIXTURES / "compvis_sampler" / "input.py", lengths="--steps=4,8", timeout=300)
+    report = verify(FIXTURES / "compvis_sampler" / "input.py", lengths="--steps=4,8", timeout=300,
+                    root=FIXTURES / "compvis_sampler")
     assert report.verdict == "pass", report.failures
     a, b = report.metrics["lengths"]
     assert a["compiles"] == b["compiles"]

@@ -20,7 +20,8 @@ def _verify(name, *options):
     from xlaport.cli import main
 
     out = Path(f"/tmp/xlaport-test-{name}.json")
-    result = CliRunner().invoke(main, ["verify", str(BAD / name), "--json", str(out), "--timeout", "300", *options])
+    result = CliRunner().invoke(main, ["verify", str(BAD / name), "--root", str(BAD), "--json", str(out), "--timeout", "300",
+                                         *options])
     return result, json.loads(out.read_text())
 
 
@@ -83,7 +84,7 @@ def test_reference_cuda_without_gpu_is_an_error(tmp_path):
 
     if any(Path("/dev").glob("nvidia*")):
         pytest.skip("a GPU is present")
-    result = CliRunner().invoke(main, ["verify", str(BAD / "item_in_loop.py"), "--reference", "cuda"])
+    result = CliRunner().invoke(main, ["verify", str(BAD / "item_in_loop.py"), "--root", str(BAD), "--reference", "cuda"])
     assert result.exit_code == 2 and "no CUDA device" in result.output
 
 
@@ -135,16 +136,17 @@ def test_host_read_cut_sampler_fails_on_growing_compilations(tmp_path):
     candidate = _swap_only("sampler.py", tmp_path)
     result, report = _verify("sampler.py", "--converted", str(candidate), "--lengths", "--steps=3,6", "--", "--log")
     assert result.exit_code == 1
-    a, b = [r["compiles"] for r in report["metrics"]["lengths"]]
-    assert b > a
+    a, b, c = [r["compiles"] for r in report["metrics"]["lengths"]]  # 3, 6 and a third length, 9
+    assert [r["value"] for r in report["metrics"]["lengths"]] == ["3", "6", "9"]
+    assert c > b > a
     assert any("compilations grow with --steps" in f for f in report["failures"])
 
 
-def test_xlaport_conversion_of_the_sampler_passes_at_two_lengths():
+def test_xlaport_conversion_of_the_sampler_passes_at_three_lengths():
     result, report = _verify("sampler.py", "--lengths", "--steps=4,8")
     assert result.exit_code == 0, report["failures"]
-    a, b = report["metrics"]["lengths"]
-    assert a["compiles"] == b["compiles"] and b["largest_graph"] <= a["largest_graph"] + 16
+    a, b, c = report["metrics"]["lengths"]
+    assert a["compiles"] == b["compiles"] == c["compiles"] and c["largest_graph"] <= a["largest_graph"] + 16
 
 
 def test_timings_in_stdout_vary_between_runs_and_are_not_compared():
@@ -167,7 +169,7 @@ def test_a_whole_pickled_module_and_a_json_file_are_compared():
 def test_argparse_error_is_shown_with_exit_2():
     from xlaport.cli import main
 
-    result = CliRunner().invoke(main, ["verify", str(BAD / "needs_args.py")])
+    result = CliRunner().invoke(main, ["verify", str(BAD / "needs_args.py"), "--root", str(BAD)])
     assert result.exit_code == 2
     assert "the following arguments are required: --data-dir" in result.output
 
@@ -176,7 +178,7 @@ def test_record_then_compare_against_the_record(tmp_path):
     from xlaport.cli import main
 
     ref = tmp_path / "ref.json"
-    recorded = CliRunner().invoke(main, ["verify", str(BAD / "timing_printer.py"), "--record", str(ref)])
+    recorded = CliRunner().invoke(main, ["verify", str(BAD / "timing_printer.py"), "--root", str(BAD), "--record", str(ref)])
     assert recorded.exit_code == 0, recorded.output
     record = json.loads(ref.read_text())
     assert record["format"] == "xlaport-reference/1" and len(record["runs"]) == 2
@@ -199,10 +201,10 @@ def test_options_and_paths_are_checked_before_anything_runs(tmp_path):
 def test_temporary_directories_are_removed_unless_kept():
     _, report = _verify("item_in_loop.py", "--keep")
     kept = Path(report["config"]["kept"])
-    assert kept.is_dir() and list(kept.glob("xlaport-xla-*"))
+    assert kept.is_dir() and list(kept.glob("xla-*/bad/item_in_loop.py"))
     import shutil
 
     shutil.rmtree(kept)
     _, report = _verify("item_in_loop.py")
     assert "kept" not in report["config"]
-    assert report["config"]["rtol"] == 1e-3 and report["config"]["environment"]["torch_xla"] == "2.9.0"
+    assert report["config"]["tolerance"]["rtol"] == 1e-3 and report["config"]["environment"]["torch_xla"] == "2.9.0"

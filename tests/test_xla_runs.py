@@ -16,7 +16,7 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 def _verify(name, *args):
     from xlaport.verify.core import verify
 
-    report = verify(FIXTURES / name / "input.py", args=args, timeout=300)
+    report = verify(FIXTURES / name / "input.py", args=args, timeout=300, root=FIXTURES / name)
     assert report.error is None, report.error
     assert report.verdict == "pass", [o for o in report.outputs if not o.ok]
     assert all(o.max_rel_err <= 1e-3 or o.max_abs_err <= 1e-5 for o in report.outputs)

@@ -4,33 +4,50 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
+from typing import Optional
 
 import click
 
+RUNS_THE_PROGRAM = ("verify runs your program, unsandboxed and with your rights, at least three times "
+                    "(the reference twice, the conversion once; more with --lengths or to locate a divergence), "
+                    "each in a temporary copy of its project tree")
 
-@click.command(context_settings={"ignore_unknown_options": True})
+
+@click.command(context_settings={"ignore_unknown_options": True}, epilog=RUNS_THE_PROGRAM + ".")
 @click.argument("script", type=click.Path(exists=True, dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-@click.option("--converted", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="The converted script (default: convert SCRIPT into a temporary directory).")
+@click.option("--root", type=click.Path(exists=True, file_okay=False), default=None,
+              help="The project's root (default: the nearest directory above SCRIPT with .git, pyproject.toml, "
+                   "setup.py or setup.cfg; else SCRIPT's directory).")
+@click.option("--converted", type=click.Path(exists=True), default=None,
+              help="The converted tree, or the converted script at its place in that tree (default: convert "
+                   "every module of the project into a temporary copy).")
 @click.option("--device", type=click.Choice(["cpu", "tpu"]), default="cpu", show_default=True,
               help="PJRT device for the XLA run.")
 @click.option("--reference", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="Run the original on CUDA (auto: when there is a GPU) or retargeted to the CPU.")
-@click.option("--rtol", type=float, default=1e-3, show_default=True)
-@click.option("--atol", type=float, default=1e-5, show_default=True)
+@click.option("--rtol", type=float, default=None,
+              help="Relative tolerance (default: 1e-3, or the dtype's when bf16/fp16 ran; printed in the report).")
+@click.option("--atol", type=float, default=None, help="Absolute tolerance (default: 1e-5, likewise).")
 @click.option("--warmup-steps", type=int, default=2, show_default=True,
               help="Steps per sync site allowed to compile; compiles after them fail the run.")
 @click.option("--max-host-reads-per-step", type=float, default=None, help="Fail above this (default: report only).")
 @click.option("--timeout", type=float, default=600, show_default=True, help="Seconds per run.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the report as JSON here.")
+@click.option("--html", "html_out", type=click.Path(dir_okay=False), default=None,
+              help="Write the report as one self-contained HTML page here.")
 @click.option("--reference-runs", type=click.IntRange(1, 10), default=2, show_default=True,
               help="Run the reference this many times; numbers that differ between them (timings) are not compared.")
-@click.option("--lengths", default=None, metavar="ARG=A,B",
-              help="Also run the conversion with the script argument ARG at A and at B (e.g. --steps=4,8): "
-                   "compilations and the largest graph must not grow.")
+@click.option("--lengths", default=None, metavar="ARG=A,B[,C]",
+              help="Also run the conversion with the script argument ARG at each length (--steps=4,8; @0=4,8 for "
+                   "the first positional argument; a third length is added to two): compilations and the "
+                   "largest graph must not keep growing.")
+@click.option("--device-rng", is_flag=True,
+              help="Leave random numbers drawn on the device to XLA's generator (default: draw them from the CPU "
+                   "generator, as the reference does, so that a correct port agrees value for value).")
 @click.option("--record", "record_to", type=click.Path(dir_okay=False), default=None,
               help="Run only the reference (on CUDA where there is a GPU) and store its outputs here.")
 @click.option("--against", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -42,18 +59,24 @@ import click
               help="Write a per-step compiles/executions/transfers plot to this PNG (needs matplotlib).")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
 @click.option("-v", "--verbose", is_flag=True, help="Also print the whole report as JSON (on stderr).")
-def verify(script, script_args, converted, device, reference, rtol, atol, warmup_steps, max_host_reads_per_step,
-           timeout, json_out, reference_runs, lengths, record_to, against, keep, torchrun, plot, quiet, verbose):
+def verify(script, script_args, root, converted, device, reference, rtol, atol, warmup_steps, max_host_reads_per_step,
+           timeout, json_out, html_out, reference_runs, lengths, device_rng, record_to, against, keep, torchrun, plot,
+           quiet, verbose):
     """Run SCRIPT as the reference and its XLA conversion; compare outputs and compile behaviour.
 
-    Exit 0: pass; 1: outputs differ or a budget is exceeded; 2: could not verify.
-    """
+    The program is run as you run it: its whole project tree, from your
+    working directory, with SCRIPT_ARGS.  Exit 0: pass; 1: outputs differ or
+    a budget is exceeded; 2: could not verify; 130/143: interrupted."""
     from xlaport.verify.core import verify as run_verify
+    from xlaport.verify.project import Project, ProjectError
     from xlaport.verify.report import plot_steps, render
 
-    for option, value in (("--json", json_out), ("--plot", plot), ("--record", record_to)):
-        if value and not Path(value).resolve().parent.is_dir():
-            raise click.BadParameter(f"the directory of {value} does not exist", param_hint=option)
+    try:
+        project = Project.of(Path(script), Path(root) if root else None)
+    except ProjectError as exc:
+        raise click.UsageError(str(exc)) from None
+    _check_outputs(project, script, converted, against, json_out=json_out, html=html_out, plot=plot,
+                   record=record_to)
     if record_to and against:
         raise click.UsageError("--record and --against do not go together")
     if lengths:
@@ -65,12 +88,21 @@ def verify(script, script_args, converted, device, reference, rtol, atol, warmup
             raise click.BadParameter(str(exc), param_hint="--lengths") from None
     if torchrun:
         os.environ["XLAPORT_TORCHRUN"] = "1"
-    report = run_verify(Path(script), Path(converted) if converted else None, script_args, rtol, atol, timeout,
-                        max_host_reads_per_step, warmup_steps=warmup_steps, reference=reference, device=device,
-                        reference_runs=reference_runs, lengths=lengths, keep=keep,
-                        record_to=Path(record_to) if record_to else None, against=Path(against) if against else None)
+    if not quiet:
+        click.echo(f"xlaport: {RUNS_THE_PROGRAM}.", err=True)
+    with _stopped_by_signals():
+        report = run_verify(Path(script), Path(converted) if converted else None, script_args, rtol, atol, timeout,
+                            max_host_reads_per_step, warmup_steps=warmup_steps, reference=reference, device=device,
+                            reference_runs=reference_runs, lengths=lengths, keep=keep,
+                            record_to=Path(record_to) if record_to else None,
+                            against=Path(against) if against else None, root=Path(root) if root else None,
+                            device_rng=device_rng)
     if json_out:
-        Path(json_out).write_text(json.dumps(report.as_dict(), indent=2))
+        _write(Path(json_out), json.dumps(report.as_dict(), indent=2))
+    if html_out:
+        from xlaport.verify.html import page
+
+        _write(Path(html_out), page(report))
     if report.error:
         click.echo(f"verify: could not verify: {report.error}", err=True)
         sys.exit(2)
@@ -91,3 +123,67 @@ def verify(script, script_args, converted, device, reference, rtol, atol, warmup
             click.echo("verify: --plot needs matplotlib: pip install matplotlib", err=True)
             sys.exit(2)
     sys.exit(0 if report.verdict == "pass" else 1)
+
+
+def _check_outputs(project, script: str, converted: Optional[str], against: Optional[str], **outputs) -> None:  # type: ignore[no-untyped-def]
+    """Files verify writes are refused, before anything runs, where they
+    would replace the script, an input, or anything in the project's tree;
+    and a --record's store is replaced only if verify made it."""
+    inputs = {Path(p).resolve() for p in (script, converted, against) if p}
+    for option, value in outputs.items():
+        if not value:
+            continue
+        path = Path(value).resolve()
+        hint = f"--{option.replace('_out', '').replace('_', '-')}"
+        if not path.parent.is_dir():
+            raise click.BadParameter(f"the directory of {value} does not exist", param_hint=hint)
+        if path in inputs or path.is_dir():
+            raise click.BadParameter(f"{value} is an input of this verification: it would be replaced",
+                                     param_hint=hint)
+        try:
+            path.relative_to(project.root)
+            raise click.BadParameter(f"{value} is inside the project ({project.root}): verify never writes "
+                                     "the program's tree; write the report elsewhere", param_hint=hint)
+        except ValueError:
+            pass
+        if option == "record":
+            from xlaport.verify.record import owns_store
+
+            store = path.with_name(path.name + ".d")
+            if store.exists() and not owns_store(store):
+                raise click.BadParameter(f"{store} exists and is not a record store verify made: it would be "
+                                         "deleted; choose another name", param_hint=hint)
+
+
+def _write(path: Path, text: str) -> None:
+    from xlaport.files import atomic_write
+
+    atomic_write(path, text.encode("utf-8"))
+
+
+class _Stopped(KeyboardInterrupt):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _stopped_by_signals:
+    """SIGINT and SIGTERM stop the verification: the running program and its
+    children are killed, the temporary trees removed, and the exit status is
+    130 or 143 with a message."""
+
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        def stop(signum, frame):  # type: ignore[no-untyped-def]
+            raise _Stopped(signum)
+
+        self.old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, kind, value, tb):  # type: ignore[no-untyped-def]
+        for s, handler in self.old.items():
+            signal.signal(s, handler)
+        if isinstance(value, KeyboardInterrupt):
+            signum = getattr(value, "signum", signal.SIGINT)
+            click.echo("verify: interrupted; the program was stopped and its temporary copies removed.", err=True)
+            sys.exit(128 + int(signum))
+        return False

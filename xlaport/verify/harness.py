@@ -290,6 +290,43 @@ def _emulate_torchrun() -> None:
         os.environ.setdefault(key, value)
 
 
+def _side_setup(mode: str) -> Dict[str, object]:
+    """What a side needs before the program starts: writes through links
+    kept out of the user's tree, the device's random numbers drawn from the
+    CPU generator (candidate), autocast recorded, modules traced on request."""
+    extras: Dict[str, object] = {"autocast": [], "rng_routed": {}}
+    tree = os.environ.get("XLAPORT_SIDE_TREE")
+    try:
+        import torch
+    except ImportError:
+        torch = None  # type: ignore[assignment]
+    if tree:
+        from xlaport.verify import sandbox
+
+        sandbox.protect(tree)
+    if torch is None:
+        return extras
+    if mode == "xla" and os.environ.get("XLAPORT_DEVICE_RNG") != "1":
+        from xlaport.verify import rng
+
+        rng.install(extras["rng_routed"])  # type: ignore[arg-type]
+    seen: List[str] = extras["autocast"]  # type: ignore[assignment]
+    enter = torch.amp.autocast_mode.autocast.__enter__
+
+    def recording_enter(self):  # type: ignore[no-untyped-def]
+        if getattr(self, "_enabled", True):
+            seen.append(str(getattr(self, "fast_dtype", "")))
+        return enter(self)
+
+    torch.amp.autocast_mode.autocast.__enter__ = recording_enter
+    trace = os.environ.get("XLAPORT_TRACE_MODULES")
+    if trace:
+        from xlaport.verify import diverge
+
+        diverge.install(trace)
+    return extras
+
+
 def main() -> int:
     mode, result_path, script, *args = sys.argv[1:]
     recorder = None
@@ -299,6 +336,7 @@ def main() -> int:
         recorder = XlaRecorder()  # imports torch_xla before the clock starts
         recorder.install()
         _launch_here()
+    extras = _side_setup(mode)
     tee = _Tee(sys.stdout)
     sys.stdout = tee
     sys.argv = [script, *args]
@@ -316,6 +354,12 @@ def main() -> int:
     result["seconds"] = time.perf_counter() - start
     sys.stdout = tee.stream
     result["stdout"] = "".join(tee.parts)
+    result.update(extras)
+    from xlaport.verify.sandbox import imported
+
+    result["imported"] = imported({"own": os.environ.get("XLAPORT_SIDE_TREE", ""),
+                                   "user": os.environ.get("XLAPORT_USER_ROOT", ""),
+                                   "scratch": os.environ.get("XLAPORT_SCRATCH", "")})
     if recorder is not None:
         recorder.uninstall()
         try:
@@ -323,7 +367,8 @@ def main() -> int:
         except Exception as exc:  # metrics unavailable: report, do not hide
             result["metrics_error"] = repr(exc)
     if result["ok"]:  # after the metrics: reading these back is not the script's doing
-        result["leftover_devices"] = _save_leftovers(namespace, os.path.join(os.path.dirname(result_path), LEFTOVERS))
+        leftovers = os.environ.get("XLAPORT_LEFTOVERS") or os.path.join(os.path.dirname(result_path), LEFTOVERS)
+        result["leftover_devices"] = _save_leftovers(namespace, leftovers)
     with open(result_path, "w") as fh:
         json.dump(result, fh)
     if not result["ok"]:

@@ -53,8 +53,17 @@ def _close(a: float, b: float, rtol: float, atol: float) -> bool:
     return math.isclose(a, b, rel_tol=rtol, abs_tol=atol) or (math.isnan(a) and math.isnan(b))
 
 
+# A device printed as text (`Using xla:0 device`, `device(type='cuda', index=0)`):
+# the two runs name their own devices, so names (and their indices) are not compared
+_DEVICE_TEXT = re.compile(r"device\(type='\w+'(?:, index=\d+)?\)|\b(?:cuda|xla|mps|cpu)(?::\d+)?\b")
+
+
+def normalise_devices(text: str) -> str:
+    return _DEVICE_TEXT.sub("<device>", text)
+
+
 def _numbered_lines(text: str) -> List[str]:
-    return [line for line in text.splitlines() if _NUMBER.search(line)]
+    return [line for line in normalise_devices(text).splitlines() if _NUMBER.search(line)]
 
 
 # A number with a time or throughput unit, or after a word that announces a
@@ -175,7 +184,7 @@ def _errors(x, y) -> Tuple[float, float, bool]:
 
 
 def compare_files(refs: Sequence[Dict[str, Path]], cand: Dict[str, Path], rtol: float, atol: float,
-                  out: Comparison) -> None:
+                  out: Comparison, follow: bool = False) -> None:
     names = sorted(set(refs[0]) | set(cand))
     for name in names:
         if name not in refs[0] or name not in cand:
@@ -184,7 +193,7 @@ def compare_files(refs: Sequence[Dict[str, Path]], cand: Dict[str, Path], rtol: 
             continue
         suffix = Path(name).suffix.lower()
         if suffix in TENSOR_FILES:
-            _compare_saved(name, [r[name] for r in refs if name in r], cand[name], rtol, atol, out)
+            _compare_saved(name, [r[name] for r in refs if name in r], cand[name], rtol, atol, out, follow)
         elif suffix in TEXT_FILES:
             try:
                 texts = [r[name].read_text(errors="replace") for r in refs if name in r]
@@ -197,7 +206,8 @@ def compare_files(refs: Sequence[Dict[str, Path]], cand: Dict[str, Path], rtol: 
             out.not_compared.append(f"{name}: a {suffix or 'binary'} file xlaport cannot read; its bytes differ")
 
 
-def _compare_saved(name: str, refs: List[Path], cand: Path, rtol: float, atol: float, out: Comparison) -> None:
+def _compare_saved(name: str, refs: List[Path], cand: Path, rtol: float, atol: float, out: Comparison,
+                   follow: bool = False) -> None:
     import torch
 
     try:
@@ -223,7 +233,8 @@ def _compare_saved(name: str, refs: List[Path], cand: Path, rtol: float, atol: f
             out.outputs.append(Compared(key, False, math.inf, math.inf))
             continue
         if isinstance(x, torch.Tensor):
-            ok = bool(torch.allclose(y.double(), x.double(), rtol=rtol, atol=atol)) if x.numel() else True
+            r_tol, a_tol = tensor_tolerance(x, y, rtol, atol, follow)
+            ok = bool(torch.allclose(y.double(), x.double(), rtol=r_tol, atol=a_tol)) if x.numel() else True
         else:
             ok = _close(float(x), float(y), rtol, atol)  # type: ignore[arg-type]
         out.outputs.append(Compared(key, ok, abs_err, rel_err))
@@ -231,9 +242,48 @@ def _compare_saved(name: str, refs: List[Path], cand: Path, rtol: float, atol: f
         out.not_compared.append(f"{name}: holds no tensors or numbers to compare")
 
 
+# torch.testing.assert_close's tolerances by dtype, for a run whose
+# tolerance follows the dtypes (no --rtol/--atol given); float32 and wider
+# keep verify's defaults, which leave room for XLA's other order of operations
+DEFAULT_RTOL, DEFAULT_ATOL = 1e-3, 1e-5
+_BY_DTYPE = {"torch.bfloat16": (1.6e-2, 1e-5), "torch.float16": (1e-3, 1e-5)}
+
+
+def tensor_tolerance(x, y, rtol: float, atol: float, follow: bool):  # type: ignore[no-untyped-def]
+    """(rtol, atol) for one pair of tensors: ``rtol``/``atol`` as given, but
+    at least what a low-precision dtype of either needs when the comparison
+    follows the dtypes (``follow``: no tolerance was given)."""
+    if not follow:
+        return rtol, atol
+    best = (rtol, atol)
+    for t in (x, y):
+        r, a = _BY_DTYPE.get(str(getattr(t, "dtype", "")), (0.0, 0.0))
+        best = (max(best[0], r), max(best[1], a))
+    return best
+
+
+def tolerance(rtol: Optional[float], atol: Optional[float], autocast: Sequence[str]) -> Tuple[float, float, str]:
+    """The tolerance a comparison uses, and why: ``--rtol``/``--atol`` when
+    given; else verify's defaults, raised to bf16's (as
+    ``torch.testing.assert_close`` picks them) when a side computed under
+    bf16 autocast, and per tensor for tensors of a low-precision dtype."""
+    if rtol is not None or atol is not None:
+        return (rtol if rtol is not None else DEFAULT_RTOL, atol if atol is not None else DEFAULT_ATOL,
+                "as given (--rtol/--atol)")
+    if any("bfloat16" in a for a in autocast):
+        r, a = _BY_DTYPE["torch.bfloat16"]
+        return r, a, "bf16 autocast ran: bf16 tolerances (as torch.testing.assert_close chooses them)"
+    if any("float16" in a for a in autocast):
+        r, a = _BY_DTYPE["torch.float16"]
+        return max(r, DEFAULT_RTOL), a, "fp16 autocast ran: fp16 tolerances"
+    return DEFAULT_RTOL, DEFAULT_ATOL, "float32 defaults (bf16/fp16 tensors: their dtype's tolerance)"
+
+
 def compare(ref_stdouts: Sequence[str], ref_files: Sequence[Dict[str, Path]], cand_stdout: str,
-            cand_files: Dict[str, Path], rtol: float, atol: float) -> Comparison:
+            cand_files: Dict[str, Path], rtol: float, atol: float, follow: bool = False) -> Comparison:
+    """Stdout and every file, at ``rtol``/``atol``; ``follow``: tensors of a
+    low-precision dtype at (at least) their dtype's tolerance."""
     out = Comparison()
     compare_text("stdout", ref_stdouts, cand_stdout, rtol, atol, out)
-    compare_files(ref_files, cand_files, rtol, atol, out)
+    compare_files(ref_files, cand_files, rtol, atol, out, follow)
     return out

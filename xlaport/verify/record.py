@@ -33,11 +33,22 @@ def environment(python: str = sys.executable) -> Dict[str, object]:
     return env
 
 
+MARKER = ".xlaport-record"  # in a store verify made (and may replace)
+
+
+def owns_store(store: Path) -> bool:
+    return (store / MARKER).is_file()
+
+
 def write(path: Path, script: Path, args: Sequence[str], device: str, runs: List[Tuple[str, Dict[str, Path]]],
           seconds: List[float]) -> None:
     store = path.with_name(path.name + ".d")
     if store.exists():
+        if not owns_store(store):
+            raise ValueError(f"{store} exists and is not a record store verify made: not replaced")
         shutil.rmtree(store)
+    store.mkdir()
+    (store / MARKER).write_text(f"{FORMAT}\n")
     saved_runs = []
     for i, (stdout, files) in enumerate(runs):
         saved: Dict[str, str] = {}

@@ -38,6 +38,16 @@ def render(report: Report) -> None:
             events.add_row(str(e["kind"]), f"{Path(str(e['path'])).name}:{e['line']}", escape(original[:60]),
                            str(e["count"]), escape(str(e["detail"])))
         console.print(events)
+    tol = report.config.get("tolerance") or {}
+    if tol:
+        console.print(f"tolerance: rtol {tol['rtol']:g}, atol {tol['atol']:g} ({escape(str(tol['why']))})")
+    for side, trees in report.imported.items():
+        own = trees.get("own") or []
+        if own:
+            console.print(f"{side} imported its own copy of: {escape(', '.join(own[:12]))}"
+                          + (f" (+{len(own) - 12} more)" if len(own) > 12 else ""))
+    for item in report.random:
+        console.print(f"[yellow]random, not compared[/]: {escape(item)}")
     if report.varies:
         console.print(f"varies between reference runs (not compared): {escape('; '.join(report.varies[:8]))}"
                       + (f" (+{len(report.varies) - 8} more)" if len(report.varies) > 8 else ""))

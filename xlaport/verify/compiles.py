@@ -1,0 +1,308 @@
+"""Judging the candidate's compile behaviour: compilations per step and per
+sync site, recompilations located in the dumped graphs, host reads and CPU
+fallbacks, and the map from the candidate's lines back to the user's."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Dict, List, Optional
+
+if TYPE_CHECKING:
+    from xlaport.verify.core import Report, Run
+
+
+def judge(cand: "Run", compared, lines: "LineMapper", graphs: Path, warmup_steps: int,
+          max_host_reads_per_step: Optional[float], fallback_sites: List[Dict[str, object]], ref_kind: str) -> "Report":
+    """Outputs, compile behaviour per step, host reads and fallbacks."""
+    outputs = compared.outputs
+    cand_script = lines.converted
+    steps = list(cand.data.get("steps", []))  # type: ignore[arg-type]
+    judged = judge_steps(steps, warmup_steps)
+    m = cand.metrics
+    metrics: Dict[str, object] = {
+        "steps": len(steps),
+        "compiles": m.get("compiles", 0),
+        "compiles_after_warmup": judged["compiles_after_warmup"],
+        "cached_compiles": m.get("cached_compiles", 0),
+        "executions": m.get("executions", 0),
+        "host_reads": m.get("transfers_from_device", 0),
+        "host_reads_per_step": judged["host_reads_per_step"],
+        "scalar_reads": m.get("scalar_reads", 0),
+        "fallbacks": m.get("fallbacks", {}),
+        "compile_seconds": m.get("compile_seconds", 0.0),
+        "seconds": m.get("seconds", 0.0),
+        "warmup_steps": warmup_steps,
+        "reference": ref_kind,
+        "per_step": judged["per_step"],
+    }
+    events: List[Dict[str, object]] = []
+    steady_recompiles = 0
+    dumped = _read_graphs(graphs.parent) if judged["recompile_sites"] else []
+    for site in judged["recompile_sites"]:  # type: ignore[union-attr]
+        at_site = _at_site(dumped, site)
+        kinds = classify_recompiles(at_site, site)
+        # one graph with new ops after warm-up (a last step that takes another
+        # branch) is compiled once and does not grow with the steps; the same
+        # graph with new shapes or constants, or new ops again and again, does
+        bad = len(kinds["churn"]) + (len(kinds["new_path"]) if len(kinds["new_path"]) > 1 else 0)
+        steady_recompiles += bad
+        if bad:
+            where = locate_recompile(at_site, lines, site["where"])  # type: ignore[arg-type]
+            events.append(lines.event("recompile", where or site["where"], bad, where_detail(where, site)))
+        else:
+            steps_at = ", ".join(str(n + 1) for n in kinds["new_path"])
+            events.append(lines.event("new_graph", site["where"], len(kinds["new_path"]),
+                                      f"one graph with different ops at this sync's step {steps_at} (another "
+                                      "branch, e.g. a final step): compiled once, not once per step"))
+    metrics["steady_state_recompiles"] = steady_recompiles
+    for read in cand.data.get("host_reads", []):  # type: ignore[union-attr]
+        events.append(lines.event("host_read", (read["path"], read["line"]), read["count"], read["detail"]))
+    for fb in fallback_sites:
+        events.append(lines.event("fallback", (fb["path"], fb["line"]), fb["count"], fb["detail"]))
+    if m.get("fallbacks") and not fallback_sites:
+        for op, n in dict(m["fallbacks"]).items():  # type: ignore[arg-type]
+            events.append({"kind": "fallback", "path": str(cand_script), "line": None, "original_line": None,
+                           "source": None, "count": n, "detail": op})
+    failures = [o.name for o in outputs if not o.ok]
+    if steady_recompiles:
+        failures.append(f"{steady_recompiles} recompilation(s) after {warmup_steps} warm-up step(s)")
+    # with steps, only fallbacks in the steady-state loop fail (others are
+    # events); without steps nothing tells the hot loop apart, so any does
+    hot_fallbacks = judged["fallbacks_after_warmup"] if steps else dict(m.get("fallbacks") or {})  # type: ignore[arg-type]
+    metrics["fallbacks_after_warmup"] = hot_fallbacks
+    if hot_fallbacks:
+        ops = ", ".join(f"{op} x{n}" for op, n in hot_fallbacks.items())  # type: ignore[union-attr]
+        failures.append(f"CPU fallbacks in the loop after warm-up: {ops}")
+    per_step = judged["host_reads_per_step"]
+    if max_host_reads_per_step is not None and per_step is not None and per_step > max_host_reads_per_step:  # type: ignore[operator]
+        failures.append(f"{per_step:g} host read(s) per step > --max-host-reads-per-step {max_host_reads_per_step:g}")
+    from xlaport.verify.core import Report
+
+    report = Report("fail" if failures else "pass", outputs, metrics, events)
+    report.failures = failures
+    report.varies = compared.varies
+    report.not_compared = compared.not_compared
+    return report
+
+
+def judge_steps(steps: List[Dict[str, object]], warmup: int) -> Dict[str, object]:
+    """Per-step deltas from the harness's cumulative snapshots, and the
+    compilations that happen after each sync site's first ``warmup`` steps."""
+    per_step: List[Dict[str, object]] = []
+    seen: Dict[tuple, int] = {}
+    after = 0
+    sites: Dict[tuple, Dict[str, object]] = {}
+    prev: Dict[str, object] = {"compiles": 0, "cached_compiles": 0, "executions": 0, "transfers": 0, "time": 0.0,
+                               "fallbacks": {}}
+    hot_fallbacks: Dict[str, int] = {}
+    for i, snap in enumerate(steps):
+        site = (snap.get("path"), snap.get("line"))
+        seen[site] = seen.get(site, 0) + 1
+        delta = {k: snap.get(k, 0) - prev.get(k, 0)  # type: ignore[operator]
+                 for k in ("compiles", "cached_compiles", "executions", "transfers")}
+        before = dict(prev.get("fallbacks") or {})  # type: ignore[call-overload]
+        fell = {op: n - before.get(op, 0) for op, n in dict(snap.get("fallbacks") or {}).items()  # type: ignore[call-overload]
+                if n != before.get(op, 0)}
+        per_step.append({"step": i + 1, "path": snap.get("path"), "line": snap.get("line"), **delta,
+                         "seconds": round(float(snap["time"]) - float(prev["time"]), 6),  # type: ignore[arg-type]
+                         **({"fallbacks": fell} if fell else {})})
+        if seen[site] > warmup and delta["compiles"]:
+            after += int(delta["compiles"])
+            entry = sites.setdefault(site, {"where": site, "count": 0, "steps": [], "site_steps": []})
+            entry["count"] = int(entry["count"]) + int(delta["compiles"])  # type: ignore[call-overload]
+            entry["steps"].append(i)  # type: ignore[union-attr]
+            entry["site_steps"].append(seen[site] - 1)  # type: ignore[union-attr]
+        if seen[site] > warmup:
+            for op, n in fell.items():
+                hot_fallbacks[op] = hot_fallbacks.get(op, 0) + n
+        prev = snap
+    loop = [s for s in per_step[1:]]  # the first step also carries set-up transfers
+    reads = (sum(int(s["transfers"]) for s in loop) / len(loop)) if loop else None  # type: ignore[call-overload]
+    return {"per_step": per_step, "compiles_after_warmup": after, "recompile_sites": list(sites.values()),
+            "host_reads_per_step": reads, "fallbacks_after_warmup": hot_fallbacks}
+
+
+# ----------------------------------------------------------------- recompiles
+
+_LOCATION = re.compile(r"location=(?:[^@,]*@)?([^,:]+):(\d+)")
+_IR_ID = re.compile(r"%\d+")
+
+
+def _read_graphs(directory: Path) -> List[Dict[str, object]]:
+    """The graphs torch_xla dumped (XLA_SAVE_TENSORS_FILE, text format), in
+    order: their sync site frames, hash and IR lines."""
+    graphs: List[Dict[str, object]] = []
+    for dump in sorted(directory.glob("graphs.txt*")):
+        text = dump.read_text(errors="replace")
+        for chunk in text.split("[ScheduleSyncTensorsGraph]")[1:]:
+            frames = re.findall(r"^\s+(\S+) \((.+):(\d+)\)$", chunk.split("## BEGIN_GRAPH")[0], re.M)
+            body = chunk.split("## BEGIN_GRAPH", 1)[1] if "## BEGIN_GRAPH" in chunk else ""
+            ir = [l.strip() for l in body.split("\n}", 1)[0].splitlines() if l.strip().startswith("%")]
+            h = re.search(r"Graph Hash: (\w+)", body)
+            graphs.append({"frames": frames, "hash": h.group(1) if h else None, "ir": ir})
+    return graphs
+
+
+_OP = re.compile(r"^%\d+ = \S+ ([\w:.]+)\(")
+
+
+def _signature(ir: List[str]) -> tuple:
+    """The ops of a graph, without shapes, constants' values or locations:
+    two graphs with one signature are one computation with different shapes
+    or constants, which is what makes compilations grow with the steps."""
+    ops: Dict[str, int] = {}
+    for line in ir:
+        m = _OP.match(line)
+        if m:
+            ops[m.group(1)] = ops.get(m.group(1), 0) + 1
+    return tuple(sorted(ops.items()))
+
+
+def _at_site(graphs: List[Dict[str, object]], site: Dict[str, object]) -> List[Dict[str, object]]:
+    """The dumped graphs cut at one sync site, in order."""
+    _, line = site["where"]  # type: ignore[misc]
+    return [g for g in graphs if any(int(f[2]) == line for f in g["frames"])]  # type: ignore[union-attr]
+
+
+def classify_recompiles(graphs: List[Dict[str, object]], site: Dict[str, object]) -> Dict[str, List[int]]:
+    """Split the compilations after warm-up at one sync site into ``churn``
+    (the graph of an earlier step again, with other shapes or constants) and
+    ``new_path`` (ops no earlier step at this site ran: another branch, such as
+    a solver's last step).  Values are the site's 0-based step numbers.  Each
+    sync at the site dumps one graph, so the site's n-th graph is its n-th step;
+    ``graphs`` are the site's graphs (:func:`_at_site`)."""
+    signatures = [_signature(g["ir"]) for g in graphs]  # type: ignore[arg-type]
+    out: Dict[str, List[int]] = {"churn": [], "new_path": []}
+    for n in site.get("site_steps", []):  # type: ignore[union-attr]
+        if n >= len(graphs):
+            out["churn"].append(n)  # no dump to judge by: count it against the script
+            continue
+        earlier = graphs[:n]
+        if any(g["hash"] == graphs[n]["hash"] for g in earlier):
+            continue  # not a compilation of this graph (the count came from elsewhere)
+        out["churn" if signatures[n] in signatures[:n] else "new_path"].append(n)
+    return out
+
+
+def locate_recompile(graphs: List[Dict[str, object]], lines: "LineMapper",
+                     site: Optional[tuple] = None) -> Optional[tuple]:
+    """Diff the IR of the last two different graphs cut at the recompiling
+    sync site (``graphs``: :func:`_at_site`); return (path, line, detail) of
+    the first node that differs and comes from the candidate's own code --
+    not from the sync itself (``site``), whose nodes only carry the values
+    cut there: the op that makes the graphs differ is earlier."""
+    distinct: List[Dict[str, object]] = []
+    for g in graphs:
+        if not distinct or g["hash"] != distinct[-1]["hash"]:
+            distinct.append(g)
+    if len(distinct) < 2:
+        return None
+    old, new = distinct[-2], distinct[-1]
+
+    def norm(l: str) -> str:
+        return _IR_ID.sub("%", l)
+
+    old_set = {norm(l) for l in old["ir"]}  # type: ignore[union-attr]
+    found: List[tuple] = []
+    for l in new["ir"]:  # type: ignore[union-attr]
+        if norm(l) in old_set:
+            continue
+        loc = _LOCATION.search(l)
+        path = lines.resolve(loc.group(1)) if loc else None
+        if path is not None and (str(path), int(loc.group(2))) not in found:  # type: ignore[union-attr]
+            found.append((str(path), int(loc.group(2))))  # type: ignore[union-attr]
+    if site is not None:
+        site_path = lines.resolve(str(site[0])) if site[0] else None
+        causes = [f for f in found if (Path(f[0]), f[1]) != (site_path, site[1])]
+        found = causes or found
+    if not found:
+        return None
+    others = sorted({line for p, line in found[1:] if p == found[0][0]} - {found[0][1]})
+    detail = "the graph differs from the previous step's here"
+    if others:
+        detail += f" (also lines {', '.join(map(str, others[:5]))})"
+    return found[0][0], found[0][1], detail
+
+
+def where_detail(where: Optional[tuple], site: Dict[str, object]) -> str:
+    if where:
+        return f"{where[2]}; graph cut at line {site['where'][1]}"  # type: ignore[index]
+    return f"new graph compiled at this sync after warm-up (steps {site['steps']})"
+
+
+class LineMapper:
+    """Lines of the candidate's files -> lines of the user's files (for
+    events): a file of the candidate's tree maps to the same relative path
+    in the project, through the same line map as lint."""
+
+    def __init__(self, original: Path, converted: Path, cand_tree: Optional[Path] = None,
+                 root: Optional[Path] = None) -> None:
+        self.converted = converted.resolve()
+        self.original = original
+        self.cand_tree = cand_tree.resolve() if cand_tree is not None else None
+        self.root = root
+        self._maps: Dict[str, tuple] = {}
+        self.original_lines, self.back = self._load(original, self.converted)
+
+    @staticmethod
+    def _load(original: Path, converted: Path) -> tuple:
+        from xlaport.linemap import line_map as _line_map
+
+        try:
+            text = original.read_text(errors="replace")
+            return text.splitlines(), _line_map(text, converted.read_text(errors="replace"))
+        except OSError:
+            return [], None
+
+    def _for(self, path: Path) -> Optional[tuple]:
+        """(the user's file, its lines, the line map) for a candidate file."""
+        if path == self.converted:
+            return self.original, self.original_lines, self.back
+        if self.cand_tree is None or self.root is None:
+            return None
+        try:
+            rel = path.relative_to(self.cand_tree)
+        except ValueError:
+            # another run's copy of the candidate (scratch/xla-N/<root>/...): the same file
+            runs = self.cand_tree.parent.parent
+            try:
+                parts = path.relative_to(runs).parts
+            except ValueError:
+                return None
+            if len(parts) < 3 or not parts[0].startswith("xla-") or parts[1] != self.cand_tree.name:
+                return None
+            rel = Path(*parts[2:])
+            path = self.cand_tree / rel
+        key = rel.as_posix()
+        if key not in self._maps:
+            original = self.root / rel
+            lines, back = self._load(original, path)
+            self._maps[key] = (original, lines, back)
+        return self._maps[key]
+
+    def resolve(self, name: str) -> Optional[Path]:
+        """The candidate's file an IR location names (a path, or a bare file
+        name when it is the only one of that name in the candidate's tree)."""
+        path = Path(name)
+        if path.is_absolute():
+            path = path.resolve()
+            return path if self._for(path) is not None else None
+        if path.name == self.converted.name:
+            return self.converted
+        if self.cand_tree is None:
+            return None
+        matches = [p for p in self.cand_tree.rglob(path.name) if p.suffix == ".py"]
+        return matches[0].resolve() if len(matches) == 1 else None
+
+    def event(self, kind: str, where: tuple, count: object, detail: object) -> Dict[str, object]:
+        path, line = where[0], where[1]
+        found = self._for(Path(path).resolve()) if path is not None else None
+        original = source = original_path = None
+        if found is not None:
+            original_path, lines, back = found
+            original = back(line) if (back and line) else None
+            source = lines[original - 1].strip() if original and original <= len(lines) else None
+        return {"kind": kind, "path": str(path) if path is not None else None, "line": line,
+                "original_path": str(original_path) if original_path else None,
+                "original_line": original, "source": source, "count": count, "detail": detail}

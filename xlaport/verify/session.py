@@ -1,0 +1,276 @@
+"""One verification, step by step: the reference runs, the candidate runs,
+the runs at other lengths, the comparison and the verdict.  Every run gets
+a fresh copy of the project (``xlaport.verify.project``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from xlaport.engine import Settings, SourceError, transform
+from xlaport.verify import diverge, growth, record, rng
+from xlaport.verify.compiles import LineMapper, _read_graphs, judge
+from xlaport.verify.core import Options, Report, Run, VerifyError, _cuda_available, convert_sources, run_side
+from xlaport.verify.outputs import compare, tolerance
+from xlaport.verify.project import Project, Side, build_side
+
+
+class Session:
+    def __init__(self, project: Project, converted: Optional[Path], args: List[str], opts: Options,
+                 scratch: Path) -> None:
+        self.project, self.converted, self.args, self.opts, self.scratch = project, converted, args, opts, scratch
+        self._count = 0
+        self._sources: Dict[str, Tuple[Dict[str, bytes], Optional[Path], List[str]]] = {}
+
+    # -- trees and runs ------------------------------------------------------
+    def side(self, name: str) -> Side:
+        """A fresh copy of the project for one run of side ``name``."""
+        sources, files_from, _ = self.sources(name)
+        self._count += 1
+        dest = self.scratch / f"{name}-{self._count}" / self.project.root.name
+        return build_side(self.project, name, dest, sources, files_from)
+
+    def sources(self, name: str) -> Tuple[Dict[str, bytes], Optional[Path], List[str]]:
+        """(converted modules, a converted tree to copy instead of the
+        project, extra import paths) for side ``name``; once per side."""
+        if name not in self._sources:
+            if name == "cuda":
+                self._sources[name] = ({}, None, [])  # the original, unchanged
+            elif name == "ref":
+                self._sources[name] = (convert_sources(self.project, "cpu"), None, [])
+            else:
+                self._sources[name] = self._candidate_sources()
+        return self._sources[name]
+
+    def _candidate_sources(self) -> Tuple[Dict[str, bytes], Optional[Path], List[str]]:
+        """The default conversion of every module; or the converted tree
+        ``--converted`` points into (a directory, or the converted script at
+        the same place in its tree); or, for a converted script outside such
+        a tree, the default conversion with that script, and its directory
+        on the import path (a converted package beside it)."""
+        converted = self.converted
+        if converted is None:
+            return convert_sources(self.project, "torch_xla-2.9"), None, []
+        converted = converted.resolve()
+        if converted.is_dir():
+            return {}, converted, []
+        rel = self.project.rel_script
+        tree = converted
+        for _ in rel.parts:
+            tree = tree.parent
+        if converted.name == rel.name and (tree / rel).resolve() == converted and tree != self.project.root:
+            return {}, tree, []
+        sources = dict(convert_sources(self.project, "torch_xla-2.9"))
+        sources[rel.as_posix()] = converted.read_bytes()
+        return sources, None, [str(converted.parent)]
+
+    def run_once(self, name: str, mode: str, args: List[str], env: Optional[Dict[str, str]] = None) -> Tuple[Side, Run]:
+        side = self.side(name)
+        extra = self.sources(name)[2]
+        return side, run_side(side, mode, args, self.opts.timeout, self.opts.python, env, extra_path=extra)
+
+    # -- the verification ----------------------------------------------------
+    def run(self) -> Report:
+        opts = self.opts
+        length_spec = growth.parse_lengths(opts.lengths) if opts.lengths else None  # checked before anything runs
+        if opts.reference == "cuda" and not _cuda_available(opts.python):
+            raise VerifyError("--reference cuda: no CUDA device here (use --reference auto or cpu)")
+        use_cuda = opts.reference == "cuda" or (opts.reference == "auto" and _cuda_available(opts.python))
+        ref_kind = "cuda" if use_cuda else "cpu"
+        ref_autocast: List[str] = []
+        ref_imports: Dict[str, List[str]] = {}
+        if opts.against is not None:
+            try:
+                recorded, ref_stdouts, ref_files = record.read(Path(opts.against))
+            except ValueError as exc:
+                raise VerifyError(str(exc)) from None
+            ref_kind = f"record ({recorded.get('device')})"
+        else:
+            refs = [self.run_once("cuda" if use_cuda else "ref", ref_kind, self.args)[1]
+                    for _ in range(opts.reference_runs)]
+            ref_stdouts, ref_files = [r.stdout for r in refs], [r.files for r in refs]
+            ref_autocast = [a for r in refs for a in r.data.get("autocast", [])]  # type: ignore[union-attr]
+            ref_imports = dict(refs[0].data.get("imported") or {})  # type: ignore[arg-type]
+            if opts.record_to is not None:
+                try:
+                    record.write(Path(opts.record_to), self.project.script, self.args, ref_kind,
+                                 [(r.stdout, r.files) for r in refs],
+                                 [float(r.data.get("seconds", 0.0)) for r in refs])  # type: ignore[arg-type]
+                except ValueError as exc:
+                    raise VerifyError(str(exc)) from None
+                return Report("recorded", metrics={"reference": ref_kind, "runs": len(refs)})
+        if importlib.util.find_spec("torch_xla") is None and opts.python == sys.executable:
+            raise VerifyError("torch_xla is not installed here: pip install 'torch==2.9.0' 'torch_xla==2.9.0' "
+                              "(or, from a checkout, `make setup`)")
+        graphs = self.scratch / "graphs" / "graphs.txt"
+        graphs.parent.mkdir()
+        xla_env = {"PJRT_DEVICE": opts.device.upper(), "XLA_IR_DEBUG": "1", "XLA_SAVE_TENSORS_FILE": str(graphs),
+                   "XLA_SAVE_TENSORS_FMT": "text", **({"XLAPORT_DEVICE_RNG": "1"} if opts.device_rng else {})}
+        cand_side, cand = self.run_once("xla", "xla", self.args, xla_env)
+        fallback_sites: List[Dict[str, object]] = []
+        if cand.metrics.get("fallbacks"):  # a second run ties each fallback to the line that called the op
+            _, traced = self.run_once("xla", "xla", self.args, {**xla_env, "XLAPORT_TRACE_FALLBACKS": "1",
+                                                                 "XLA_SAVE_TENSORS_FILE": ""})
+            fallback_sites = list(traced.data.get("fallback_sites", []))  # type: ignore[arg-type]
+        lines = LineMapper(self.project.script, cand_side.script, cand_side.tree, self.project.root)
+        length_runs = self._lengths(length_spec, xla_env) if length_spec is not None else []
+        rtol, atol, why = tolerance(opts.rtol, opts.atol, ref_autocast + list(cand.data.get("autocast", [])))  # type: ignore[arg-type]
+        compared = compare(ref_stdouts, ref_files, cand.stdout, cand.files, rtol, atol,
+                           follow=opts.rtol is None and opts.atol is None)
+        report = judge(cand, compared, lines, graphs, opts.warmup_steps, opts.max_host_reads_per_step,
+                       fallback_sites, ref_kind)
+        report.config["tolerance"] = {"rtol": rtol, "atol": atol, "why": why}
+        report.imported = {"reference": ref_imports, "candidate": dict(cand.data.get("imported") or {})}  # type: ignore[arg-type]
+        self._imports(report)
+        self._device_work(report, cand, cand_side, lines)
+        self._random(report, cand, graphs, lines)
+        if length_spec is not None:
+            report.metrics["lengths"] = length_runs
+            loops = [e["original_line"] for e in report.events if e["kind"] == "no_barrier"]
+            report.failures += growth.judge_lengths(length_spec[0], length_spec[1],
+                                                    [int(r["compiles"]) for r in length_runs],  # type: ignore[call-overload]
+                                                    [int(r["largest_graph"]) for r in length_runs], loops)  # type: ignore[call-overload]
+        predicted(report.events)
+        if any(not o.ok for o in report.outputs) and opts.against is None:
+            self._diverge(report, rtol, atol, use_cuda, xla_env)
+        report.verdict = "fail" if report.failures else "pass"
+        return report
+
+    def _lengths(self, spec: Tuple[str, List[str]], xla_env: Dict[str, str]) -> List[Dict[str, object]]:
+        name, values = spec
+        out: List[Dict[str, object]] = []
+        for k, value in enumerate(values):
+            dump = self.scratch / f"graphs-{k}" / "graphs.txt"
+            dump.parent.mkdir()
+            try:
+                args = growth.with_length(self.args, name, value)
+            except ValueError as exc:
+                raise VerifyError(str(exc)) from None
+            _, run = self.run_once("xla", "xla", args, {**xla_env, "XLA_SAVE_TENSORS_FILE": str(dump)})
+            out.append({"value": value, "compiles": int(run.metrics.get("compiles", 0)),  # type: ignore[call-overload]
+                        "largest_graph": growth.largest_graph(_read_graphs(dump.parent))})
+        return out
+
+    def _imports(self, report: Report) -> None:
+        """A side that imported the user's copy of a project module, or the
+        other side's, compared the wrong programs: it cannot be verified."""
+        for side, trees in report.imported.items():
+            wrong = {label: mods for label, mods in trees.items() if label != "own" and mods}
+            if wrong:
+                where = "; ".join(f"{', '.join(m[:5])} from the {'user' if l == 'user' else 'other side'}'s tree"
+                                  for l, m in wrong.items())
+                raise VerifyError(f"the {side} imported project modules that are not its own copy ({where}): "
+                                  "something on its import path reaches the user's tree (PYTHONPATH, a .pth file)")
+
+    def _device_work(self, report: Report, cand: Run, side: Side, lines: LineMapper) -> None:
+        """A candidate that did nothing on XLA, left a model on the CPU where
+        the original used CUDA, or runs a step loop with no barrier."""
+        from codemods.analysis.cuda import count_references
+        from codemods.base import TreeCache
+        import libcst as cst
+
+        executions = int(report.metrics.get("executions", 0) or 0)  # type: ignore[call-overload]
+        if executions == 0:
+            report.failures.append("the conversion did no work on XLA (0 executions): its model and data stayed "
+                                   "on the CPU")
+        modules = [side.tree / rel for rel in _own_files(cand, side)] or [side.script]
+        used_cuda = False
+        for path in [self.project.root / m.relative_to(side.tree) for m in modules]:
+            try:
+                source = path.read_bytes()
+                used_cuda = used_cuda or count_references(TreeCache(cst.parse_module(source), source)) > 0
+            except (OSError, cst.ParserSyntaxError):
+                continue
+        on_cpu = sorted(name for name, kind in dict(cand.data.get("leftover_devices") or {}).items()  # type: ignore[call-overload]
+                        if kind == "cpu")
+        if used_cuda and on_cpu:
+            report.failures.append(f"left on the CPU where the original used CUDA: {', '.join(on_cpu)}")
+        if not executions:
+            return
+        for module in modules:
+            for line in growth.unsynced_loops(module):
+                event = lines.event("no_barrier", (str(module), line), 1,
+                                    "a step loop with no barrier: every iteration is added to one graph that grows "
+                                    "with the loop (xlaport would put `torch_xla.sync()` at the end of its body)")
+                report.events.append(event)
+                report.failures.append(f"a step loop runs on the device without a barrier "
+                                       f"({module.relative_to(side.tree)}:{event['original_line'] or line})")
+
+    def _random(self, report: Report, cand: Run, graphs: Path, lines: LineMapper) -> None:
+        """Random ops that still ran on XLA's generator: named, and the
+        outputs that differ are then listed as random, not failed."""
+        ops: Dict[Tuple[str, int], str] = {}
+        for g in _read_graphs(graphs.parent):
+            for line in rng.unrouted(g["ir"]):  # type: ignore[arg-type]
+                from xlaport.verify.compiles import _LOCATION
+
+                loc = _LOCATION.search(line)
+                op = line.split("(")[0].split()[-1]
+                if loc:
+                    ops.setdefault((loc.group(1), int(loc.group(2))), op)
+        for (path, line), op in ops.items():
+            event = lines.event("random", (path, line), 1, f"{op}: drawn by XLA's own generator")
+            where = f"{Path(event['original_path'] or path).name}:{event['original_line'] or line}"
+            report.random.append(f"{op} at {where}")
+        report.metrics["rng_routed"] = cand.data.get("rng_routed", {})
+        if not report.random:
+            return
+        differing = [o for o in report.outputs if not o.ok]
+        for o in differing:
+            o.ok = True
+            o.name += " (random, not compared)"
+            report.not_compared.append(f"{o.name}: differs; the candidate drew random numbers on the device "
+                                       f"({'; '.join(report.random[:3])})")
+        report.failures = [f for f in report.failures if f not in {o.name.replace(' (random, not compared)', '')
+                                                                   for o in differing}]
+
+    def _diverge(self, report: Report, rtol: float, atol: float, use_cuda: bool, xla_env: Dict[str, str]) -> None:
+        """Both sides once more, each module's forward output recorded: the
+        first module whose output differs is where the programs diverge."""
+        trace_ref, trace_cand = self.scratch / "trace-ref.pt", self.scratch / "trace-xla.pt"
+        try:
+            self.run_once("cuda" if use_cuda else "ref", "cuda" if use_cuda else "cpu", self.args,
+                          {"XLAPORT_TRACE_MODULES": str(trace_ref)})
+            self.run_once("xla", "xla", self.args, {**xla_env, "XLA_SAVE_TENSORS_FILE": "",
+                                                     "XLAPORT_TRACE_MODULES": str(trace_cand)})
+        except VerifyError as exc:
+            report.not_compared.append(f"divergence trace: could not run ({str(exc)[:200]})")
+            return
+        found = diverge.first_divergence(str(trace_ref), str(trace_cand), rtol, atol)
+        report.divergence = found
+        report.failures += list(diverge.where(found))
+
+
+def _own_files(cand: Run, side: Side) -> List[Path]:
+    """The candidate's own modules that the program imported, as paths in its tree."""
+    names = (cand.data.get("imported") or {}).get("own", [])  # type: ignore[union-attr]
+    found: List[Path] = [side.project.rel_script]
+    for name in names:
+        rel = Path(*name.split("."))
+        for candidate in (rel.with_suffix(".py"), rel / "__init__.py"):
+            for base in (side.tree, side.tree / "src"):
+                if (base / candidate).exists():
+                    found.append((base / candidate).relative_to(side.tree))
+    return list(dict.fromkeys(found))
+
+
+def predicted(events: List[Dict[str, object]]) -> None:
+    """Say for each recompilation and host read whether ``lint`` reports
+    its line (``XLA4xx``): "predicted by XLA407 at line 18", or not."""
+    cache: Dict[str, List[Tuple[int, str]]] = {}
+    for e in events:
+        if e["kind"] not in ("recompile", "host_read") or not e.get("original_path") or not e.get("original_line"):
+            continue
+        path = str(e["original_path"])
+        if path not in cache:
+            try:
+                out = transform(Path(path).read_bytes(), Settings(select=["XLA4"], options={"include_cold": True}),
+                                path)
+                cache[path] = [(f.line, f.code) for f in out.findings]
+            except (OSError, SourceError):
+                cache[path] = []
+        hits = [code for line, code in cache[path] if line == e["original_line"]]
+        e["predicted"] = f"{hits[0]} at line {e['original_line']}" if hits else None
+        e["detail"] = f"{e['detail']}; " + (f"predicted by {e['predicted']}" if hits else "not predicted by lint")
