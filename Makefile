@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 export PJRT_DEVICE ?= CPU
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench clean browser
 
 WHEEL_042 := .cache/wheels/diffusers-0.42.1-py3-none-any.whl
 
@@ -24,10 +24,17 @@ setup: $(VENV)/.installed $(WHEEL_042)
 
 demo: setup
 	rm -rf build/demo
-	$(VENV)/bin/xlaport convert fixtures/train_mlp/input.py -o build/demo
-	$(VENV)/bin/xlaport verify fixtures/train_mlp/input.py --converted build/demo/input.py -- --epochs 2
+	$(VENV)/bin/xlaport convert fixtures/train_mlp -o build/demo
+	$(VENV)/bin/xlaport verify fixtures/train_mlp/input.py --root fixtures/train_mlp --converted build/demo -- --epochs 2
 
-test: setup
+# verify's HTML report is tested in a real headless browser: Debian's chromium,
+# installed here where the machine lets us (the test is skipped, saying why, where not)
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 || \
+	    echo "make: could not install chromium; the browser test will be skipped"; }
+
+test: setup browser
 	$(PY) -m pytest -q
 
 bench: setup

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from xlaport.engine import Settings  # noqa: E402
-from xlaport.verify.core import convert_file, run_script  # noqa: E402
+from xlaport.verify.core import convert_file, run_side  # noqa: E402
+from xlaport.verify.project import Project, build_side  # noqa: E402
 
 # (fixture, script arguments, loop steps the script takes)
 CASES = [
@@ -33,8 +34,10 @@ CASES = [
 
 def measure(script: Path, args, repeat: int):
     best = None
-    for _ in range(repeat):
-        run = run_script(script, "xla", args, timeout=600)
+    project = Project(script.parent.resolve(), script.resolve(), script.parent.resolve())
+    for k in range(repeat):
+        side = build_side(project, "xla", Path(tempfile.mkdtemp(prefix="bench-run-")) / script.parent.name, {})
+        run = run_side(side, "xla", args, timeout=600)
         m = run.metrics
         row = (int(m["compiles"]), float(m["compile_seconds"]), float(run.data["seconds"]), int(m["executions"]))
         if best is None or row[2] < best[2]:

@@ -156,8 +156,10 @@ class DeviceSwap(XlaCodemod):
         CUDA_DEFAULT,
         CUDA_GENERATOR,
     )
-    TRIGGERS = (b"cuda",)
-    NEEDS = ("code~cuda",)  # (see regions: a name or a string saying "cuda")
+    # a name or a string saying "cuda" (see regions); or an integer ordinal,
+    # which comes with DDP code (device_ids, a rank, a GPU index)
+    TRIGGERS = (b"cuda", b"device_ids", b"rank", b"gpu")
+    NEEDS = ("code~cuda", "code~device_ids", "name~rank", "name~gpu")
 
     def regions(self, tree):
         """Statements that mention CUDA: a "cuda..." string, or a name such as

@@ -13,7 +13,7 @@ CODEMODS = (
     ('codemods.device_strings', 'DeviceStrings', (b'cuda',), ('code~cuda',), (
         ('XLA109', 'cuda-device-string', 'a device kept in a string (`device = "cuda"`) becomes `"xla"`, and tests on it follow', True),
     )),
-    ('codemods.devices', 'DeviceSwap', (b'cuda',), ('code~cuda',), (
+    ('codemods.devices', 'DeviceSwap', (b'cuda', b'device_ids', b'rank', b'gpu'), ('code~cuda', 'code~device_ids', 'name~rank', 'name~gpu'), (
         ('XLA101', 'cuda-method', '`.cuda()` moves to the CUDA device: move to the XLA device instead', True),
         ('XLA102', 'cuda-device-literal', '`"cuda"`/`"cuda:N"` used as a device: use the XLA device', True),
         ('XLA103', 'cuda-if-available', '`"cuda" if torch.cuda.is_available() else "cpu"`: use the XLA device', True),

@@ -249,6 +249,10 @@ def atomic_write(path: Path, data: bytes, like: Optional[Path] = None, expected:
             os.chmod(tmp, stat.S_IMODE(source_stat.st_mode))
             if like is None:
                 _keep_owner(tmp, source_stat)
+        else:  # a new file: the mode open() would give it (mkstemp's is 0600)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         try:

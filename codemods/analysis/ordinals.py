@@ -20,6 +20,7 @@ Where an expression is used as a device is ``cuda.device_arguments``.
 
 from __future__ import annotations
 
+import re
 from typing import Dict, Optional, Set
 
 import libcst as cst
@@ -33,6 +34,7 @@ _INDEX_CALLS = {"torch.distributed.get_rank", "torch.distributed.get_local_rank"
                 "torch.accelerator.current_device_index", "torch_xla.runtime.local_ordinal",
                 "torch_xla.runtime.global_ordinal", "torch_xla.core.xla_model.get_local_ordinal",
                 "torch_xla.core.xla_model.get_ordinal", "torch.distributed.distributed_c10d.get_rank"}
+_ORDINAL_NAME = re.compile(r"^(local_rank|local_gpu|gpu|gpu_id|gpu_index|device_id|device_index|cuda_id)$")
 _ARITHMETIC = (cst.Modulo, cst.FloorDivide, cst.Add, cst.Subtract, cst.Multiply)
 
 
@@ -62,7 +64,13 @@ class Ordinals:
             if node.value in ("True", "False", "None"):
                 return False
             reaching = self.values.reaching(node) if binding_nodes(self.tree, node) else []
-            return bool(reaching) and all(self._binding(b) for b in reaching)
+            if reaching and all(self._binding(b) for b in reaching):
+                return True
+            # last resort, where the dataflow cannot see the value (a function
+            # of another module returns it): a name that says it is a process's
+            # device index, bound only from calls this module cannot read
+            return bool(reaching) and bool(_ORDINAL_NAME.match(node.value)) and all(
+                self._opaque(b) for b in reaching)
         if isinstance(node, cst.Call):
             if isinstance(node.func, cst.Name) and node.func.value == "int" and not binding_nodes(self.tree, node.func):
                 return True
@@ -88,6 +96,12 @@ class Ordinals:
                 return True  # `for gpu in range(n)`
             return False
         return self.is_ordinal(value)
+
+    def _opaque(self, binding: cst.CSTNode) -> bool:
+        """A binding from a call of something imported (its value unknown here)."""
+        value, path = self.values.source(binding)
+        return isinstance(value, cst.Call) and not path and bool(self.tree.import_qualnames(value.func)) \
+            and self.values.local_function(value) is None
 
     def _param(self, param: cst.Param) -> bool:
         if param.annotation is not None:

@@ -43,14 +43,23 @@ def judge(cand: "Run", compared, lines: "LineMapper", graphs: Path, warmup_steps
         at_site = _at_site(dumped, site)
         kinds = classify_recompiles(at_site, site)
         # one graph with new ops after warm-up (a last step that takes another
-        # branch) is compiled once and does not grow with the steps; the same
-        # graph with new shapes or constants, or new ops again and again, does
-        bad = len(kinds["churn"]) + (len(kinds["new_path"]) if len(kinds["new_path"]) > 1 else 0)
+        # branch), or the same graph once with another constant (a learning
+        # rate leaving 1.0, a special scalar XLA bakes in), is compiled once
+        # and does not grow with the steps; a graph compiled again and again does
+        churn, fresh = len(kinds["churn"]), len(kinds["new_path"])
+        bad = (churn if churn > 1 else 0) + (fresh if fresh > 1 else 0)
         steady_recompiles += bad
         if bad:
             where = locate_recompile(at_site, lines, site["where"])  # type: ignore[arg-type]
             events.append(lines.event("recompile", where or site["where"], bad, where_detail(where, site)))
-        else:
+        elif churn:
+            where = locate_recompile(at_site, lines, site["where"])  # type: ignore[arg-type]
+            steps_at = ", ".join(str(n + 1) for n in kinds["churn"])
+            events.append(lines.event("one_off", where or site["where"], churn,
+                                      f"compiled once more at this sync's step {steps_at} with another value "
+                                      "(a constant XLA bakes in, such as a learning rate leaving 1.0): a one-off, "
+                                      "not growth" + (f"; {where[2]}" if where else "")))
+        if fresh and not bad:
             steps_at = ", ".join(str(n + 1) for n in kinds["new_path"])
             events.append(lines.event("new_graph", site["where"], len(kinds["new_path"]),
                                       f"one graph with different ops at this sync's step {steps_at} (another "
@@ -185,6 +194,12 @@ def classify_recompiles(graphs: List[Dict[str, object]], site: Dict[str, object]
     return out
 
 
+# ops whose IR text leaves out the values that go into the graph's hash,
+# slices and selections first (their offsets), constants last
+_HIDDEN_VALUES = ("xla::generic_slice", "xla::select", "aten::select", "aten::slice", "aten::narrow",
+                  "aten::as_strided", "xla::update_slice", "aten::diagonal", "aten::expand", "prim::Constant")
+
+
 def locate_recompile(graphs: List[Dict[str, object]], lines: "LineMapper",
                      site: Optional[tuple] = None) -> Optional[tuple]:
     """Diff the IR of the last two different graphs cut at the recompiling
@@ -204,10 +219,13 @@ def locate_recompile(graphs: List[Dict[str, object]], lines: "LineMapper",
         return _IR_ID.sub("%", l)
 
     old_set = {norm(l) for l in old["ir"]}  # type: ignore[union-attr]
+    changed = [l for l in new["ir"] if norm(l) not in old_set]  # type: ignore[union-attr]
+    if not changed:
+        # the same IR text, another hash: the graphs differ in what the text
+        # does not print -- a slice's offsets (`sigmas[i]`), a constant's value
+        changed = [l for l in new["ir"] if any(f" {op}(" in l for op in _HIDDEN_VALUES)]  # type: ignore[union-attr]
     found: List[tuple] = []
-    for l in new["ir"]:  # type: ignore[union-attr]
-        if norm(l) in old_set:
-            continue
+    for l in changed:
         loc = _LOCATION.search(l)
         path = lines.resolve(loc.group(1)) if loc else None
         if path is not None and (str(path), int(loc.group(2))) not in found:  # type: ignore[union-attr]
@@ -221,13 +239,13 @@ def locate_recompile(graphs: List[Dict[str, object]], lines: "LineMapper",
     others = sorted({line for p, line in found[1:] if p == found[0][0]} - {found[0][1]})
     detail = "the graph differs from the previous step's here"
     if others:
-        detail += f" (also lines {', '.join(map(str, others[:5]))})"
+        detail += f" (also line{'s' if len(others) > 1 else ''} {', '.join(map(str, others[:5]))})"
     return found[0][0], found[0][1], detail
 
 
 def where_detail(where: Optional[tuple], site: Dict[str, object]) -> str:
     if where:
-        return f"{where[2]}; graph cut at line {site['where'][1]}"  # type: ignore[index]
+        return f"{where[2]}; graph cut at the barrier on line {site['where'][1]} of the conversion"  # type: ignore[index]
     return f"new graph compiled at this sync after warm-up (steps {site['steps']})"
 
 

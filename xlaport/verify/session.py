@@ -5,6 +5,7 @@ a fresh copy of the project (``xlaport.verify.project``)."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -15,6 +16,8 @@ from xlaport.verify.compiles import LineMapper, _read_graphs, judge
 from xlaport.verify.core import Options, Report, Run, VerifyError, _cuda_available, convert_sources, run_side
 from xlaport.verify.outputs import compare, tolerance
 from xlaport.verify.project import Project, Side, build_side
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 
 class Session:
@@ -108,7 +111,10 @@ class Session:
         graphs.parent.mkdir()
         xla_env = {"PJRT_DEVICE": opts.device.upper(), "XLA_IR_DEBUG": "1", "XLA_SAVE_TENSORS_FILE": str(graphs),
                    "XLA_SAVE_TENSORS_FMT": "text", **({"XLAPORT_DEVICE_RNG": "1"} if opts.device_rng else {})}
-        cand_side, cand = self.run_once("xla", "xla", self.args, xla_env)
+        try:
+            cand_side, cand = self.run_once("xla", "xla", self.args, xla_env)
+        except VerifyError as exc:  # the original ran: a conversion that cannot is a failed one
+            return self._crashed(str(exc))
         fallback_sites: List[Dict[str, object]] = []
         if cand.metrics.get("fallbacks"):  # a second run ties each fallback to the line that called the op
             _, traced = self.run_once("xla", "xla", self.args, {**xla_env, "XLAPORT_TRACE_FALLBACKS": "1",
@@ -136,6 +142,25 @@ class Session:
         if any(not o.ok for o in report.outputs) and opts.against is None:
             self._diverge(report, rtol, atol, use_cuda, xla_env)
         report.verdict = "fail" if report.failures else "pass"
+        return report
+
+    def _crashed(self, error: str) -> Report:
+        """The candidate crashed (or ran past the timeout) where the reference
+        ran: the verdict is fail, with the program's own error and the line of
+        the user's file it came from."""
+        side = Side("xla", self.scratch / "xla-1" / self.project.root.name, self.project)
+        lines = LineMapper(self.project.script, side.script, side.tree, self.project.root)
+        frames = [(p, int(n)) for p, n in _FRAME.findall(error) if lines.resolve(p) is not None]
+        report = Report("fail")
+        last = error.strip().splitlines()[-1] if error.strip() else "it crashed"
+        if frames:
+            event = lines.event("crash", frames[-1], 1, last)
+            report.events.append(event)
+            where = f" at {Path(str(event['original_path'] or frames[-1][0])).name}:{event['original_line'] or frames[-1][1]}"
+        else:
+            where = ""
+        report.failures.append(f"the conversion did not run{where}: {last}")
+        report.config["candidate_error"] = error[-4000:]
         return report
 
     def _lengths(self, spec: Tuple[str, List[str]], xla_env: Dict[str, str]) -> List[Dict[str, object]]:

@@ -1,0 +1,290 @@
+"""`xlaport verify` on programs that are projects (issue 23): a sibling
+module, a package, data and a config read by relative path, an editable
+install, a torchrun trainer -- each run from its own root as a user runs it.
+A correct conversion passes; broken ones fail naming the cause and the line;
+the user's tree is never written; the run is safe to interrupt."""
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from xlaport.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECTS = ROOT / "fixtures" / "projects"
+BAD = ROOT / "fixtures" / "bad"
+
+pytestmark = [
+    pytest.mark.xla,
+    pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla not installed"),
+]
+
+
+def tree_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts:
+            h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture
+def project(tmp_path):
+    """The multi-file trainer, as a user's checkout."""
+    dest = tmp_path / "multi_file"
+    shutil.copytree(PROJECTS / "multi_file", dest)
+    return dest
+
+
+def verify_in(cwd: Path, *args: str, report: Path, runs: str = "1"):
+    """`xlaport verify ARGS` from ``cwd`` (one reference run unless asked:
+    these programs print no timings)."""
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        result = CliRunner().invoke(main, ["verify", "--json", str(report), "--timeout", "300",
+                                           "--reference-runs", runs, *args])
+    finally:
+        os.chdir(old)
+    return result, json.loads(report.read_text()) if report.exists() else None
+
+
+def converted_tree(project: Path, dest: Path) -> Path:
+    result = CliRunner().invoke(main, ["convert", "--no-cache", "-q", str(project), "-o", str(dest)])
+    assert result.exit_code == 0, result.output
+    return dest
+
+
+def test_a_multi_file_project_passes_from_its_own_root_and_its_tree_is_untouched(project, tmp_path):
+    before = tree_digest(project)
+    result, report = verify_in(project, "train.py", report=tmp_path / "r.json", runs="2")
+    assert result.exit_code == 0, (report or {}).get("failures") or result.output
+    assert report["verdict"] == "pass"
+    names = {o["name"] for o in report["outputs"]}
+    assert any(n.startswith("out/model.pt[") for n in names)  # written by relative path, compared
+    assert any(n.startswith("stdout") for n in names)
+    for side in ("reference", "candidate"):  # each side imported its own copy of every project module
+        assert set(report["imported"][side]["own"]) >= {"data", "pkg", "pkg.model", "pkg.layers"}
+        assert report["imported"][side]["user"] == [] and report["imported"][side]["scratch"] == []
+    assert report["metrics"]["rng_routed"].get("dropout", 0) >= 4  # dropout drawn from the CPU generator
+    assert all(o["max_abs_err"] < 1e-5 for o in report["outputs"])  # value for value
+    assert report["config"]["root"] == str(project) and report["config"]["tolerance"]["rtol"] == 1e-3
+    assert tree_digest(project) == before
+
+
+def test_a_sibling_module_left_unconverted_fails_on_its_line(project, tmp_path):
+    conv = converted_tree(project, tmp_path / "conv")
+    shutil.copy(project / "pkg" / "layers.py", conv / "pkg" / "layers.py")  # the CUDA buffer, as it was
+    result, report = verify_in(project, "train.py", "--converted", str(conv / "train.py"), report=tmp_path / "r.json")
+    assert result.exit_code == 1 and report["verdict"] == "fail"
+    line = next(i for i, t in enumerate((project / "pkg" / "layers.py").read_text().splitlines(), 1) if "cuda" in t)
+    assert any(f"layers.py:{line}" in f and "NVIDIA" in f for f in report["failures"]), report["failures"]
+
+
+def test_a_removed_barrier_fails_naming_the_loop(project, tmp_path):
+    conv = converted_tree(project, tmp_path / "conv")
+    train = conv / "train.py"
+    train.write_text("".join(l for l in train.read_text().splitlines(keepends=True) if "torch_xla.sync()" not in l))
+    result, report = verify_in(project, "train.py", "--converted", str(conv), report=tmp_path / "r.json")
+    assert result.exit_code == 1
+    loop = next(i for i, t in enumerate((project / "train.py").read_text().splitlines(), 1) if t.startswith("for "))
+    assert any("without a barrier" in f and f"train.py:{loop}" in f for f in report["failures"]), report["failures"]
+
+
+def test_a_model_left_on_the_cpu_fails_saying_so(project, tmp_path):
+    conv = converted_tree(project, tmp_path / "conv")
+    train = conv / "train.py"
+    text = train.read_text().replace("model = Net().to(device)", "model = Net()")
+    train.write_text(text.replace("rows[:, :4].to(device), rows[:, 4:].to(device)", "rows[:, :4], rows[:, 4:]"))
+    for module in ("layers.py", "model.py"):
+        path = conv / "pkg" / module
+        path.write_text(path.read_text().replace("device=torch_xla.device()", 'device="cpu"'))
+    result, report = verify_in(project, "train.py", "--converted", str(conv), report=tmp_path / "r.json")
+    assert result.exit_code == 1
+    assert any("left on the CPU" in f and "model" in f for f in report["failures"]), report["failures"]
+
+
+def test_a_wrong_port_says_which_module_diverges_first(project, tmp_path):
+    conv = converted_tree(project, tmp_path / "conv")
+    layers = conv / "pkg" / "layers.py"
+    layers.write_text(layers.read_text().replace("0.5", "0.6"))  # a port that changed a number
+    result, report = verify_in(project, "train.py", "--converted", str(conv), report=tmp_path / "r.json")
+    assert result.exit_code == 1
+    assert report["divergence"]["module"] == "Net.scaled" and report["divergence"]["pass"] == 1
+    assert any("diverge first at `Net.scaled`" in f for f in report["failures"])
+
+
+def test_device_randomness_left_to_xla_is_named_not_failed(project, tmp_path):
+    result, report = verify_in(project, "train.py", "--device-rng", report=tmp_path / "r.json")
+    assert result.exit_code == 0, report["failures"]
+    assert report["random_not_compared"], "the random ops XLA drew must be named"
+    assert any("random, not compared" in o["name"] for o in report["outputs"])
+
+
+def test_an_editable_install_imports_each_sides_own_copy(tmp_path):
+    src = tmp_path / "editable_pkg"
+    shutil.copytree(PROJECTS / "editable_pkg", src)
+    venv = tmp_path / "venv"
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", str(venv)], check=True)
+    site = next((venv / "lib").glob("python*/site-packages"))
+    here = next(p for p in sys.path if p.endswith("site-packages") and (Path(p) / "torch").is_dir())
+    (site / "xlaport_test_torch.pth").write_text(here + "\n")  # torch and torch_xla of the test's environment
+    done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "-e", str(src), "--no-deps"],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"pip install -e failed (no registry?): {done.stderr[-300:]}")
+    from xlaport.verify.core import verify
+
+    report = verify(src / "scripts" / "train.py", python=str(venv / "bin" / "python"), timeout=300, cwd=src)
+    assert report.error is None and report.verdict == "pass", report.error or report.failures
+    for side in ("reference", "candidate"):
+        assert report.imported[side]["own"] == ["tinylib", "tinylib.model"]
+        assert report.imported[side]["user"] == []
+
+
+def test_a_torchrun_trainer_passes_under_emulated_torchrun(tmp_path):
+    src = tmp_path / "torchrun_trainer"
+    shutil.copytree(PROJECTS / "torchrun_trainer", src)
+    result, report = verify_in(src, "train.py", "--torchrun", report=tmp_path / "r.json")
+    assert result.exit_code == 0, report["failures"]
+    assert any(o["name"].startswith("final.pt[") for o in report["outputs"])
+    assert report["imported"]["candidate"]["own"] == ["utils"]
+
+
+def test_a_one_off_recompile_is_not_growth():
+    result = CliRunner().invoke(main, ["verify", str(BAD / "lr_one_off.py"), "--root", str(BAD), "--json",
+                                       "/tmp/xlaport-test-lr.json", "--lengths", "--steps=2,6"])
+    report = json.loads(Path("/tmp/xlaport-test-lr.json").read_text())
+    assert result.exit_code == 0, report["failures"]
+    assert [r["compiles"] for r in report["metrics"]["lengths"]] == [1, 2, 2]  # one more at 6, none at 10
+
+
+def test_a_recompile_names_the_read_that_makes_each_graph_differ_and_lint_predicted_it():
+    result = CliRunner().invoke(main, ["verify", str(BAD / "indexed_table.py"), "--root", str(BAD), "--json",
+                                       "/tmp/xlaport-test-idx.json"])
+    report = json.loads(Path("/tmp/xlaport-test-idx.json").read_text())
+    assert result.exit_code == 1
+    [event] = [e for e in report["events"] if e["kind"] == "recompile"]
+    assert event["source"] == "sigma = sigmas[i]"
+    assert event["predicted"].startswith("XLA407 at line")
+
+
+# ------------------------------------------------------------------ safety
+
+
+def test_output_paths_in_the_project_or_on_the_script_are_refused_before_anything_runs(project, tmp_path):
+    for option, value in (("--json", project / "report.json"), ("--json", project / "train.py"),
+                          ("--html", project / "out" / "r.html")):
+        result = CliRunner().invoke(main, ["verify", str(project / "train.py"), option, str(value)])
+        assert result.exit_code == 2 and "would be replaced" in result.output or "inside the project" in result.output
+    assert not (project / "report.json").exists()
+    store = tmp_path / "ref.json.d"
+    store.mkdir()
+    (store / "mine.txt").write_text("keep me")
+    result = CliRunner().invoke(main, ["verify", str(project / "train.py"), "--record", str(tmp_path / "ref.json")])
+    assert result.exit_code == 2 and "not a record store verify made" in result.output
+    assert (store / "mine.txt").read_text() == "keep me"
+
+
+def _slow_project(tmp_path: Path) -> Path:
+    proj = tmp_path / "slow"
+    proj.mkdir()
+    (proj / "pyproject.toml").write_text("[project]\nname = 'slow'\n")
+    (proj / "main.py").write_text(
+        "import os, subprocess, sys, time\n"
+        "import torch\n"
+        "x = torch.zeros(2).cuda()\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        "open(sys.argv[1], 'a').write(f'{os.getpid()} {child.pid}\\n')\n"
+        "print(float((x + 1).sum()))\n"
+        "if len(sys.argv) > 2:\n    time.sleep(120)\n"
+        "print('done')\n")
+    return proj
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_stops_the_program_and_its_children_and_removes_the_copies(tmp_path, signum, status):
+    proj = _slow_project(tmp_path)
+    pids = tmp_path / "pids.txt"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "xlaport", "verify", "main.py", "--", str(pids), "hang"],
+                            cwd=proj, env={**os.environ, "TMPDIR": str(tmp)}, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not pids.exists():
+        time.sleep(0.2)
+    assert pids.exists(), "the program did not start"
+    time.sleep(0.5)
+    proc.send_signal(signum)
+    assert proc.wait(timeout=60) == status
+    assert "interrupted" in proc.stderr.read()
+    started = [int(p) for line in pids.read_text().splitlines() for p in line.split()]
+    time.sleep(0.5)
+    assert not [p for p in started if _alive(p)], "the program (or its child) still runs"
+    assert not list(tmp.glob("xlaport-verify-*")), "a temporary copy was left behind"
+
+
+def test_a_background_child_never_stalls_a_run(tmp_path):
+    proj = _slow_project(tmp_path)
+    pids = tmp_path / "pids.txt"
+    start = time.time()
+    result, report = verify_in(proj, "main.py", "--", str(pids), report=tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    assert time.time() - start < 100  # the child sleeps 120 s each run: nobody waited for it
+    children = [int(line.split()[1]) for line in pids.read_text().splitlines()]
+    assert len(children) == 2 and not [p for p in children if _alive(p)]
+
+
+def test_help_says_that_verify_runs_the_program():
+    result = CliRunner().invoke(main, ["verify", "--help"])
+    assert "runs your program, unsandboxed" in " ".join(result.output.split())
+    readme = (ROOT / "README.md").read_text()
+    assert "runs your program, unsandboxed" in " ".join(readme.split())
+
+
+# ------------------------------------------------------------------ the page
+
+
+def test_the_html_report_renders_in_a_real_browser(tmp_path):
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("Debian's chromium is not installed (make test installs it where it can)")
+    page = tmp_path / "report.html"
+    result = CliRunner().invoke(main, ["verify", str(BAD / "indexed_table.py"), "--root", str(BAD), "--html",
+                                       str(page)])
+    assert result.exit_code == 1
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+    dom = subprocess.run([browser, *flags, f"--user-data-dir={tmp_path / 'p1'}", "--dump-dom", page.as_uri()],
+                         capture_output=True, text=True, timeout=120).stdout
+    assert "<span id=\"verdict\" class=\"verdict fail\">fail</span>" in dom
+    assert dom.count("class=\"output-row") >= 3
+    assert "sigma = sigmas[i]" in dom and "predicted by XLA407" in dom  # the event, with its code
+    assert dom.count("class=\"bar\"") == 3 * 6  # compiles, executions, transfers for each of the 6 steps
+    shot = tmp_path / "shot.png"
+    subprocess.run([browser, *flags, f"--user-data-dir={tmp_path / 'p2'}", "--window-size=1200,1400",
+                    f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
