@@ -39,7 +39,10 @@ STEP_BARRIER = Rule(
         "compiles one small graph once and reuses it every step. It is also placed before "
         "`continue` at that level, so skipped iterations are cut too. In a module that already "
         "syncs by hand (code its authors ported, such as diffusers >= 0.31) nothing is added: "
-        "a step loop there without a barrier is reported for review."
+        "a step loop there without a barrier is reported for review. Steps are followed through the "
+        "module's own calls (functions, `self` methods, closures) to any depth; only a sync on every path "
+        "through the body counts as a barrier (not one under a flag); the micro-steps of gradient "
+        "accumulation share the barrier after the optimizer step."
     ),
     before=(
         "for x, y in batches:\n    loss = loss_fn(model(x), y)\n    loss.backward()\n"
@@ -106,6 +109,12 @@ STEP_BARRIER = Rule(
         # a loop over a device loader handed in by the caller syncs already (torch_xla's examples)
         "import torch_xla.distributed.parallel_loader as pl\n\ndef loop_fn(loader):\n    for x in loader:\n"
         "        model(x).sum().backward()\n        opt.step()\n\nloop_fn(pl.MpDeviceLoader(train_loader, device))\n",
+        # a loop that sums a loss module over targets is no step loop (a loss is no model)
+        "import torch.nn as nn\nmse = nn.MSELoss()\nfor t in targets:\n    loss = loss + mse(y, t)\n",
+        # gradient accumulation: the micro-steps need no barrier of their own when the
+        # loop that takes the optimizer step syncs (one graph per optimizer step)
+        "import torch_xla\nfor it in range(n):\n    for micro in range(k):\n        model(x[micro]).sum().backward()\n"
+        "    opt.step()\n    opt.zero_grad()\n    torch_xla.sync()\n",
     ),
 )
 
@@ -154,6 +163,9 @@ class StepBarrier(LoopCodemod):
         exits: Tuple[type, ...] = (cst.Continue,) + ((cst.Break, cst.Return) if self._defers(original) else ())
         if isinstance(original, cst.For) and self.iterates_device_loader(original):
             # MpDeviceLoader syncs after each batch, but not after a break
+            if any(is_barrier_call(c, self.target.barrier_names, self.qualnames)  # type: ignore[arg-type]
+                   for c in find_all(original.body, cst.Call)):
+                return updated  # synced by hand (before its break, say)
             if len(exits) > 1 and _has_exit(body.body, exits[1:]) and self.flag(
                     original, STEP_BARRIER.code, "`torch_xla.sync()` before break/return: the step's deferred "
                     "prints run", fix=True):

@@ -17,6 +17,8 @@ import libcst as cst
 from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP, STEP_METHOD
 from codemods.analysis import LoopCodemod, hot_methods, is_tensor_expr, loop_iterable, module_facts
 from codemods.analysis.loops import per_step_functions, step_functions
+from codemods.analysis.placement import HOST, placement
+from codemods.analysis.values import values as dataflow
 from codemods.base import Rule, TreeCache, call_name, find_all
 
 ITEM = Rule(
@@ -102,9 +104,27 @@ COUNTER_INDEX = Rule(
         "copy (`timesteps.tolist()` once, before the loop) or pass the index as a tensor."
     ),
     before=(
-        "import torch\n\nalphas = torch.linspace(0, 1, 10)\nfor i in range(10):\n    x = model(x) * alphas[i]\n"
-        "data = torch.randn(100, 4)\nfor i in range(0, 100, 10):\n    loss = model(data[i:i + 10]).sum()\n"
+        "import torch\n\nalphas = torch.linspace(0, 1, 10, device=\"cuda\")\nfor i in range(10):\n    x = model(x) * alphas[i]\n"
+        "data = torch.randn(100, 4).cuda()\nfor i in range(0, 100, 10):\n    loss = model(data[i:i + 10]).sum()\n"
         "    loss.backward()\n"
+    ),
+    after=None,
+)
+
+
+GROWING_CAT = Rule(
+    code="XLA408",
+    name="growing-concat",
+    summary="a tensor grown with `torch.cat` on every step",
+    why=(
+        "`idx = torch.cat((idx, next_token), dim=1)` in a generation loop gives `idx` a new shape "
+        "every step, and every op that reads it a new graph: XLA compiles once per token. "
+        "Preallocate the whole buffer before the loop and write each step into it "
+        "(`buf[:, t] = next_token`, or `index_copy_` with a tensor index), or use a static KV cache."
+    ),
+    before=(
+        "import torch\n\nfor _ in range(max_new_tokens):\n    logits = model(idx)\n"
+        "    idx_next = logits[:, -1].argmax(-1, keepdim=True)\n    idx = torch.cat((idx, idx_next), dim=1)\n"
     ),
     after=None,
 )
@@ -112,7 +132,7 @@ COUNTER_INDEX = Rule(
 
 class HostReads(LoopCodemod):
     DESCRIPTION = "Report host reads and recompilation traps on the hot path."
-    RULES = (ITEM, TRANSFER, SCALAR, CONDITION, DYNAMIC, MASK_INDEX, COUNTER_INDEX)
+    RULES = (ITEM, TRANSFER, SCALAR, CONDITION, DYNAMIC, MASK_INDEX, COUNTER_INDEX, GROWING_CAT)
     TRIGGERS = (b".item(", b".tolist(", b".numpy(", b".cpu(", b"float(", b"int(", b"bool(", b"if ", b"while ",
                 b"nonzero", b"masked_select", b"unique", b"where(", b"[", b"for ")
     NEEDS = (STEP_LOOP, LOADER_LOOP, STEP_METHOD, "option:include_cold")
@@ -198,6 +218,7 @@ class HostReads(LoopCodemod):
     # --------------------------------------------------------------- patterns
     def visit_Call(self, node: cst.Call) -> None:
         super().visit_Call(node)
+        self._counter_through_call(node)
         name = call_name(node)
         is_method = isinstance(node.func, cst.Attribute)
         q = self.qualnames(node.func)
@@ -215,6 +236,21 @@ class HostReads(LoopCodemod):
                                         "pass an index or use `torch.where`")
         elif "torch.where" in q and len(node.args) == 1:
             self._report(node, DYNAMIC, "one-argument `torch.where` is `nonzero`: use `torch.where(cond, a, b)`")
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        """``x = torch.cat((x, new), ...)``: ``x`` grows by one piece a step."""
+        value = node.value
+        if not (isinstance(value, cst.Call) and call_name(value) in ("cat", "concat", "concatenate") and value.args
+                and any(q.startswith("torch.") for q in self.qualnames(value.func))):
+            return
+        parts = value.args[0].value
+        if not isinstance(parts, (cst.Tuple, cst.List)) or not self.loop_stack:
+            return
+        grown = {t.target.value for t in node.targets if isinstance(t.target, cst.Name)}
+        names = {e.value.value for e in parts.elements if isinstance(e.value, cst.Name)}
+        if grown & names:
+            self._report(node, GROWING_CAT, f"`{sorted(grown & names)[0]}` grows with `torch.cat` every iteration: "
+                                            "a new shape and a new graph per step; preallocate it and write into it")
 
     def visit_If(self, node: cst.If) -> None:
         self._condition(node.test)
@@ -239,8 +275,13 @@ class HostReads(LoopCodemod):
                                                   "use `torch.where` or test outside the loop")
                     return
 
+    def _on_host(self, node: cst.CSTNode) -> bool:
+        """The tensor lives on the host: indexing it costs XLA nothing."""
+        return placement(self.tree, node) == HOST
+
     def visit_Subscript(self, node: cst.Subscript) -> None:
-        if isinstance(node.value, cst.Name) and node.value.value in self.tensors and self._counter_in(node):
+        if isinstance(node.value, cst.Name) and node.value.value in self.tensors and not self._on_host(node.value) \
+                and self._counter_in(node):
             return
         if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
             return
@@ -254,8 +295,7 @@ class HostReads(LoopCodemod):
     def _counter_in(self, node: cst.Subscript) -> bool:
         """``data[i]``, ``data[i + 1]``, ``data[i:i + bptt]``: an index or a
         slice bound computed from the loop counter of an enclosing loop."""
-        counters = {n.value for loop, _, _ in self.loop_stack
-                    if isinstance(loop, cst.For) and _counter_loop(loop) for n in find_all(loop.target, cst.Name)}
+        counters = self._counters()
         if not counters:
             return False
         used: Set[str] = set()
@@ -273,10 +313,51 @@ class HostReads(LoopCodemod):
                      f"counter `{sorted(hit)[0]}`: a new graph every step")
         return True
 
+    def _counters(self) -> Set[str]:
+        return {n.value for loop, _, _ in self.loop_stack
+                if isinstance(loop, cst.For) and _counter_loop(loop) for n in find_all(loop.target, cst.Name)}
+
+    def _counter_through_call(self, call: cst.Call) -> None:
+        """``get_batch(source, i)`` in a step loop, where the module's
+        ``get_batch`` returns ``source[i:i + n]``: the loop counter reaches a
+        device tensor's index through the call (reported on the call, with
+        the line in the callee)."""
+        counters = self._counters() if self.loop_stack else set()
+        if not counters:
+            return
+        fn = dataflow(self.tree).local_function(call)
+        if not isinstance(fn, cst.FunctionDef):
+            return
+        params = [p for p in list(fn.params.posonly_params) + list(fn.params.params)
+                  if not (p.name.value == "self" and isinstance(call.func, cst.Attribute))]
+        passed = {p.name.value: a.value for p, a in zip(params, [a for a in call.args if a.keyword is None and not a.star])}
+        passed.update({a.keyword.value: a.value for a in call.args if a.keyword is not None})
+        by_counter = {p for p, arg in passed.items() if {n.value for n in find_all(arg, cst.Name)} & counters}
+        if not by_counter:
+            return
+        for sub in find_all(fn.body, cst.Subscript):
+            base = sub.value  # type: ignore[attr-defined]
+            if not isinstance(base, cst.Name) or base.value not in passed or base.value in by_counter:
+                continue
+            used = {n.value for e in sub.slice for n in find_all(e.slice, cst.Name)}  # type: ignore[attr-defined]
+            if not used & by_counter:
+                continue
+            tensor = passed[base.value]
+            if self._on_host(tensor) or (isinstance(tensor, cst.Name) and tensor.value not in self.tensors
+                                         and placement(self.tree, tensor) is None):
+                continue
+            line = self.tree.start_positions([sub])[id(sub)][0]
+            what = "slices" if any(isinstance(e.slice, cst.Slice) for e in sub.slice) else "indexes"  # type: ignore[attr-defined]
+            counter = sorted({n.value for n in find_all(passed[sorted(used & by_counter)[0]], cst.Name)} & counters)[0]
+            self._report(call, COUNTER_INDEX, f"`{fn.name.value}()` {what} device tensor "
+                         f"`{cst.Module([]).code_for_node(tensor)}` with the loop counter `{counter}` "
+                         f"(`{base.value}[...]` at line {line}): a new graph every step")
+            return
+
     def visit_For(self, node: cst.For) -> None:
         super().visit_For(node)
         it = loop_iterable(node)
-        if isinstance(it, cst.Name) and it.value in self.tensors and self.loop_stack[-1][1]:
+        if isinstance(it, cst.Name) and it.value in self.tensors and self.loop_stack[-1][1] and not self._on_host(it):
             self._report(node.iter, COUNTER_INDEX, f"iterating device tensor `{it.value}` indexes it with a constant per "
                                                    "step: a new graph every step; iterate a host copy")
 

@@ -66,6 +66,7 @@ CODEMODS = (
         ('XLA405', 'dynamic-shape-op', '`nonzero`, `masked_select`, `unique`, one-argument `where`: data-dependent shapes', False),
         ('XLA406', 'boolean-mask-index', 'indexing with a boolean mask on the hot path (data-dependent shape)', False),
         ('XLA407', 'loop-counter-index', 'a device tensor iterated or indexed with the Python loop counter', False),
+        ('XLA408', 'growing-concat', 'a tensor grown with `torch.cat` on every step', False),
     )),
     ('codemods.runtime', 'XlaRuntime', (b'inference_mode', b'fused', b'set_float32_matmul_precision', b'DataParallel', b'basicConfig', b'manual_seed'), ('name:inference_mode', 'name:fused', 'name:set_float32_matmul_precision', 'name:DataParallel', 'name:basicConfig', 'name:manual_seed'), (
         ('XLA151', 'inference-mode', '`torch.inference_mode()` -> `torch.no_grad()` (inference tensors fail on XLA)', True),

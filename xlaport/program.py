@@ -30,7 +30,10 @@ def has_accelerator_code(data: bytes) -> bool:
 def nothing_to_port(results: Sequence[FileResult]) -> bool:
     """No file of the run holds CUDA or accelerator code (and some file was read)."""
     read = [r for r in results if r.original is not None]
-    return bool(read) and not any(has_accelerator_code(r.original) for r in read)  # type: ignore[arg-type]
+    # the rules' own count of CUDA references catches what no word names: an
+    # integer device (`model.to(0)` is cuda:0 to torch)
+    return bool(read) and not any(has_accelerator_code(r.original) or (r.cuda and r.cuda[0])  # type: ignore[arg-type]
+                                  for r in read)
 
 
 def leave_alone(results: Sequence[FileResult]) -> str:

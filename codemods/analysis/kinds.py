@@ -13,6 +13,9 @@ Kinds = FrozenSet[str]
 TENSOR, DEVICE, DEVICE_STR, MODULE = "tensor", "device", "device-string", "module"
 OPTIMIZER, SCALER, LR_SCHEDULER, SAMPLER = "optimizer", "scaler", "lr-scheduler", "sampler"
 LOADER, DEVICE_LOADER, HOST, OBJECT = "loader", "device-loader", "host", "object"
+# a loss, a metric or another module without state of its own (an
+# activation, a pooling): calling it makes a tensor, but it is no model
+STATELESS = "stateless"
 LOADED = "loaded"  # torch.load/pickle.load: a model when it is called, else anything
 UNKNOWN = "?"  # some of the values that reach a name could not be told
 NONE: Kinds = frozenset()
@@ -66,7 +69,11 @@ def library_kinds(qual: str, args: List[cst.Arg]) -> Optional[Kinds]:
             "torch.distributed._composable.fsdp.fully_shard"):
         return frozenset({MODULE})
     if qual.startswith("torch.nn.") and not qual.startswith(("torch.nn.functional.", "torch.nn.utils.", "torch.nn.init.")):
+        if is_stateless_class(last):
+            return frozenset({STATELESS})
         return frozenset({MODULE}) if last[:1].isupper() and last != "Parameter" else None
+    if qual.startswith(("torchmetrics.", "lpips.", "piq.")) and last[:1].isupper():
+        return frozenset({STATELESS})
     if qual.startswith("torchvision.models.") and last[:1].islower():
         return frozenset({MODULE})
     if qual.startswith("diffusers.") and last.endswith("Scheduler"):
@@ -74,6 +81,21 @@ def library_kinds(qual: str, args: List[cst.Arg]) -> Optional[Kinds]:
     if qual.startswith("torch.") and not qual.startswith(_NON_TENSOR_TORCH):
         return frozenset({TENSOR})
     return None
+
+
+_STATELESS_LAYERS = frozenset({
+    "ReLU", "ReLU6", "GELU", "SiLU", "Mish", "ELU", "SELU", "CELU", "LeakyReLU", "Sigmoid", "Tanh", "Softmax",
+    "LogSoftmax", "Softplus", "Softsign", "Hardtanh", "Hardswish", "Hardsigmoid", "Tanhshrink", "Identity",
+    "Flatten", "Unflatten", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "Upsample",
+    "PixelShuffle", "PixelUnshuffle", "CosineSimilarity", "PairwiseDistance"})
+
+
+def is_stateless_class(name: str) -> bool:
+    """A class named as a loss, a metric or a layer without weights
+    (``MSELoss``, ``CrossEntropyLoss``, ``PerceptualLoss``, ``Accuracy``...
+    ``MaxPool2d``, ``Dropout``)."""
+    return (name.endswith(("Loss", "Criterion", "Metric")) or name in _STATELESS_LAYERS
+            or name.startswith(("MaxPool", "AvgPool", "AdaptiveAvgPool", "AdaptiveMaxPool", "LPPool")))
 
 
 def pretrained_kinds(qual: str) -> Optional[Kinds]:

@@ -14,6 +14,7 @@ from codemods.analysis.loops import (
     LOADER_NAME_RE,
     Loop,
     _names_one_loader,
+    accumulates_gradients,
     in_model_code,
     is_device_loader_expr,
     loop_iterable,
@@ -78,7 +79,7 @@ class LoopCodemod(XlaCodemod):
 
     def is_step_loop(self, loop: Loop) -> bool:
         """:func:`is_step_loop`, and not inside a model's own forward/backward."""
-        called = self._memo("model_functions", self.tree.module, lambda: model_functions(self.tree.module))
+        called = self._memo("model_functions", self.tree.module, lambda: model_functions(self.tree))
         return self._memo("step_loop", loop, lambda: self._is_step_loop(loop, called))
 
     def _is_step_loop(self, loop: Loop, called: Set[str]) -> bool:
@@ -87,9 +88,12 @@ class LoopCodemod(XlaCodemod):
             return False
         if is_outer_loop(self.tree, loop, self.is_step_loop):
             return False  # the step loop it runs on every iteration cuts it
-        if kind in ("carried", "sample"):
+        if kind in ("carried", "sample") or (kind == "step" and accumulates_gradients(loop, self.steps)):
             # an accumulation inside another step loop (panorama's per-view
-            # loop): the outer step's barrier bounds it already
+            # loop; the micro-steps of gradient accumulation, whose optimizer
+            # step the outer loop takes): the outer step's barrier bounds it
+            # already, and one graph per outer iteration is the fewest
+            # (docs/internals.md, "Gradient accumulation")
             for anc in self.ancestors(loop):
                 if isinstance(anc, _DEFS):
                     break

@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 import re
-from typing import Callable, Dict, Iterable, List, Optional, Set, Union
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Union
 
 import libcst as cst
 
@@ -31,14 +31,15 @@ from codemods.analysis.values import (
     Values,
     values as values_of,
 )
+from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.state import _carries_model_state, _root
+from codemods.analysis.steps import STEP_CALLS, callers_closure
 from codemods.base import TreeCache, call_name, dotted, find_all
 from codemods.tree import children, node_types, parent_map
 
 Loop = Union[cst.For, cst.While]
 _NESTED = (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)
 _NESTED_TYPES = node_types(_NESTED)
-_STEP_NAMES = frozenset({"backward", "step", "optimizer_step"})
 _DEFS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
 _OPTIMIZER_RE = re.compile(r"(optim|^opt$|_opt$|^opt_|scaler)", re.IGNORECASE)
@@ -101,11 +102,15 @@ def _is_model_method(name: str) -> bool:
     return name in _MODEL_CODE or name.startswith(("forward", "_forward"))
 
 
-def model_functions(module: cst.Module) -> Set[str]:
+def model_functions(tree: TreeCache) -> Set[str]:
     """Code of the module that runs inside a model: module functions and
     ``Class.method``s reached, by a call or a reference, from a class's
     ``forward*``/``backward``/``__init__`` -- timm's ``forward_features``,
-    xLSTM's ``mlstm_recurrent_sequence_native`` (kept as ``self.kernel_fn``)."""
+    xLSTM's ``mlstm_recurrent_sequence_native`` (kept as ``self.kernel_fn``).
+    A name counts only where it is bound to that function (the scopes of
+    :mod:`codemods.analysis.bindings`): a parameter ``train`` of some
+    ``__init__`` is not the module's ``def train``."""
+    module = tree.module
     # module-level functions, also those defined under an `if`/`try` (no class or def around them)
     defs = {fn.name.value: fn for fn in find_all(module, cst.FunctionDef, stop=(cst.FunctionDef, cst.ClassDef))
             if fn is not module}  # type: ignore[attr-defined]
@@ -119,8 +124,10 @@ def model_functions(module: cst.Module) -> Set[str]:
     found: Set[str] = set()
     while todo:
         cls_name, fn = todo.pop()
+        attrs = {id(a.attr) for a in find_all(fn, cst.Attribute)}  # `x.train` names no function
         for node in find_all(fn, (cst.Name, cst.Attribute)):
-            if isinstance(node, cst.Name) and node.value in defs and node.value not in found:
+            if (isinstance(node, cst.Name) and node.value in defs and node.value not in found
+                    and id(node) not in attrs and _binds(tree, node, defs[node.value])):
                 found.add(node.value)
                 todo.append((None, defs[node.value]))
             elif (isinstance(node, cst.Attribute) and cls_name and isinstance(node.value, cst.Name)
@@ -130,6 +137,11 @@ def model_functions(module: cst.Module) -> Set[str]:
                     found.add(key)
                     todo.append((cls_name, methods[cls_name][node.attr.value]))
     return found
+
+
+def _binds(tree: TreeCache, name: cst.Name, fn: cst.FunctionDef) -> bool:
+    """``name``, where it is read, is bound to ``fn`` (among others)."""
+    return any(b is fn for b in binding_nodes(tree, name))
 
 
 def _outside_classes(fn: cst.FunctionDef, parents: Dict[int, cst.CSTNode]) -> bool:
@@ -161,22 +173,32 @@ def in_model_code(node: cst.CSTNode, parents: Dict[int, cst.CSTNode], called_by_
 
 
 def step_functions(module: cst.Module, qualnames: QualNames) -> Set[str]:
-    """Names of functions/methods of this module whose own body takes a step
-    (calls backward or an optimizer step), so that a loop calling them is a
-    step loop too."""
-    found: Set[str] = set()
+    """Names of functions, methods and closures of this module that take a
+    step -- their own body calls backward or an optimizer step, or calls
+    (by name, or as ``self.m()``) another such function, to any depth -- so
+    that a loop calling one is a step loop too."""
+    direct: Set[str] = set()
+    calls_of: Dict[str, Set[str]] = {}
     parents = parent_map(module)
     for call in find_all(module, cst.Call):
-        if call_name(call) not in _STEP_NAMES or not is_step_call(call, set(), qualnames):  # type: ignore[arg-type]
+        stepping = call_name(call) in STEP_CALLS and is_step_call(call, set(), qualnames)  # type: ignore[arg-type]
+        callee = _local_callee(call)  # type: ignore[arg-type]
+        if not stepping and callee is None:
             continue
         # the function whose own body holds the call: its nearest enclosing
         # function, loop, class or lambda must be that function, via its body
+        # (a function whose loop takes steps is a training run, not a step)
         child, cur = call, parents.get(id(call))
         while cur is not None and type(cur) not in _NESTED_TYPES:
             child, cur = cur, parents.get(id(cur))
-        if type(cur) is cst.FunctionDef and child is cur.body:  # type: ignore[union-attr]
-            found.add(cur.name.value)  # type: ignore[union-attr]
-    return found
+        if type(cur) is not cst.FunctionDef or child is not cur.body:  # type: ignore[union-attr]
+            continue
+        name = cur.name.value  # type: ignore[union-attr]
+        if stepping:
+            direct.add(name)
+        elif callee is not None and callee != name:
+            calls_of.setdefault(name, set()).add(callee)
+    return callers_closure(direct, calls_of)
 
 
 def _state_moves_to_host(loop: Loop) -> bool:
@@ -222,6 +244,17 @@ def step_kind(loop: Loop, steps: Set[str], qualnames: QualNames, values: Optiona
     return carried
 
 
+def accumulates_gradients(loop: Loop, steps: Set[str]) -> bool:
+    """The loop's own steps are all ``.backward()``: it accumulates
+    gradients for an optimizer step taken elsewhere (no optimizer step, no
+    call of a function of the module that takes steps)."""
+    calls = [c for st in body_statements(loop) if not isinstance(st, _NESTED)
+             for c in own_nodes(st, cst.Call)]
+    names = [call_name(c) for c in calls]  # type: ignore[arg-type]
+    return "backward" in names and not any(
+        n in ("step", "optimizer_step") or (n in steps and n != "backward") for n in names)
+
+
 def _is_sampler_step(call: cst.Call, values: Optional[Values]) -> bool:
     """``scheduler.step(x, t, ...)``: a sampler's step, not an optimizer's."""
     func = call.func
@@ -258,14 +291,44 @@ def is_barrier_call(call: cst.Call, names: Iterable[str], qualnames: QualNames) 
 
 
 def has_barrier(loop: Loop, names: Iterable[str], qualnames: QualNames, syncing: Set[str] = frozenset()) -> bool:  # type: ignore[assignment]
-    """The loop already syncs: a barrier in its body, or a call of one of the
-    module's functions that syncs (``syncing``, see :func:`syncing_functions`)."""
-    for c in find_all(loop.body, cst.Call):
-        if is_barrier_call(c, names, qualnames):  # type: ignore[arg-type]
-            return True
-        if syncing and _local_callee(c) in syncing:  # type: ignore[arg-type]
-            return True
+    """The loop already syncs on every iteration: a barrier, or a call of one
+    of the module's functions that syncs (``syncing``, see
+    :func:`syncing_functions`), on every path through its body.  A sync
+    under a flag (``if args.synchronize_step: torch.cuda.synchronize()``) or
+    in a nested loop (that may not run) is no barrier of this loop."""
+    def syncs(call: cst.Call) -> bool:
+        return is_barrier_call(call, names, qualnames) or bool(syncing and _local_callee(call) in syncing)
+
+    return syncs_on_every_path(body_statements(loop), syncs)
+
+
+def syncs_on_every_path(stmts: Sequence[cst.CSTNode], syncs: Callable[[cst.Call], bool]) -> bool:
+    """Some statement of ``stmts`` runs a call ``syncs`` accepts whichever
+    way the branches go: in a plain statement, a ``with`` body, both arms of
+    an ``if``/``else``, or a ``try`` body whose handlers sync too (or its
+    ``finally``).  Loops may not run and functions are not called here."""
+    for st in stmts:
+        if isinstance(st, cst.SimpleStatementLine):
+            if any(syncs(c) for c in find_all(st, cst.Call, stop=_NESTED)):  # type: ignore[arg-type]
+                return True
+        elif isinstance(st, cst.With):
+            if syncs_on_every_path(_block(st.body), syncs):
+                return True
+        elif isinstance(st, cst.If):
+            if st.orelse is not None and syncs_on_every_path(_block(st.body), syncs) and syncs_on_every_path(
+                    [st.orelse.body] if isinstance(st.orelse, cst.If) else _block(st.orelse.body), syncs):
+                return True
+        elif isinstance(st, cst.Try):
+            if st.finalbody is not None and syncs_on_every_path(_block(st.finalbody.body), syncs):
+                return True
+            if syncs_on_every_path(_block(st.body), syncs) and all(
+                    syncs_on_every_path(_block(h.body), syncs) for h in st.handlers):
+                return True
     return False
+
+
+def _block(suite: cst.BaseSuite) -> List[cst.CSTNode]:
+    return list(suite.body) if isinstance(suite, cst.IndentedBlock) else [suite]
 
 
 def _local_callee(call: cst.Call) -> Optional[str]:
@@ -280,28 +343,24 @@ def _local_callee(call: cst.Call) -> Optional[str]:
 
 def syncing_functions(module: cst.Module, names: Iterable[str], qualnames: QualNames) -> Set[str]:
     """Names of the module's functions and methods that run a barrier on
-    every call -- in their own body (not under a branch or a nested loop:
-    ``if step % 10 == 0: xm.mark_step()`` does not sync every step), directly
-    or through another such function: a loop calling one already syncs."""
-    bodies: Dict[str, List[cst.CSTNode]] = {}
+    every call -- on every path through their body (``if step % 10 == 0:
+    xm.mark_step()`` does not sync every step), directly or through another
+    such function: a loop calling one already syncs."""
+    bodies: Dict[str, List[Sequence[cst.CSTNode]]] = {}
     for fn in find_all(module, cst.FunctionDef):
-        body = fn.body.body if isinstance(fn.body, cst.IndentedBlock) else ()  # type: ignore[attr-defined]
-        bodies.setdefault(fn.name.value, []).append(body)  # type: ignore[attr-defined]
+        bodies.setdefault(fn.name.value, []).append(_block(fn.body))  # type: ignore[attr-defined]
     found: Set[str] = set()
+
+    def syncs(call: cst.Call) -> bool:
+        return is_barrier_call(call, names, qualnames) or _local_callee(call) in found
+
     changed = True
     while changed:
         changed = False
         for name, versions in bodies.items():
-            if name in found:
-                continue
-            for body in versions:
-                calls = [c for st in body if isinstance(st, (cst.SimpleStatementLine, cst.With))
-                         for c in find_all(st, cst.Call, stop=_NESTED)]
-                if any(is_barrier_call(c, names, qualnames) or _local_callee(c) in found  # type: ignore[arg-type]
-                       for c in calls):
-                    found.add(name)
-                    changed = True
-                    break
+            if name not in found and any(syncs_on_every_path(body, syncs) for body in versions):
+                found.add(name)
+                changed = True
     return found
 
 

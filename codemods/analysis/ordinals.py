@@ -13,7 +13,8 @@ integer -- whatever it is called:
 * a parameter annotated ``int``, defaulting to an integer, fed integers by the
   module's call sites, or the first parameter of a function the module starts
   with ``mp.spawn``/``torch_xla.launch`` (the process index);
-* ``args.gpu`` where the module's argparse declares ``--gpu`` with ``type=int``.
+* ``args.gpu`` where the module's argparse declares ``--gpu`` with ``type=int``;
+* ``self.gpu_id`` where every value the class stores in it is an ordinal.
 
 Where an expression is used as a device is ``cuda.device_arguments``.
 """
@@ -83,6 +84,9 @@ class Ordinals:
         if isinstance(node, cst.Attribute):
             if isinstance(node.value, cst.Name) and node.value.value != "self":
                 return node.attr.value in self.int_options()  # args.gpu
+            if isinstance(node.value, cst.Name):  # self.gpu_id: every value the class stores in it
+                stores = self.values.self_stores(node)
+                return bool(stores) and all(self.is_ordinal(v) for v in stores)
             return False
         return False
 

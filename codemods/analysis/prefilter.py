@@ -45,10 +45,11 @@ import ast
 import re
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
+from codemods.analysis.steps import STEP_CALLS, callers_closure
+
 # looser than state._FEEDBACK_CALL_RE / loops.is_step_call: every name they accept matches
 _STEPLIKE_RE = re.compile(r"backward|step|sampl|denois|model|unet|forward|generate|predict|^net|net$|policy|^actor$"
                           r"|^critic$", re.IGNORECASE)
-_TAKES_STEP = frozenset({"backward", "step", "optimizer_step"})
 _LOADER_RE = re.compile(r"(loader$|dataloader|(^|_)dl$)", re.IGNORECASE)  # == loops.LOADER_NAME_RE
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -163,7 +164,7 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
                     loop_calls.add(name)
                 if in_loop and name in _OUTPUT_CALLS:
                     facts.add(OUTPUT_IN_LOOP)
-                if name in _TAKES_STEP:
+                if name in STEP_CALLS:
                     step_functions.update(funcs)
                 if funcs:
                     calls_of.setdefault(funcs[-1], set()).add(name)
@@ -217,6 +218,7 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
                 stack.append((value, in_loop, funcs, in_model))
     # what the dataflow of codemods.analysis.values can find a model in: a
     # variable, or a function of the file that calls one (or a step-like name)
+    step_functions = callers_closure(step_functions, calls_of)  # to any depth, as loops.step_functions
     models = (variables if model_source else set()) | {"self"} | step_functions
     runners: Set[str] = set()
     changed = True
@@ -232,7 +234,7 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
         def modelish(name: str) -> bool:
             return name in models or name in runners or bool(_STEPLIKE_RE.search(name))
 
-        steps = _TAKES_STEP | step_functions
+        steps = STEP_CALLS | step_functions
         if any(_may_step(loop, steps, modelish) for loop in loops):
             facts.add(STEP_LOOP)
     facts.update(f"name:{n}" for n in names)

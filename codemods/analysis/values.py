@@ -36,7 +36,8 @@ import libcst as cst
 from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.kinds import (  # noqa: F401 -- the kinds are part of this module's API
     DEVICE, DEVICE_LOADER, DEVICE_STR, HOST, LOADED, LOADER, LR_SCHEDULER, MODULE, NONE, OBJECT, OPTIMIZER,
-    SAMPLER, SCALER, TENSOR, UNKNOWN, MODEL_LIBS, Kinds, union_kinds, definitely_not, library_kinds, pretrained_kinds,
+    SAMPLER, SCALER, STATELESS, TENSOR, UNKNOWN, MODEL_LIBS, Kinds, union_kinds, definitely_not, library_kinds,
+    pretrained_kinds, is_stateless_class,
 )
 from codemods.tree import TreeCache, call_name, children, dotted, find_all, string_value
 
@@ -176,7 +177,7 @@ class Values:
                 return frozenset({TENSOR})  # a scheduler's output (its .prev_sample)
             if TENSOR in receiver or (MODULE in receiver and method in _MODEL_METHODS):
                 return frozenset({TENSOR})
-            return frozenset({TENSOR}) if MODULE in self.of(func) else NONE  # self.unet(...)
+            return frozenset({TENSOR}) if self.of(func) & {MODULE, STATELESS} else NONE  # self.unet(...)
         if isinstance(func, cst.Name):
             if func.value in _BUILTIN_HOST and not self._bound_here(func):
                 return frozenset({HOST})
@@ -186,8 +187,8 @@ class Values:
             if isinstance(local, cst.FunctionDef):
                 return self._returns(local, None)
         callee = self.of(func)
-        if callee & {MODULE, LOADED}:
-            return frozenset({TENSOR})  # running a model
+        if callee & {MODULE, LOADED, STATELESS}:
+            return frozenset({TENSOR})  # running a model (or a loss)
         return NONE
 
     def _attribute(self, node: cst.Attribute) -> Kinds:
@@ -208,9 +209,13 @@ class Values:
 
     def _self_attribute(self, node: cst.Attribute) -> Kinds:
         """``self.x``: what the methods of the enclosing class store in it."""
+        return frozenset(k for v in self.self_stores(node) for k in self.of(v))
+
+    def self_stores(self, node: cst.Attribute) -> List[cst.BaseExpression]:
+        """The values the methods of the class around ``self.x`` assign to ``self.x``."""
         cls = next((a for a in self._ancestors(node) if isinstance(a, cst.ClassDef)), None)
         if cls is None:
-            return NONE
+            return []
         stores = self.tree.memo.get(f"self_stores:{id(cls)}")
         if not isinstance(stores, dict):
             stores = {}
@@ -221,7 +226,7 @@ class Values:
                             and tgt.value.value == "self"):
                         stores.setdefault(tgt.attr.value, []).append(assign.value)  # type: ignore[attr-defined]
             self.tree.memo[f"self_stores:{id(cls)}"] = stores
-        return frozenset(k for v in stores.get(node.attr.value, ()) for k in self.of(v))
+        return list(stores.get(node.attr.value, ()))
 
     # -- names -----------------------------------------------------------
     def _name(self, name: cst.Name) -> Kinds:
@@ -403,7 +408,8 @@ class Values:
             for q in quals:
                 if q in ("torch.nn.Module", "torch.nn.modules.module.Module") or (
                         q.startswith(MODEL_LIBS) and pretrained_kinds(q) == {MODULE}):
-                    return frozenset({MODULE})
+                    # a module of the program named as a loss or a metric is one
+                    return frozenset({STATELESS if is_stateless_class(cls.name.value) else MODULE})
                 if q.startswith("torch.utils.data.") and q.endswith("DataLoader"):
                     return frozenset({LOADER})
                 if q.startswith("torch.optim.") and q.split(".")[-1][:1].isupper():
@@ -475,4 +481,5 @@ def values(tree: TreeCache) -> Values:
 
 
 __all__ = ["Values", "values", "TENSOR", "DEVICE", "DEVICE_STR", "MODULE", "OPTIMIZER", "SCALER", "LR_SCHEDULER",
-           "SAMPLER", "LOADER", "DEVICE_LOADER", "HOST", "OBJECT", "LOADED", "NONE", "UNKNOWN", "Kinds", "definitely_not"]
+           "SAMPLER", "LOADER", "DEVICE_LOADER", "HOST", "OBJECT", "LOADED", "NONE", "UNKNOWN", "Kinds", "definitely_not",
+           "STATELESS"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:
     from xlaport.verify.core import Report, Run
@@ -34,7 +34,7 @@ def judge(cand: "Run", compared, lines: "LineMapper", graphs: Path, warmup_steps
         "seconds": m.get("seconds", 0.0),
         "warmup_steps": warmup_steps,
         "reference": ref_kind,
-        "per_step": judged["per_step"],
+        "per_step": [{**s, "path": lines.shown(s["path"])} for s in judged["per_step"]],  # type: ignore[index]
     }
     events: List[Dict[str, object]] = []
     steady_recompiles = 0
@@ -255,11 +255,14 @@ class LineMapper:
     in the project, through the same line map as lint."""
 
     def __init__(self, original: Path, converted: Path, cand_tree: Optional[Path] = None,
-                 root: Optional[Path] = None) -> None:
+                 root: Optional[Path] = None, shown: Optional[Tuple[Optional[Path], Optional[Path]]] = None) -> None:
         self.converted = converted.resolve()
         self.original = original
         self.cand_tree = cand_tree.resolve() if cand_tree is not None else None
         self.root = root
+        # where the user sees the candidate's files: the converted tree (or
+        # script) --converted named; None: they exist only in the scratch tree
+        self.user_tree, self.user_script = shown or (None, None)
         self._maps: Dict[str, tuple] = {}
         self.original_lines, self.back = self._load(original, self.converted)
 
@@ -273,25 +276,46 @@ class LineMapper:
         except OSError:
             return [], None
 
+    def shown(self, name: object) -> object:
+        """A candidate file as the user can find it: in the converted tree
+        ``--converted`` named, or else its path relative to the project (the
+        scratch copy is gone when verify ends)."""
+        if name is None:
+            return None
+        path = Path(str(name)).resolve()
+        if self.user_script is not None and path == self.converted:
+            return str(self.user_script)
+        rel = self._relative(path)
+        if rel is None:
+            return str(name)
+        return str(self.user_tree / rel) if self.user_tree is not None else rel.as_posix()
+
+    def _relative(self, path: Path) -> Optional[Path]:
+        """``path``'s place in the candidate's tree (of this run or another)."""
+        if self.cand_tree is None:
+            return None
+        try:
+            return path.relative_to(self.cand_tree)
+        except ValueError:
+            # another run's copy of the candidate (scratch/xla-N/<root>/...): the same file
+            try:
+                parts = path.relative_to(self.cand_tree.parent.parent).parts
+            except ValueError:
+                return None
+            if len(parts) < 3 or not parts[0].startswith("xla-") or parts[1] != self.cand_tree.name:
+                return None
+            return Path(*parts[2:])
+
     def _for(self, path: Path) -> Optional[tuple]:
         """(the user's file, its lines, the line map) for a candidate file."""
         if path == self.converted:
             return self.original, self.original_lines, self.back
         if self.cand_tree is None or self.root is None:
             return None
-        try:
-            rel = path.relative_to(self.cand_tree)
-        except ValueError:
-            # another run's copy of the candidate (scratch/xla-N/<root>/...): the same file
-            runs = self.cand_tree.parent.parent
-            try:
-                parts = path.relative_to(runs).parts
-            except ValueError:
-                return None
-            if len(parts) < 3 or not parts[0].startswith("xla-") or parts[1] != self.cand_tree.name:
-                return None
-            rel = Path(*parts[2:])
-            path = self.cand_tree / rel
+        rel = self._relative(path)
+        if rel is None:
+            return None
+        path = self.cand_tree / rel
         key = rel.as_posix()
         if key not in self._maps:
             original = self.root / rel
@@ -321,6 +345,6 @@ class LineMapper:
             original_path, lines, back = found
             original = back(line) if (back and line) else None
             source = lines[original - 1].strip() if original and original <= len(lines) else None
-        return {"kind": kind, "path": str(path) if path is not None else None, "line": line,
+        return {"kind": kind, "path": self.shown(path), "line": line,
                 "original_path": str(original_path) if original_path else None,
                 "original_line": original, "source": source, "count": count, "detail": detail}

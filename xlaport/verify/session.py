@@ -69,6 +69,14 @@ class Session:
         sources[rel.as_posix()] = converted.read_bytes()
         return sources, None, [str(converted.parent)]
 
+    def _shown(self) -> Tuple[Optional[Path], Optional[Path]]:
+        """(the converted tree, the converted script) the user named, for
+        pointing at the candidate's files where the user can open them."""
+        tree = self.sources("xla")[1]
+        if tree is not None:
+            return tree, None
+        return None, (self.converted.resolve() if self.converted is not None else None)
+
     def run_once(self, name: str, mode: str, args: List[str], env: Optional[Dict[str, str]] = None) -> Tuple[Side, Run]:
         side = self.side(name)
         extra = self.sources(name)[2]
@@ -120,7 +128,7 @@ class Session:
             _, traced = self.run_once("xla", "xla", self.args, {**xla_env, "XLAPORT_TRACE_FALLBACKS": "1",
                                                                  "XLA_SAVE_TENSORS_FILE": ""})
             fallback_sites = list(traced.data.get("fallback_sites", []))  # type: ignore[arg-type]
-        lines = LineMapper(self.project.script, cand_side.script, cand_side.tree, self.project.root)
+        lines = LineMapper(self.project.script, cand_side.script, cand_side.tree, self.project.root, self._shown())
         length_runs = self._lengths(length_spec, xla_env) if length_spec is not None else []
         rtol, atol, why = tolerance(opts.rtol, opts.atol, ref_autocast + list(cand.data.get("autocast", [])))  # type: ignore[arg-type]
         compared = compare(ref_stdouts, ref_files, cand.stdout, cand.files, rtol, atol,

@@ -1,0 +1,110 @@
+"""Where a tensor lives: on the host (the CPU) or on the device.
+
+Only a *device* tensor indexed by a Python int bakes the index into an XLA
+graph (XLA407); a host tensor (``losses = torch.zeros(n)``, a dataset made
+with ``torch.randn(100, 4)`` and sliced before ``.to(device)``) is indexed
+by the CPU and costs nothing on XLA.  :func:`placement` reads it from the
+dataflow of :mod:`codemods.analysis.values`:
+
+* a torch factory (``torch.zeros``, ``torch.randn``, ``torch.tensor``,
+  ``torch.from_numpy``...) with no ``device=`` (or ``device="cpu"``) makes a
+  host tensor; with another ``device=`` a device tensor;
+* ``.to(x)``/``.cuda()`` moves to the device (``.to("cpu")``/``.cpu()``
+  back to the host); other methods and indexing keep the placement;
+* a model's output is on the device, a function of the module's output where
+  all its returns are; a name is placed where every binding
+  that reaches it is; a parameter is placed where every argument the
+  module's call sites pass to it is.
+
+Anything else is unknown (None): the rules treat it as they did before.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Set
+
+import libcst as cst
+
+from codemods.analysis.bindings import binding_nodes
+from codemods.analysis.values import DEVICE as DEVICE_KIND, DEVICE_STR, MODULE, Values, values as values_of
+from codemods.tree import TreeCache, call_name, find_all, string_value
+
+HOST, DEVICE = "host", "device"
+_FACTORIES = {"zeros", "ones", "empty", "full", "rand", "randn", "randint", "randperm", "arange", "linspace",
+              "logspace", "tensor", "as_tensor", "from_numpy", "eye", "zeros_like", "ones_like", "stack", "cat"}
+_KEEP = {"view", "reshape", "t", "contiguous", "float", "half", "double", "long", "int", "bfloat16", "detach",
+         "clone", "squeeze", "unsqueeze", "permute", "transpose", "flatten", "narrow", "split", "chunk"}
+
+
+def placement(tree: TreeCache, node: cst.CSTNode) -> Optional[str]:
+    """``"host"``, ``"device"`` or None (cannot tell) for the tensor ``node``."""
+    return _Placement(tree).of(node, set())
+
+
+class _Placement:
+    def __init__(self, tree: TreeCache) -> None:
+        self.tree = tree
+        self.values: Values = values_of(tree)
+
+    def of(self, node: cst.CSTNode, busy: Set[int]) -> Optional[str]:
+        if id(node) in busy:
+            return None
+        busy = busy | {id(node)}
+        if isinstance(node, cst.Name):
+            return self._name(node, busy)
+        if isinstance(node, cst.Subscript):
+            return self.of(node.value, busy)
+        if isinstance(node, cst.Call):
+            return self._call(node, busy)
+        return None
+
+    def _call(self, call: cst.Call, busy: Set[int]) -> Optional[str]:
+        func, name = call.func, call_name(call)
+        if isinstance(func, cst.Attribute):
+            quals = self.tree.import_qualnames(func) or set()
+            if any(q.startswith("torch.") and q.split(".")[-1] in _FACTORIES for q in quals):
+                return self._factory(call)
+            if name == "cpu":
+                return HOST
+            if name == "cuda":
+                return DEVICE
+            if name == "to":
+                target = call.args[0].value if call.args and call.args[0].keyword is None else None
+                text = string_value(target) if target is not None else None
+                if text is not None:
+                    return HOST if text == "cpu" else DEVICE
+                if target is not None and isinstance(target, (cst.Name, cst.Attribute, cst.Call)) \
+                        and self.values.of(target) & {DEVICE_KIND, DEVICE_STR}:
+                    return DEVICE
+                return None  # .to(dtype), .to(other)
+            if name in _KEEP:
+                return self.of(func.value, busy)
+        local = self.values.local_function(call)
+        if isinstance(local, cst.FunctionDef):  # what the module's own function returns
+            found = {self.of(r.value, busy) for r in find_all(local.body, cst.Return, stop=(cst.FunctionDef,))
+                     if r.value is not None}  # type: ignore[attr-defined]
+            return found.pop() if len(found) == 1 else None
+        if self.values.of(func) & {MODULE}:
+            return DEVICE  # a model's output
+        return None
+
+    def _factory(self, call: cst.Call) -> str:
+        for arg in call.args:
+            if arg.keyword is not None and arg.keyword.value == "device":
+                return HOST if string_value(arg.value) == "cpu" else DEVICE
+        return HOST
+
+    def _name(self, name: cst.Name, busy: Set[int]) -> Optional[str]:
+        if not binding_nodes(self.tree, name):
+            return None
+        found: Set[Optional[str]] = set()
+        for binding in self.values.reaching(name):
+            if isinstance(binding, cst.Param):
+                fn = next((a for a in self.values._ancestors(binding) if isinstance(a, cst.FunctionDef)), None)
+                args = self.values._arguments(fn, binding) if isinstance(fn, cst.FunctionDef) else []
+                found |= {self.of(a, busy) for a in args} if args else {None}
+                continue
+            value, path = self.values.source(binding)
+            found.add(self.of(value, busy) if value is not None and not path and not isinstance(value, cst.For)
+                      else None)
+        return found.pop() if len(found) == 1 else None
