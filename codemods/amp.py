@@ -19,7 +19,7 @@ from typing import Optional, Set
 import libcst as cst
 
 from codemods.analysis.cuda import AUTOCASTS, GRAD_SCALERS, cuda_facts, is_cuda_string
-from codemods.edits import DropsStatements
+from codemods.syntax.edits import DropsStatements
 from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all
 
 AUTOCAST = Rule(

@@ -24,8 +24,8 @@ import libcst as cst
 from libcst._metadata_dependent import LazyValue
 from libcst.metadata import QualifiedNameProvider
 
-from codemods import imports
-from codemods.traverse import transform_module
+from codemods.syntax import imports
+from codemods.syntax.traverse import transform_module
 
 from codemods.rule import (  # noqa: F401 -- re-exported
     ALL,
@@ -37,7 +37,7 @@ from codemods.rule import (  # noqa: F401 -- re-exported
     parse_suppressions,
 )
 from codemods.target import DEFAULT_TARGET, Import, Target, get_target
-from codemods.tree import (  # noqa: F401 -- re-exported: the rules import them from here
+from codemods.syntax.tree import (  # noqa: F401 -- re-exported: the rules import them from here
     RULE_PACKAGES,
     TreeCache,
     call_name,

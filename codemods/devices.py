@@ -19,7 +19,7 @@ import libcst as cst
 from codemods.analysis.cuda import cuda_facts, is_cuda_string
 from codemods.analysis.ordinals import ordinal_uses
 from codemods.base import Rule, XlaCodemod, dotted, find_all, string_value
-from codemods.nodes import source_of
+from codemods.syntax.nodes import source_of
 
 _HOST_DEVICES = {"cpu", "mps"}
 

@@ -24,7 +24,7 @@ import libcst as cst
 
 
 from codemods.base import Rule, XlaCodemod, dotted, find_all, string_value
-from codemods.nodes import source_of
+from codemods.syntax.nodes import source_of
 
 PROCESS_GROUP = Rule(
     code="XLA141",

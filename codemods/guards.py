@@ -26,7 +26,7 @@ import libcst as cst
 from codemods.analysis.cuda import is_script
 from codemods.analysis.guards import CUDA_ONLY_LIBS, cuda_only, guards, uses_cuda_only_libs
 from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all, string_value
-from codemods.edits import DropsStatements
+from codemods.syntax.edits import DropsStatements
 
 CUDA_ONLY_BRANCH = Rule(
     code="XLA116",

@@ -25,7 +25,7 @@ from typing import List, Optional, Sequence
 
 import libcst as cst
 
-from codemods import imports
+from codemods.syntax import imports
 from codemods.base import Rule, XlaCodemod, dotted, statement, string_value
 
 INFERENCE_MODE = Rule(

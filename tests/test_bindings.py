@@ -11,7 +11,7 @@ import pytest
 from libcst.metadata import Assignment, MetadataWrapper, QualifiedNameProvider, ScopeProvider
 
 from codemods.analysis.bindings import binding_nodes, import_qualnames
-from codemods.tree import TreeCache, dotted, walk
+from codemods.syntax.tree import TreeCache, dotted, walk
 
 ROOT = Path(__file__).resolve().parent.parent
 SITE = Path(sysconfig.get_paths()["purelib"])

@@ -118,7 +118,7 @@ def _ours_and_libcsts(source, requests, adding):
     from libcst.codemod import Codemod, CodemodContext
     from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
-    from codemods import imports
+    from codemods.syntax import imports
     from codemods.base import Context
 
     ctx, ref = Context(scratch={}), CodemodContext()
@@ -132,7 +132,7 @@ def _ours_and_libcsts(source, requests, adding):
 
 @pytest.mark.parametrize("source, on_head", REMOVALS)
 def test_import_removal_on_the_head_equals_the_whole_module(source, on_head):
-    from codemods import imports
+    from codemods.syntax import imports
 
     requests = [("tqdm", "tqdm", None), ("tqdm.auto", "tqdm", None), ("tqdm", None, None)]
     got, want = _ours_and_libcsts(source, requests, adding=False)
@@ -144,7 +144,7 @@ def test_an_import_whose_name_code_still_reads_is_kept():
     """A name the code reads keeps its import, without a scope analysis --
     even where only a local of that name is read (LibCST's visitor would
     remove it there: an unused import left in place is harmless)."""
-    from codemods import imports
+    from codemods.syntax import imports
     from codemods.base import Context
 
     source = "from tqdm import tqdm\n\n\ndef f(tqdm):\n    return tqdm\n"
@@ -191,7 +191,7 @@ def test_import_insertion_on_the_head_equals_the_whole_module(source):
 def test_string_value_reads_a_literal_as_python_does(literal):
     """string_value reads unprefixed, escape-free literals as written (no
     literal_eval): the value must still be Python's."""
-    from codemods.tree import string_value
+    from codemods.syntax.tree import string_value
 
     node = cst.SimpleString(literal)
     value = node.evaluated_value
@@ -206,7 +206,7 @@ def test_find_all_from_the_index_equals_a_walk():
     import random
     from pathlib import Path
 
-    from codemods.tree import find_all, node_types, walk
+    from codemods.syntax.tree import find_all, node_types, walk
 
     sources = [(Path(__file__).parent.parent / "fixtures" / "train_mlp" / "input.py").read_text()]
     spec = importlib.util.find_spec("diffusers")

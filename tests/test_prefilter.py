@@ -1,5 +1,5 @@
 """The ast prefilter (codemods.analysis.prefilter) and the light positions
-(codemods.positions): shortcuts that must not change a single result."""
+(codemods.syntax.positions): shortcuts that must not change a single result."""
 
 import random
 import sysconfig
@@ -13,8 +13,8 @@ from codemods import registry
 from codemods.analysis.loops import ModuleFacts
 from codemods.analysis.prefilter import (IMPORTS_TORCH, LOADER_LOOP, OUTPUT_IN_LOOP, STEP_LOOP, STEP_METHOD,
                                          file_facts, holds)
-from codemods.positions import start_positions, statement_starts
-from codemods.tree import TreeCache, walk
+from codemods.syntax.positions import start_positions, statement_starts
+from codemods.syntax.tree import TreeCache, walk
 from xlaport.engine import Settings, transform
 
 SITE = Path(sysconfig.get_paths()["purelib"])

@@ -1,4 +1,4 @@
-"""codemods.splice: the code of a rewritten tree, generated statement by
+"""codemods.syntax.splice: the code of a rewritten tree, generated statement by
 statement, equals LibCST generating the whole module."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import libcst as cst
 import pytest
 
-from codemods.positions import statement_starts
-from codemods.splice import spliced_code
-from codemods.traverse import transform_module
+from codemods.syntax.positions import statement_starts
+from codemods.syntax.splice import spliced_code
+from codemods.syntax.traverse import transform_module
 
 TRICKY = '''\
 """Module doc."""
@@ -110,7 +110,7 @@ def test_unchanged_is_the_old_text_and_unknown_is_none():
 
 def test_only_the_changed_statement_is_generated(monkeypatch):
     """A change deep in one method generates that statement, not its class."""
-    import codemods.splice as splice
+    import codemods.syntax.splice as splice
 
     generated = []
     real = splice._generate

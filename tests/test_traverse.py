@@ -1,4 +1,4 @@
-"""codemods.traverse against LibCST's own ``CSTNode.visit``: the same
+"""codemods.syntax.traverse against LibCST's own ``CSTNode.visit``: the same
 callbacks in the same order, the same output, and unchanged subtrees shared."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from codemods.traverse import transform, transform_module
-from codemods.tree import walk
+from codemods.syntax.traverse import transform, transform_module
+from codemods.syntax.tree import walk
 
 SAMPLE = '''\
 from . import a as b, c

@@ -19,7 +19,7 @@ from codemods.analysis.values import (
     UNKNOWN,
     values,
 )
-from codemods.tree import TreeCache, walk
+from codemods.syntax.tree import TreeCache, walk
 from tests.conftest import convert_text
 
 

@@ -16,9 +16,9 @@ import libcst as cst
 from codemods import registry
 from codemods.analysis.cuda import count_references
 from codemods.coverage import CATCH_ALL, COVERAGE_KEY, CudaCatchAll
-from codemods import imports
+from codemods.syntax import imports
 from codemods.analysis import prefilter
-from codemods.splice import spliced_code
+from codemods.syntax.splice import spliced_code
 from codemods.base import (
     Context,
     FINDINGS_KEY,

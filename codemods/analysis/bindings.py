@@ -19,8 +19,8 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from codemods.traverse import fields
-from codemods.tree import TreeCache, children, dotted, node_types
+from codemods.syntax.traverse import fields
+from codemods.syntax.tree import TreeCache, children, dotted, node_types
 
 _SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef, cst.Module)
 _COMPS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)

@@ -26,7 +26,7 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 import libcst as cst
 
 from codemods.base import TreeCache, dotted, string_value, walk
-from codemods.tree import node_types
+from codemods.syntax.tree import node_types
 
 QualNames = Callable[[cst.CSTNode], Set[str]]
 

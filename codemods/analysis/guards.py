@@ -24,7 +24,7 @@ import libcst as cst
 
 from codemods.analysis.cuda import AVAILABILITY, in_cuda_module, is_cuda_string
 from codemods.target import XLA_CUDA_API
-from codemods.tree import TreeCache, call_name, dotted, string_value, walk
+from codemods.syntax.tree import TreeCache, call_name, dotted, string_value, walk
 
 QualNames = object  # Callable[[cst.CSTNode], Set[str]]
 

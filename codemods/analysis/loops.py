@@ -35,7 +35,7 @@ from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.state import _carries_model_state, _root
 from codemods.analysis.steps import STEP_CALLS, callers_closure
 from codemods.base import TreeCache, call_name, dotted, find_all
-from codemods.tree import children, node_types, parent_map
+from codemods.syntax.tree import children, node_types, parent_map
 
 Loop = Union[cst.For, cst.While]
 _NESTED = (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)

@@ -29,7 +29,7 @@ import libcst as cst
 from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.cuda import LAUNCHERS, SPAWNS, device_arguments
 from codemods.analysis.values import Values, values as values_of
-from codemods.tree import TreeCache, call_name, dotted, string_value
+from codemods.syntax.tree import TreeCache, call_name, dotted, string_value
 
 _INDEX_CALLS = {"torch.distributed.get_rank", "torch.distributed.get_local_rank", "torch.cuda.current_device",
                 "torch.accelerator.current_device_index", "torch_xla.runtime.local_ordinal",

@@ -27,7 +27,7 @@ import libcst as cst
 
 from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.values import DEVICE as DEVICE_KIND, DEVICE_STR, MODULE, Values, values as values_of
-from codemods.tree import TreeCache, call_name, find_all, string_value
+from codemods.syntax.tree import TreeCache, call_name, find_all, string_value
 
 HOST, DEVICE = "host", "device"
 _FACTORIES = {"zeros", "ones", "empty", "full", "rand", "randn", "randint", "randperm", "arange", "linspace",

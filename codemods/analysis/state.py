@@ -29,7 +29,7 @@ from codemods.analysis.values import (
     Values,
     definitely_not,
 )
-from codemods.tree import call_name, children, dotted, find_all, walk
+from codemods.syntax.tree import call_name, children, dotted, find_all, walk
 
 Loop = Union[cst.For, cst.While]
 _NESTED = (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)

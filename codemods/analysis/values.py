@@ -39,7 +39,7 @@ from codemods.analysis.kinds import (  # noqa: F401 -- the kinds are part of thi
     SAMPLER, SCALER, STATELESS, TENSOR, UNKNOWN, MODEL_LIBS, Kinds, union_kinds, definitely_not, library_kinds,
     pretrained_kinds, is_stateless_class,
 )
-from codemods.tree import TreeCache, call_name, children, dotted, find_all, string_value
+from codemods.syntax.tree import TreeCache, call_name, children, dotted, find_all, string_value
 
 _KEEP_KIND = {"to", "cuda", "cpu", "half", "float", "double", "bfloat16", "eval", "train", "requires_grad_",
               "detach", "clone", "contiguous", "share_memory", "type_as", "xpu"}

@@ -11,7 +11,7 @@ meaning -- but:
 * a node whose children all came back unchanged is passed to ``on_leave`` as
   its own ``updated_node``, and only a node with a changed child is rebuilt
   (``with_changes``, which validates it as LibCST does);
-* whitespace, comments and punctuation (``codemods.nodes``' skipped fields)
+* whitespace, comments and punctuation (``codemods.syntax.nodes``' skipped fields)
   are not entered: no xlaport codemod visits them.
 
 So the result shares every unchanged subtree with the input.
@@ -24,7 +24,7 @@ from typing import Dict, List, Tuple, Union
 
 import libcst as cst
 
-from codemods.nodes import _LISTS, _NODE_TYPES, _child_fields
+from codemods.syntax.nodes import _LISTS, _NODE_TYPES, _child_fields
 
 # Where LibCST's ``_visit_and_replace_children`` visits fields in another
 # order than the dataclass declares them: its order (source order).  The

@@ -108,7 +108,7 @@ def _generate(module: cst.Module, root: cst.CSTNode, nodes: List[cst.CSTNode], l
     """Generate the code of ``root`` (the module, or a statement starting at
     ``line`` inside blocks indented by ``indents``), recording the ranges
     of ``nodes`` only."""
-    from codemods.tree import walk
+    from codemods.syntax.tree import walk
 
     # a node's range can come from its children's (an indented block starts at
     # its first statement and ends with its last): record those too

@@ -1,7 +1,7 @@
 """CST helpers that hold no state: literal values, dotted names, node
 types, child fields, and a walk that reads the dataclass fields directly
 (reading a LibCST tree with its own visitors rebuilds every node).
-:mod:`codemods.tree` builds the per-tree index on these.
+:mod:`codemods.syntax.tree` builds the per-tree index on these.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from codemods.tree import dotted, find_all, walk
+from codemods.syntax.tree import dotted, find_all, walk
 
 NEEDED_KEY = "xlaport.needed_imports"
 UNUSED_KEY = "xlaport.unused_imports"

@@ -1,7 +1,7 @@
 """The code of a rewritten tree, generating only the statements that changed.
 
 A codemod pass shares every subtree it leaves unchanged with the tree it read
-(``codemods.traverse``).  So the new module's code is the old text with the
+(``codemods.syntax.traverse``).  So the new module's code is the old text with the
 lines of the replaced statements swapped for the code of their replacements:
 Python's ``ast`` gives the line each statement starts on (``positions.
 statement_starts``: the statements of the module and of its classes' and

@@ -1,6 +1,6 @@
 """The read side of a tree: the per-tree cache, and ``find_all`` from it.
 
-The stateless helpers live in :mod:`codemods.nodes` (re-exported here).
+The stateless helpers live in :mod:`codemods.syntax.nodes` (re-exported here).
 :class:`TreeCache` holds what every
 codemod running on one tree shares (parents, imports, resolved metadata, the
 analyses' memo).
@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Opti
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from codemods.nodes import (_LISTS, _NODE_TYPES, _child_fields, call_name, children, dotted, node_types, string_value,
+from codemods.syntax.nodes import (_LISTS, _NODE_TYPES, _child_fields, call_name, children, dotted, node_types, string_value,
                             walk)
 
 # The packages whose names the rules look for.  A name imported from any other
@@ -332,7 +332,7 @@ class TreeCache:
         if full is not None:
             return {id(n): (full[n].start.line, full[n].start.column + 1, full[n].end.line,  # type: ignore[attr-defined]
                             full[n].end.column + 1) for n in nodes if n in full}  # type: ignore[attr-defined]
-        from codemods.positions import start_positions
+        from codemods.syntax.positions import start_positions
 
         if self.text is None:
             return start_positions(self.module, nodes)
@@ -364,7 +364,7 @@ class TreeCache:
         """``positions.statement_starts`` of this tree's text (computed once),
         or None where the text is unknown or does not line up."""
         if "statement_starts" not in self.memo:
-            from codemods.positions import statement_starts
+            from codemods.syntax.positions import statement_starts
 
             self.memo["statement_starts"] = None if self.text is None else statement_starts(
                 self.module, self.text, self.memo.get("ast"))  # type: ignore[arg-type]
@@ -423,7 +423,7 @@ def _bound_names(target: object) -> Set[str]:
     return set()
 
 
-# (the helpers of codemods.nodes are read from here too)
+# (the helpers of codemods.syntax.nodes are read from here too)
 __all__ = ["RULE_PACKAGES", "TreeCache", "call_name", "children", "dotted", "find_all", "node_types", "parent_map",
            "string_value", "unique", "walk"]
 
