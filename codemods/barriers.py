@@ -109,6 +109,9 @@ STEP_BARRIER = Rule(
         # a loop over a device loader handed in by the caller syncs already (torch_xla's examples)
         "import torch_xla.distributed.parallel_loader as pl\n\ndef loop_fn(loader):\n    for x in loader:\n"
         "        model(x).sum().backward()\n        opt.step()\n\nloop_fn(pl.MpDeviceLoader(train_loader, device))\n",
+        # a sync under an XLA-availability test (diffusers' `if XLA_AVAILABLE: xm.mark_step()`) is taken on XLA
+        "import torch_xla.core.xla_model as xm\nfor t in timesteps:\n    latents = unet(latents, t)\n"
+        "    if XLA_AVAILABLE:\n        xm.mark_step()\n",
         # a loop that sums a loss module over targets is no step loop (a loss is no model)
         "import torch.nn as nn\nmse = nn.MSELoss()\nfor t in targets:\n    loss = loss + mse(y, t)\n",
         # gradient accumulation: the micro-steps need no barrier of their own when the

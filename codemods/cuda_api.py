@@ -21,7 +21,7 @@ import libcst as cst
 
 from codemods.analysis.cuda import cuda_facts, in_cuda_module, is_false, is_script, scope_of
 from codemods.syntax.edits import DropsStatements
-from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all, string_value
+from codemods.base import Rule, XlaCodemod, dotted, find_all, string_value
 from codemods.target import Move
 
 AVAILABLE = Rule(

@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 import re
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Union
+from typing import Callable, Dict, Iterable, List, Optional, Set, Union
 
 import libcst as cst
 
@@ -34,6 +34,9 @@ from codemods.analysis.values import (
 from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.state import _carries_model_state, _root
 from codemods.analysis.steps import STEP_CALLS, callers_closure
+from codemods.analysis.syncs import (  # noqa: F401 -- part of this module's API
+    _local_callee, body_statements, has_barrier, is_barrier_call, syncing_functions,
+)
 from codemods.base import TreeCache, call_name, dotted, find_all
 from codemods.syntax.tree import children, node_types, parent_map
 
@@ -46,11 +49,6 @@ _OPTIMIZER_RE = re.compile(r"(optim|^opt$|_opt$|^opt_|scaler)", re.IGNORECASE)
 _SAMPLER_RE = re.compile(r"(scheduler|sampler|solver)", re.IGNORECASE)
 LOADER_NAME_RE = re.compile(r"(loader$|dataloader|(^|_)dl$)", re.IGNORECASE)
 QualNames = Callable[[cst.CSTNode], Set[str]]
-
-
-def body_statements(loop: Loop) -> List[cst.BaseStatement]:
-    body = loop.body
-    return list(body.body) if isinstance(body, cst.IndentedBlock) else []
 
 
 def own_nodes(node: cst.CSTNode, kind: type) -> List[cst.CSTNode]:
@@ -274,94 +272,6 @@ def loop_step_kind(tree: TreeCache, loop: Loop, steps: Set[str]) -> Optional[str
     if key not in tree.memo:
         tree.memo[key] = step_kind(loop, steps, lambda n: set(), values_of(tree))
     return tree.memo[key]  # type: ignore[return-value]
-
-
-def is_barrier_call(call: cst.Call, names: Iterable[str], qualnames: QualNames) -> bool:
-    q = qualnames(call.func)
-    if q & set(names):
-        return True
-    text = dotted(call.func) or ""
-    if text.endswith(("mark_step", "torch_xla.sync")) or text == "xm.mark_step":
-        return True
-    if call_name(call) == "optimizer_step":
-        for a in call.args:
-            if a.keyword is not None and a.keyword.value == "barrier":
-                return not (isinstance(a.value, cst.Name) and a.value.value == "False")
-    return False
-
-
-def has_barrier(loop: Loop, names: Iterable[str], qualnames: QualNames, syncing: Set[str] = frozenset()) -> bool:  # type: ignore[assignment]
-    """The loop already syncs on every iteration: a barrier, or a call of one
-    of the module's functions that syncs (``syncing``, see
-    :func:`syncing_functions`), on every path through its body.  A sync
-    under a flag (``if args.synchronize_step: torch.cuda.synchronize()``) or
-    in a nested loop (that may not run) is no barrier of this loop."""
-    def syncs(call: cst.Call) -> bool:
-        return is_barrier_call(call, names, qualnames) or bool(syncing and _local_callee(call) in syncing)
-
-    return syncs_on_every_path(body_statements(loop), syncs)
-
-
-def syncs_on_every_path(stmts: Sequence[cst.CSTNode], syncs: Callable[[cst.Call], bool]) -> bool:
-    """Some statement of ``stmts`` runs a call ``syncs`` accepts whichever
-    way the branches go: in a plain statement, a ``with`` body, both arms of
-    an ``if``/``else``, or a ``try`` body whose handlers sync too (or its
-    ``finally``).  Loops may not run and functions are not called here."""
-    for st in stmts:
-        if isinstance(st, cst.SimpleStatementLine):
-            if any(syncs(c) for c in find_all(st, cst.Call, stop=_NESTED)):  # type: ignore[arg-type]
-                return True
-        elif isinstance(st, cst.With):
-            if syncs_on_every_path(_block(st.body), syncs):
-                return True
-        elif isinstance(st, cst.If):
-            if st.orelse is not None and syncs_on_every_path(_block(st.body), syncs) and syncs_on_every_path(
-                    [st.orelse.body] if isinstance(st.orelse, cst.If) else _block(st.orelse.body), syncs):
-                return True
-        elif isinstance(st, cst.Try):
-            if st.finalbody is not None and syncs_on_every_path(_block(st.finalbody.body), syncs):
-                return True
-            if syncs_on_every_path(_block(st.body), syncs) and all(
-                    syncs_on_every_path(_block(h.body), syncs) for h in st.handlers):
-                return True
-    return False
-
-
-def _block(suite: cst.BaseSuite) -> List[cst.CSTNode]:
-    return list(suite.body) if isinstance(suite, cst.IndentedBlock) else [suite]
-
-
-def _local_callee(call: cst.Call) -> Optional[str]:
-    """``f`` of ``f(...)`` or ``self.f(...)``: how the module calls its own functions."""
-    func = call.func
-    if isinstance(func, cst.Name):
-        return func.value
-    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
-        return func.attr.value
-    return None
-
-
-def syncing_functions(module: cst.Module, names: Iterable[str], qualnames: QualNames) -> Set[str]:
-    """Names of the module's functions and methods that run a barrier on
-    every call -- on every path through their body (``if step % 10 == 0:
-    xm.mark_step()`` does not sync every step), directly or through another
-    such function: a loop calling one already syncs."""
-    bodies: Dict[str, List[Sequence[cst.CSTNode]]] = {}
-    for fn in find_all(module, cst.FunctionDef):
-        bodies.setdefault(fn.name.value, []).append(_block(fn.body))  # type: ignore[attr-defined]
-    found: Set[str] = set()
-
-    def syncs(call: cst.Call) -> bool:
-        return is_barrier_call(call, names, qualnames) or _local_callee(call) in found
-
-    changed = True
-    while changed:
-        changed = False
-        for name, versions in bodies.items():
-            if name not in found and any(syncs_on_every_path(body, syncs) for body in versions):
-                found.add(name)
-                changed = True
-    return found
 
 
 def is_device_loader_expr(node: cst.CSTNode, names: Iterable[str], qualnames: QualNames) -> bool:

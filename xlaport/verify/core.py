@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from xlaport.engine import Settings
-from xlaport.verify import growth, record
-from xlaport.verify.compiles import LineMapper, _read_graphs, judge
-from xlaport.verify.outputs import Compared, compare
-from xlaport.verify.project import Project, ProjectError, Side, build_side, changed_files
+from xlaport.verify import record
+from xlaport.verify.outputs import Compared
+from xlaport.verify.project import Project, ProjectError, Side, changed_files
 
 ROOT = Path(__file__).resolve().parents[2]
 LEFTOVERS = "xlaport-leftovers.pt"
