@@ -248,6 +248,14 @@ class HostReads(LoopCodemod):
             return
         grown = {t.target.value for t in node.targets if isinstance(t.target, cst.Name)}
         names = {e.value.value for e in parts.elements if isinstance(e.value, cst.Name)}
+        # grown only when carried from the last iteration: no other assignment
+        # in the loop makes it afresh (`x = torch.cat([zeros_like(x), x])`
+        # after `x = controlnet(...)` doubles this step's value once)
+        loop = self.loop_stack[-1][0]
+        for other in find_all(loop.body, (cst.Assign, cst.AnnAssign), stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            if other is not node:
+                targets = other.targets if isinstance(other, cst.Assign) else [other]  # type: ignore[attr-defined]
+                grown -= {n.value for t in targets for n in find_all(t.target, cst.Name)}
         if grown & names:
             self._report(node, GROWING_CAT, f"`{sorted(grown & names)[0]}` grows with `torch.cat` every iteration: "
                                             "a new shape and a new graph per step; preallocate it and write into it")
@@ -314,8 +322,20 @@ class HostReads(LoopCodemod):
         return True
 
     def _counters(self) -> Set[str]:
-        return {n.value for loop, _, _ in self.loop_stack
-                if isinstance(loop, cst.For) and _counter_loop(loop) for n in find_all(loop.target, cst.Name)}
+        """Python ints counting the enclosing loops' iterations: the target
+        of ``range(...)``, the index of ``enumerate(...)`` (not its items)."""
+        found: Set[str] = set()
+        for loop, _, _ in self.loop_stack:
+            if not (isinstance(loop, cst.For) and _counter_loop(loop)):
+                continue
+            target = loop.target
+            if call_name(loop.iter) == "enumerate" and isinstance(target, cst.Tuple) and target.elements:
+                target = target.elements[0].value
+                inner = loop.iter.args[0].value if loop.iter.args else None  # type: ignore[attr-defined]
+                if isinstance(inner, cst.Call) and call_name(inner) == "range":  # enumerate(range(...))
+                    target = loop.target
+            found |= {n.value for n in find_all(target, cst.Name)}
+        return found
 
     def _counter_through_call(self, call: cst.Call) -> None:
         """``get_batch(source, i)`` in a step loop, where the module's

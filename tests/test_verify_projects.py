@@ -288,3 +288,25 @@ def test_the_html_report_renders_in_a_real_browser(tmp_path):
     subprocess.run([browser, *flags, f"--user-data-dir={tmp_path / 'p2'}", "--window-size=1200,1400",
                     f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+def test_the_candidate_reads_the_projects_data_not_what_the_converted_tree_holds(tmp_path):
+    """A converted tree someone ran already holds that run's outputs (a
+    snapshot the program resumes from): the candidate gets the converted
+    tree's modules and the project's data, as the reference does."""
+    from xlaport.verify.project import Project, build_side
+
+    root, conv = tmp_path / "proj", tmp_path / "out"
+    (root / "pkg").mkdir(parents=True)
+    (conv / "pkg").mkdir(parents=True)
+    (root / "train.py").write_text("import pkg.m\n")
+    (root / "pkg" / "m.py").write_text("DEVICE = 'cuda'\n")
+    (root / "input.txt").write_text("the project's data\n")
+    (conv / "train.py").write_text("import pkg.m\n")
+    (conv / "pkg" / "m.py").write_text("DEVICE = 'xla'\n")
+    (conv / "snapshot.pt").write_text("left by an earlier run\n")
+    (conv / "input.txt").write_text("stale\n")
+    side = build_side(Project.of(root / "train.py", root, root), "xla", tmp_path / "side", {}, conv)
+    assert (side.tree / "pkg" / "m.py").read_text() == "DEVICE = 'xla'\n"
+    assert (side.tree / "input.txt").read_text() == "the project's data\n"
+    assert not (side.tree / "snapshot.pt").exists()

@@ -165,9 +165,17 @@ class Side:
 def build_side(project: Project, name: str, dest: Path, sources: Dict[str, bytes],
                files_from: Optional[Path] = None) -> Side:
     """A copy of the project under ``dest``: ``sources`` (relative path ->
-    text) for its Python modules, every other file copied from the project
-    (or from ``files_from``, a converted tree), links for large ones."""
-    origin = files_from or project.root
+    text) for its Python modules -- or the modules of ``files_from``, a
+    converted tree -- and every other file copied from the project, links
+    for large ones.  Data always comes from the project: what a converted
+    tree holds besides its modules (a checkpoint an earlier run of the
+    conversion wrote there) is not what the reference sees."""
+    origin = project.root
+    if files_from is not None:
+        converted = {p.relative_to(files_from).as_posix(): p.read_bytes()
+                     for p in Project(files_from, files_from, files_from).walk()
+                     if p.suffix == ".py" and p.is_file() and not p.is_symlink()}
+        sources = {**converted, **sources}
     side = Side(name, dest, project)
     for dirpath, dirnames, _ in os.walk(origin, followlinks=False):  # every folder, empty ones too
         dirnames[:] = [d for d in dirnames if not _skipped(d)]
