@@ -87,10 +87,18 @@ def classify(loop: ast.AST, step_functions: frozenset = frozenset()) -> str:
 
 
 def step_functions_of(tree: ast.AST) -> frozenset:
-    """Functions of a module whose own body calls ``backward``."""
-    return frozenset(fn.name for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
-                     and any(isinstance(c, ast.Call) and ast.unparse(c.func).endswith(".backward")
-                             for c in ast.walk(fn)))
+    """Functions of a module that call ``backward``, or call (by name) a
+    function that does, to any depth (written here independently of the
+    rules' own closure in codemods/analysis/steps.py: this is the judge)."""
+    fns = [fn for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    calls = {fn.name: {ast.unparse(c.func).split(".")[-1] for c in ast.walk(fn) if isinstance(c, ast.Call)}
+             for fn in fns}
+    found = {name for name, called in calls.items() if "backward" in called}
+    while True:
+        more = {name for name, called in calls.items() if name not in found and called & found}
+        if not more:
+            return frozenset(found)
+        found |= more
 
 
 def judge(path: str, source: str, lines: List[int]) -> Dict[int, Tuple[str, str, str]]:
