@@ -227,6 +227,13 @@ def _run(jobs_in: List[Tuple[str, bytes, Settings]], jobs: int, progress) -> Ite
         done: Dict[int, Optional[Outcome]] = {}
         lost: List[int] = []  # jobs of a worker that died (and of every chunk the broken pool gave up)
         next_out = 0
+
+        def finish(outcomes) -> None:  # type: ignore[no-untyped-def]
+            for i, outcome in outcomes:
+                done[i] = outcome
+                if progress is not None:
+                    progress(1)
+
         while pending:
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in finished:
@@ -236,20 +243,14 @@ def _run(jobs_in: List[Tuple[str, bytes, Settings]], jobs: int, progress) -> Ite
                 except BrokenProcessPool:
                     lost += chunk
                     continue
-                for i, outcome in zip(chunk, outcomes):
-                    done[i] = outcome
-                    if progress is not None:
-                        progress(1)
+                finish(zip(chunk, outcomes))
             while next_out in done:
                 yield done.pop(next_out)
                 next_out += 1
         if lost:
             pool.shutdown(wait=False, cancel_futures=True)
             pool = None  # type: ignore[assignment]
-            for i, outcome in _recover(sorted(lost), jobs_in, jobs):
-                done[i] = outcome
-                if progress is not None:
-                    progress(1)
+            finish(_recover(sorted(lost), jobs_in, jobs))
             while next_out in done:
                 yield done.pop(next_out)
                 next_out += 1

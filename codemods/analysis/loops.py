@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 import re
-from typing import Callable, Dict, Iterable, List, Optional, Set, Union
+from typing import Dict, Iterable, List, Optional, Set
 
 import libcst as cst
 
@@ -35,20 +35,17 @@ from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.state import _carries_model_state, _root
 from codemods.analysis.steps import STEP_CALLS, callers_closure
 from codemods.analysis.syncs import (  # noqa: F401 -- part of this module's API
-    _local_callee, body_statements, has_barrier, is_barrier_call, syncing_functions,
+    _NESTED, Loop, QualNames, _local_callee, body_statements, has_barrier, is_barrier_call, syncing_functions,
 )
 from codemods.base import TreeCache, call_name, dotted, find_all
 from codemods.syntax.tree import children, node_types, parent_map
 
-Loop = Union[cst.For, cst.While]
-_NESTED = (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)
 _NESTED_TYPES = node_types(_NESTED)
 _DEFS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
 _OPTIMIZER_RE = re.compile(r"(optim|^opt$|_opt$|^opt_|scaler)", re.IGNORECASE)
 _SAMPLER_RE = re.compile(r"(scheduler|sampler|solver)", re.IGNORECASE)
 LOADER_NAME_RE = re.compile(r"(loader$|dataloader|(^|_)dl$)", re.IGNORECASE)
-QualNames = Callable[[cst.CSTNode], Set[str]]
 
 
 def own_nodes(node: cst.CSTNode, kind: type) -> List[cst.CSTNode]:

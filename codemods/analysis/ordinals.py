@@ -110,7 +110,7 @@ class Ordinals:
     def _param(self, param: cst.Param) -> bool:
         if param.annotation is not None:
             return (dotted(param.annotation.annotation) or "") == "int"
-        fn = next((a for a in self._ancestors(param) if isinstance(a, (cst.FunctionDef, cst.Lambda))), None)
+        fn = next((a for a in self.values._ancestors(param) if isinstance(a, (cst.FunctionDef, cst.Lambda))), None)
         if isinstance(fn, cst.FunctionDef):
             params = list(fn.params.posonly_params) + list(fn.params.params)
             if params and params[0] is param and id(fn) in self.spawned():
@@ -153,11 +153,6 @@ class Ordinals:
                     self._int_options.add(dest or longs[0].lstrip("-").replace("-", "_"))
         return self._int_options
 
-    def _ancestors(self, node: cst.CSTNode):  # type: ignore[no-untyped-def]
-        cur = self.tree.parents.get(id(node))
-        while cur is not None:
-            yield cur
-            cur = self.tree.parents.get(id(cur))
 
 
 def ordinals(tree: TreeCache) -> Ordinals:
