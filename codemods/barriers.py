@@ -25,6 +25,8 @@ from codemods.analysis import (
     module_facts,
 )
 from codemods.analysis.loops import syncing_functions
+from codemods.analysis.kinds import model_source_triggers
+from codemods.analysis.steps import trigger_words
 from codemods.base import Rule, find_all, statement
 
 STEP_BARRIER = Rule(
@@ -135,11 +137,9 @@ def _other_framework(tree) -> bool:
 class StepBarrier(LoopCodemod):
     DESCRIPTION = "Insert the XLA step barrier at the end of each step loop."
     RULES = (STEP_BARRIER,)
-    # every word a step loop can be recognised by: step and model names (analysis.loops), and every
-    # source of a model the dataflow knows (analysis.values)
-    TRIGGERS = (b"backward", b"step", b"sampl", b"denois", b"model", b"unet", b"forward", b"generate", b"predict",
-                b"Module", b"nn.", b"from torch import", b"from_pretrained", b"from_config", b"from_single_file",
-                b"create_model", b"torchvision", b"fsdp", b"net", b"policy", b"actor", b"critic", b"load(")
+    # every word a step loop can be recognised by: step and model names (analysis.steps), and every
+    # source of a model the dataflow knows (analysis.kinds), derived from their definitions
+    TRIGGERS = trigger_words() + model_source_triggers()
     NEEDS = (STEP_LOOP,)
 
     @classmethod

@@ -59,6 +59,8 @@ ORIGINAL_LINE_KEY = "xlaport.original_line"
 # a list there: the engine places the findings of passes over one tree in one
 # position pass (see XlaCodemod._place_findings), not one per codemod
 UNPLACED_KEY = "xlaport.unplaced"
+# a finding waiting for its position: (finding, its node, its related nodes)
+Unplaced = Tuple[Finding, cst.CSTNode, Tuple[cst.CSTNode, ...]]
 # {(line of the user's file, code)} that a suppression comment silenced
 USED_SUPPRESSIONS_KEY = "xlaport.used_suppressions"
 # {line of the user's file} where a rule turned off (--ignore, --select,
@@ -153,7 +155,7 @@ class XlaCodemod(cst.CSTTransformer):
         self._keep_ids: Set[int] = set()
         self._in_region: Optional[cst.CSTNode] = None
         self._pruned: Optional[cst.CSTNode] = None
-        self._unplaced: List[Tuple[Finding, cst.CSTNode]] = []  # placed by _place_findings
+        self._unplaced: List[Unplaced] = []  # placed by _place_findings
 
     # -- LibCST's command protocol -----------------------------------------
     @staticmethod
@@ -265,8 +267,11 @@ class XlaCodemod(cst.CSTTransformer):
         message: str,
         fix: bool,
         hot: Optional[bool] = None,
+        related: Sequence[cst.CSTNode] = (),
     ) -> bool:
-        """Record a finding on ``node`` (an *original* node).
+        """Record a finding on ``node`` (an *original* node); ``related``:
+        other nodes of the tree it is about (their lines become the
+        finding's ``related`` spans).
 
         Returns True when the rule is enabled and not suppressed on that line,
         i.e. when the caller may go on and rewrite.
@@ -285,7 +290,7 @@ class XlaCodemod(cst.CSTTransformer):
         else:
             ok = True
         finding = Finding(code, message, 0, 0, fix, hot)
-        self._unplaced.append((finding, node))
+        self._unplaced.append((finding, node, tuple(related)))
         findings: List[Finding] = self.context.scratch.setdefault(FINDINGS_KEY, [])  # type: ignore[assignment]
         findings.append(finding)
         return ok
@@ -345,14 +350,16 @@ if "libcst.codemod" in sys.modules:
     sys.modules["libcst.codemod"].CodemodCommand.register(XlaCodemod)
 
 
-def place(tree: TreeCache, unplaced: List[Tuple[Finding, cst.CSTNode]]) -> None:
+def place(tree: TreeCache, unplaced: List[Unplaced]) -> None:
     """Give findings recorded on nodes of ``tree`` their positions, in one
     position pass, and empty ``unplaced``."""
     if not unplaced:
         return
-    starts = tree.start_positions([node for _, node in unplaced])
-    for finding, node in unplaced:
+    starts = tree.start_positions([n for _, node, related in unplaced for n in (node, *related)])
+    for finding, node, related in unplaced:
         finding.line, finding.col, finding.end_line, finding.end_col = starts.get(id(node), (1, 1, 0, 0))
+        spans = [starts[id(n)] for n in related if id(n) in starts]
+        finding.related = tuple((s[0], max(s[0], s[2])) for s in spans)
     unplaced.clear()
 
 
@@ -371,7 +378,7 @@ def statement(expr: cst.BaseExpression) -> cst.SimpleStatementLine:
 
 
 __all__ = [
-    "ALL", "Context", "FILE_SUPPRESS_RE", "FINDINGS_KEY", "ORIGINAL_LINE_KEY", "SILENCED_KEY", "OPTIONS_KEY", "USED_SUPPRESSIONS_KEY", "SELECT_KEY", "SOURCE_KEY", "TARGET_KEY", "TREE_KEY", "UNPLACED_KEY", "RULE_PACKAGES", "Finding",
+    "ALL", "Context", "FILE_SUPPRESS_RE", "FINDINGS_KEY", "ORIGINAL_LINE_KEY", "SILENCED_KEY", "OPTIONS_KEY", "USED_SUPPRESSIONS_KEY", "SELECT_KEY", "SOURCE_KEY", "TARGET_KEY", "TREE_KEY", "UNPLACED_KEY", "Unplaced", "RULE_PACKAGES", "Finding",
     "Rule", "TreeCache", "XlaCodemod", "call_name", "code_matches", "dotted", "file_suppressions", "find_all",
     "parse_suppressions", "place",
     "statement", "string_value", "tree_cache", "unique", "walk",

@@ -10,14 +10,15 @@ call (``hot`` is then false).
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
 from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP, STEP_METHOD
 from codemods.analysis import LoopCodemod, hot_methods, is_tensor_expr, loop_iterable, module_facts
 from codemods.analysis.loops import per_step_functions, step_functions
-from codemods.analysis.placement import HOST, placement
+from codemods.analysis.counters import loop_counters
+from codemods.analysis.placement import DEVICE, HOST, placement
 from codemods.analysis.values import values as dataflow
 from codemods.base import Rule, TreeCache, call_name, find_all
 
@@ -49,8 +50,12 @@ TRANSFER = Rule(
 SCALAR = Rule(
     code="XLA403",
     name="host-read-scalar",
-    summary="`float(t)` / `int(t)` / `bool(t)` of a tensor on the hot path",
-    why="Converting a tensor to a Python number is a host read, exactly like `.item()`.",
+    summary="`float(t)` / `int(t)` / `bool(t)` of a tensor, or a tensor as `torch.full`'s fill value, on the hot path",
+    why=(
+        "Converting a tensor to a Python number is a host read, exactly like `.item()`. "
+        "`torch.full(shape, table[i])` does it too: the fill value must be a number, so the tensor "
+        "is read on the host and its value becomes a constant of the next graph."
+    ),
     before="for x in loader:\n    loss = model(x)\n    running = running + float(loss)\n",
     after=None,
 )
@@ -152,7 +157,7 @@ class HostReads(LoopCodemod):
         per_step = self.per_step()
         return self.hot_regions(tree) + [fn for fn in tree.nodes((cst.FunctionDef,)) if id(fn) in per_step]
 
-    def per_step(self) -> Dict[int, str]:
+    def per_step(self) -> Dict[int, Tuple[List[str], cst.CSTNode]]:
         """The module's functions run once per step, from the loops that really
         are step or loader loops (judged as the walk judges them)."""
         def compute() -> Dict[int, str]:
@@ -200,20 +205,24 @@ class HostReads(LoopCodemod):
             via = "" if fn == "step" else " (reached from `step()`)"
             return f"runs every step: in `{fn}()`{via}"
         if self.function_nodes:
-            caller = self.per_step().get(id(self.function_nodes[-1]))
-            if caller is not None:
-                return f"runs every step: in `{self.function_stack[-1]}()`, called from {caller}"
+            found = self.per_step().get(id(self.function_nodes[-1]))
+            if found is not None:
+                chain, loop = found
+                line = self.tree.start_positions([loop])[id(loop)][0]
+                via = "".join(f"`{name}()`, called from " for name in reversed(chain))
+                return f"runs every step: in `{self.function_stack[-1]}()`, called from {via}the loop at line {line}"
         return None
 
-    def _report(self, node: cst.CSTNode, rule: Rule, what: str) -> None:
+    def _report(self, node: cst.CSTNode, rule: Rule, what: str, related: Sequence[cst.CSTNode] = ()) -> None:
         where = self._where()
         if where is None:
             if not self.include_cold or self.closure_depth:
                 return
             fn = self.function_stack[-1] if self.function_stack else "<module>"
-            self.flag(node, rule.code, f"{what}; runs once per call (in `{fn}()`)", fix=False, hot=False)
+            self.flag(node, rule.code, f"{what}; runs once per call (in `{fn}()`)", fix=False, hot=False,
+                      related=related)
             return
-        self.flag(node, rule.code, f"{what}; {where}", fix=False, hot=True)
+        self.flag(node, rule.code, f"{what}; {where}", fix=False, hot=True, related=related)
 
     # --------------------------------------------------------------- patterns
     def visit_Call(self, node: cst.Call) -> None:
@@ -234,8 +243,27 @@ class HostReads(LoopCodemod):
         ):
             self._report(node, DYNAMIC, f"`{name}` has a data-dependent shape: CPU fallback and a new graph per shape; "
                                         "pass an index or use `torch.where`")
+        elif name in ("full", "full_like", "new_full") and self._tensor_fill(node, q):
+            self._report(node, SCALAR, f"`{name}` with a tensor as its fill value reads it on the host (an implicit "
+                                       "`.item()`), and the value becomes a constant of the graph: "
+                                       "broadcast the tensor instead (`value.expand(shape)`)")
         elif "torch.where" in q and len(node.args) == 1:
             self._report(node, DYNAMIC, "one-argument `torch.where` is `nonzero`: use `torch.where(cond, a, b)`")
+
+    def _tensor_fill(self, call: cst.Call, quals: Set[str]) -> bool:
+        """``torch.full(shape, table[index])``: a tensor where a Python number goes."""
+        if isinstance(call.func, cst.Attribute) and call_name(call) != "new_full" and \
+                not any(n.startswith("torch.") for n in quals):
+            return False
+        positional = [a.value for a in call.args if a.keyword is None and not a.star]
+        fill = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "fill_value"),
+                    positional[1] if len(positional) > 1 else None)
+        if fill is None:
+            return False
+        base = fill.value if isinstance(fill, cst.Subscript) else fill
+        return self._on_device(base) or (not isinstance(fill, cst.Subscript)
+                                         and is_tensor_expr(fill, self.tensors, self.qualnames)
+                                         and not self._on_host(fill))
 
     def visit_Assign(self, node: cst.Assign) -> None:
         """``x = torch.cat((x, new), ...)``: ``x`` grows by one piece a step."""
@@ -256,9 +284,10 @@ class HostReads(LoopCodemod):
             if other is not node:
                 targets = other.targets if isinstance(other, cst.Assign) else [other]  # type: ignore[attr-defined]
                 grown -= {n.value for t in targets for n in find_all(t.target, cst.Name)}
-        if grown & names:
+        if grown & names:  # every op in the loop that reads it (its related lines) sees a new shape
             self._report(node, GROWING_CAT, f"`{sorted(grown & names)[0]}` grows with `torch.cat` every iteration: "
-                                            "a new shape and a new graph per step; preallocate it and write into it")
+                                            "a new shape and a new graph per step; preallocate it and write into it",
+                         related=[loop])
 
     def visit_If(self, node: cst.If) -> None:
         self._condition(node.test)
@@ -287,9 +316,15 @@ class HostReads(LoopCodemod):
         """The tensor lives on the host: indexing it costs XLA nothing."""
         return placement(self.tree, node) == HOST
 
+    def _on_device(self, node: cst.CSTNode) -> bool:
+        """A tensor on the device as far as we can tell: a tensor name not
+        placed on the host, or anything (``self.alphas``) placed on the device."""
+        if isinstance(node, cst.Name) and node.value in self.tensors:
+            return not self._on_host(node)
+        return isinstance(node, (cst.Name, cst.Attribute)) and placement(self.tree, node) == DEVICE
+
     def visit_Subscript(self, node: cst.Subscript) -> None:
-        if isinstance(node.value, cst.Name) and node.value.value in self.tensors and not self._on_host(node.value) \
-                and self._counter_in(node):
+        if self._on_device(node.value) and self._counter_in(node):
             return
         if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
             return
@@ -317,25 +352,15 @@ class HostReads(LoopCodemod):
         if not hit:
             return False
         what = "slices" if any(isinstance(e.slice, cst.Slice) for e in node.slice) else "indexes"
-        self._report(node, COUNTER_INDEX, f"`{node.value.value}[...]` {what} a device tensor with the loop "  # type: ignore[attr-defined]
+        self._report(node, COUNTER_INDEX, f"`{_code(node.value)}[...]` {what} a device tensor with the loop "
                      f"counter `{sorted(hit)[0]}`: a new graph every step")
         return True
 
     def _counters(self) -> Set[str]:
-        """Python ints counting the enclosing loops' iterations: the target
-        of ``range(...)``, the index of ``enumerate(...)`` (not its items)."""
-        found: Set[str] = set()
-        for loop, _, _ in self.loop_stack:
-            if not (isinstance(loop, cst.For) and _counter_loop(loop)):
-                continue
-            target = loop.target
-            if call_name(loop.iter) == "enumerate" and isinstance(target, cst.Tuple) and target.elements:
-                target = target.elements[0].value
-                inner = loop.iter.args[0].value if loop.iter.args else None  # type: ignore[attr-defined]
-                if isinstance(inner, cst.Call) and call_name(inner) == "range":  # enumerate(range(...))
-                    target = loop.target
-            found |= {n.value for n in find_all(target, cst.Name)}
-        return found
+        """Python ints that change with the enclosing loops' iterations
+        (:mod:`codemods.analysis.counters`)."""
+        return set().union(*(loop_counters(self.tree, loop) for loop, _, _ in self.loop_stack
+                             if isinstance(loop, cst.For)))
 
     def _counter_through_call(self, call: cst.Call) -> None:
         """``get_batch(source, i)`` in a step loop, where the module's
@@ -355,24 +380,34 @@ class HostReads(LoopCodemod):
         by_counter = {p for p, arg in passed.items() if {n.value for n in find_all(arg, cst.Name)} & counters}
         if not by_counter:
             return
+        hits = []  # (subscript, the device tensor, the counter's parameter)
         for sub in find_all(fn.body, cst.Subscript):
             base = sub.value  # type: ignore[attr-defined]
-            if not isinstance(base, cst.Name) or base.value not in passed or base.value in by_counter:
-                continue
             used = {n.value for e in sub.slice for n in find_all(e.slice, cst.Name)}  # type: ignore[attr-defined]
             if not used & by_counter:
                 continue
-            tensor = passed[base.value]
-            if self._on_host(tensor) or (isinstance(tensor, cst.Name) and tensor.value not in self.tensors
-                                         and placement(self.tree, tensor) is None):
+            if isinstance(base, cst.Name) and base.value in passed:  # a tensor the caller passes
+                tensor = passed[base.value]
+                if base.value in by_counter or self._on_host(tensor) or (
+                        isinstance(tensor, cst.Name) and tensor.value not in self.tensors
+                        and placement(self.tree, tensor) is None):
+                    continue
+            elif placement(self.tree, base) == DEVICE:  # one the callee reaches itself (`self.alphas`)
+                tensor = base
+            else:
                 continue
-            line = self.tree.start_positions([sub])[id(sub)][0]
-            what = "slices" if any(isinstance(e.slice, cst.Slice) for e in sub.slice) else "indexes"  # type: ignore[attr-defined]
-            counter = sorted({n.value for n in find_all(passed[sorted(used & by_counter)[0]], cst.Name)} & counters)[0]
-            self._report(call, COUNTER_INDEX, f"`{fn.name.value}()` {what} device tensor "
-                         f"`{cst.Module([]).code_for_node(tensor)}` with the loop counter `{counter}` "
-                         f"(`{base.value}[...]` at line {line}): a new graph every step")
+            hits.append((sub, tensor, sorted(used & by_counter)[0]))
+        if not hits:
             return
+        sub, tensor, param = hits[0]
+        subs = [h[0] for h in hits]
+        lines = sorted({p[0] for p in self.tree.start_positions(subs).values()})
+        what = "slices" if any(isinstance(e.slice, cst.Slice) for e in sub.slice) else "indexes"  # type: ignore[attr-defined]
+        counter = sorted({n.value for n in find_all(passed[param], cst.Name)} & counters)[0]
+        at = f"line {lines[0]}" if len(lines) == 1 else f"lines {', '.join(map(str, lines))}"
+        self._report(call, COUNTER_INDEX, f"`{fn.name.value}()` {what} device tensor `{_code(tensor)}` with the loop "
+                     f"counter `{counter}` (`{_code(sub.value)}[...]` at {at}): a new graph every step",  # type: ignore[attr-defined]
+                     related=subs)
 
     def visit_For(self, node: cst.For) -> None:
         super().visit_For(node)
@@ -382,6 +417,5 @@ class HostReads(LoopCodemod):
                                                    "step: a new graph every step; iterate a host copy")
 
 
-def _counter_loop(loop: cst.For) -> bool:
-    it = loop.iter
-    return isinstance(it, cst.Call) and call_name(it) in {"range", "enumerate"}
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module([]).code_for_node(node)

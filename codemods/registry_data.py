@@ -55,13 +55,13 @@ CODEMODS = (
     ('codemods.loaders', 'DeviceLoader', (b'oader', b'_dl'), ('loader_loop',), (
         ('XLA301', 'mp-device-loader', 'loop over a DataLoader: iterate `MpDeviceLoader(loader, device)` instead', True),
     )),
-    ('codemods.barriers', 'StepBarrier', (b'backward', b'step', b'sampl', b'denois', b'model', b'unet', b'forward', b'generate', b'predict', b'Module', b'nn.', b'from torch import', b'from_pretrained', b'from_config', b'from_single_file', b'create_model', b'torchvision', b'fsdp', b'net', b'policy', b'actor', b'critic', b'load('), ('step_loop',), (
+    ('codemods.barriers', 'StepBarrier', (b'backward', b'Backward', b'BACKWARD', b'step', b'Step', b'STEP', b'sampl', b'Sampl', b'SAMPL', b'denois', b'Denois', b'DENOIS', b'model', b'Model', b'MODEL', b'unet', b'Unet', b'UNET', b'forward', b'Forward', b'FORWARD', b'generate', b'Generate', b'GENERATE', b'predict', b'Predict', b'PREDICT', b'net', b'Net', b'NET', b'policy', b'Policy', b'POLICY', b'actor', b'Actor', b'ACTOR', b'critic', b'Critic', b'CRITIC', b'Module', b'nn.', b'from torch import', b'from_pretrained', b'from_config', b'from_single_file', b'diffusers', b'transformers', b'timm', b'torchvision', b'peft', b'open_clip', b'parallel', b'fsdp', b'DataParallel', b'create_model', b'load', b'trace', b'script', b'fully_shard'), ('step_loop',), (
         ('XLA302', 'step-barrier', 'insert the step barrier (`torch_xla.sync()`) at the end of the step loop', True),
     )),
     ('codemods.host_reads', 'HostReads', (b'.item(', b'.tolist(', b'.numpy(', b'.cpu(', b'float(', b'int(', b'bool(', b'if ', b'while ', b'nonzero', b'masked_select', b'unique', b'where(', b'[', b'for '), ('step_loop', 'loader_loop', 'step_method', 'option:include_cold'), (
         ('XLA401', 'host-read-item', '`.item()` on the hot path reads a tensor on the host every step', False),
         ('XLA402', 'host-read-transfer', '`.tolist()` / `.numpy()` / `.cpu()` on the hot path copies a tensor to the host', False),
-        ('XLA403', 'host-read-scalar', '`float(t)` / `int(t)` / `bool(t)` of a tensor on the hot path', False),
+        ('XLA403', 'host-read-scalar', "`float(t)` / `int(t)` / `bool(t)` of a tensor, or a tensor as `torch.full`'s fill value, on the hot path", False),
         ('XLA404', 'tensor-condition', 'a tensor in an `if`/`while` condition on the hot path', False),
         ('XLA405', 'dynamic-shape-op', '`nonzero`, `masked_select`, `unique`, one-argument `where`: data-dependent shapes', False),
         ('XLA406', 'boolean-mask-index', 'indexing with a boolean mask on the hot path (data-dependent shape)', False),

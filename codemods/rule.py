@@ -7,7 +7,7 @@ import io
 import re
 import tokenize
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, Iterable, Optional, Tuple
+from typing import Callable, Dict, FrozenSet, Iterable, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,21 @@ class Finding:
     cell: Optional[int] = None  # notebooks: 1-based cell number
     end_line: int = 0  # where the flagged code ends (0: not known)
     end_col: int = 0
+    # other lines of the same file the finding is about, as (first, last)
+    # spans: the callee's line a trap is reached through, the loop a value
+    # grows in (SARIF's relatedLocations; verify ties run-time events to them)
+    related: Tuple[Tuple[int, int], ...] = ()
+
+    def map_lines(self, move: Callable[[int], int]) -> None:
+        """Move every line the finding holds through ``move`` (a line map)."""
+        self.line = move(self.line)
+        if self.end_line:
+            self.end_line = max(move(self.end_line), self.line)
+        self.related = tuple((move(a), max(move(a), move(b))) for a, b in self.related)
+
+    def covers(self, line: int) -> bool:
+        """``line`` is the finding's own or one of its related lines."""
+        return line == self.line or any(a <= line <= b for a, b in self.related)
 
     def as_dict(self) -> Dict[str, object]:
         d: Dict[str, object] = {
@@ -66,6 +81,8 @@ class Finding:
         if self.end_line:
             d["end_line"] = self.end_line
             d["end_col"] = self.end_col
+        if self.related:
+            d["related"] = [list(span) for span in self.related]
         return d
 
 

@@ -96,11 +96,61 @@ def test_traps_through_calls_are_reported_on_their_line_with_the_callee():
     assert [line for code, line in found if code == "XLA407"] == [call]
 
 
+def test_host_ints_and_fill_values_are_traps_in_a_sampler_class():
+    src = (FIXTURES / "sampler_traps" / "input.py").read_text()
+    lines = src.splitlines()
+    found = {(f.code, f.line, f.col): f for f in transform(src.encode(), Settings()).findings}
+    pair = lines.index("            a, a_next = self.alphas[t], self.alphas[t_next]") + 1
+    call = lines.index("            x = self.model(x) * a + self.noise_level(x, t) * a_next") + 1
+    fill = lines.index("        return torch.full((x.shape[0], 1), self.alphas[index], device=x.device)") + 1
+    loop = lines.index("        for t, t_next in zip(times[:-1], times[1:]):") + 1
+    # both ints drawn from the host list by zip index the device table
+    assert sorted((c, line) for c, line, _ in found if c == "XLA407") == [("XLA407", pair)] * 2 + [("XLA407", call)]
+    through = next(f for (c, line, _), f in found.items() if (c, line) == ("XLA407", call))
+    assert through.related == ((fill, fill),)  # the callee's line, for verify to tie events to
+    scalar = next(f for (c, line, _), f in found.items() if (c, line) == ("XLA403", fill))
+    assert f"called from the loop at line {loop}" in scalar.message
+    # a table on the host, or a fill value that is a number, is no trap
+    host = src.replace(".to(device)\n", "\n").replace("self.alphas[index]", "0.5")
+    assert not [c for c, _, _ in ((f.code, f.line, 0) for f in transform(host.encode(), Settings()).findings)
+                if c.startswith("XLA40")]
+
+
+def test_a_deeper_chain_is_named_and_a_growing_value_names_its_loop():
+    src = ("import torch\n\ndef inner(x, mask):\n    return x[mask.nonzero()]\n\n"
+           "def outer(x):\n    return inner(x, x > 0)\n\n"
+           "def gen(model, idx, n):\n    for _ in range(n):\n        out = model(idx)\n"
+           "        outer(out)\n        idx = torch.cat((idx, out[:, -1:]), dim=1)\n    return idx\n")
+    found = {f.code: f for f in transform(src.encode(), Settings(select=["XLA4"])).findings}
+    assert "in `inner()`, called from `outer()`, called from the loop at line 10" in found["XLA405"].message
+    assert found["XLA408"].related == ((10, 13),)
+
+
 @pytest.mark.xla
 @needs_xla
-def test_the_reported_traps_do_recompile_on_xla(tmp_path):
-    """What lint reports is what XLA does: with both traps in place, three
+@pytest.mark.parametrize("name", ["traps_through_calls", "sampler_traps"])
+def test_the_reported_traps_do_recompile_on_xla(tmp_path, name):
+    """What lint reports is what XLA does: with the traps in place, three
     more steps are more compilations."""
-    short, _, _, _ = run_on_xla("traps_through_calls", tmp_path / "a", "--steps", "3")
-    long, _, _, _ = run_on_xla("traps_through_calls", tmp_path / "b", "--steps", "6")
+    short, _, _, _ = run_on_xla(name, tmp_path / "a", "--steps", "3")
+    long, _, _, _ = run_on_xla(name, tmp_path / "b", "--steps", "6")
     assert long["metrics"]["compiles"] >= short["metrics"]["compiles"] + 3, (short["metrics"], long["metrics"])
+
+
+def test_the_cheap_readers_derive_from_the_one_definition_of_a_step():
+    """The exact model-call names (state), the ``ast`` pre-check's loose ones
+    and XLA302's trigger bytes come from codemods.analysis.steps: every name
+    the exact reading accepts, the loose one and the trigger bytes accept."""
+    from codemods.analysis import prefilter, state, steps
+    from codemods.barriers import StepBarrier
+
+    assert state._FEEDBACK_CALL_RE is steps.MODEL_CALL_RE and prefilter._STEPLIKE_RE is steps.LOOSE_STEP_RE
+    words = list(steps.MODEL_WORDS) + list(steps.MODEL_NAMES) + ["sampler", "sample", "net"]
+    names = [f(w) for w in words for f in (str, str.capitalize, str.upper, lambda w: f"my_{w}", lambda w: f"{w}_fn",
+                                            lambda w: f"Res{w.capitalize()}")]
+    accepted = [n for n in names if steps.MODEL_CALL_RE.search(n)]
+    assert len(accepted) > 40
+    for name in accepted + sorted(steps.STEP_CALLS):
+        assert steps.LOOSE_STEP_RE.search(name), name
+        assert any(t in name.encode() for t in StepBarrier.TRIGGERS), name
+    assert not steps.MODEL_CALL_RE.search("upsampler") and not steps.MODEL_CALL_RE.search("steps")

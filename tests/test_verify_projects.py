@@ -310,3 +310,43 @@ def test_the_candidate_reads_the_projects_data_not_what_the_converted_tree_holds
     assert (side.tree / "pkg" / "m.py").read_text() == "DEVICE = 'xla'\n"
     assert (side.tree / "input.txt").read_text() == "the project's data\n"
     assert not (side.tree / "snapshot.pt").exists()
+
+
+def test_a_sequence_grown_per_token_fails_and_lint_predicted_it(tmp_path):
+    """A generation loop that appends each token (the model in a sibling
+    module): a new graph per token, tied to the XLA408 that causes it."""
+    dest = tmp_path / "generate"
+    shutil.copytree(PROJECTS / "generate", dest)
+    result, report = verify_in(dest, "sample.py", report=tmp_path / "r.json")
+    assert result.exit_code == 1, result.output
+    recompiles = [e for e in report["events"] if e["kind"] == "recompile"]
+    assert recompiles and all(e["predicted"] and e["predicted"].startswith("XLA408") for e in recompiles), recompiles
+
+
+def test_events_are_tied_to_related_lines_and_to_growth_in_the_cut_loop(tmp_path):
+    """Without running anything: a recompile in a helper is predicted by the
+    XLA407 on the call that passes the loop counter (the finding's related
+    line); one in another module's function by the XLA408 of the loop whose
+    barrier cut the graph; a host read only by a finding on its own line."""
+    from xlaport.verify.session import predicted
+
+    (tmp_path / "model.py").write_text("import torch\n\ndef embed(idx):\n    return torch.arange(0, idx.size(1))\n")
+    main = ("import torch\nfrom model import embed\n\ndef get_batch(source, i):\n    return source[i:i + 2]\n\n"
+            "data = torch.randn(20, 4).cuda()\nfor i in range(0, 18, 2):\n    x = get_batch(data, i)\n"
+            "    x.sum().backward()\n    opt.step()\n\nidx = torch.zeros(1, 1).cuda()\nfor _ in range(4):\n"
+            "    out = model(idx)\n    embed(idx)\n    print(out.sum().item())\n    idx = torch.cat((idx, out), dim=1)\n")
+    (tmp_path / "main.py").write_text(main)
+    events = [
+        {"kind": "recompile", "original_path": str(tmp_path / "main.py"), "original_line": 5, "detail": "d"},
+        {"kind": "recompile", "original_path": str(tmp_path / "model.py"), "original_line": 4, "detail": "d",
+         "cut_loop": [str(tmp_path / "main.py"), 14]},
+        {"kind": "host_read", "original_path": str(tmp_path / "main.py"), "original_line": 17, "detail": "d"},
+        # in the growing loop, but no finding on its line / cut by the training loop's barrier
+        {"kind": "host_read", "original_path": str(tmp_path / "main.py"), "original_line": 16, "detail": "d"},
+        {"kind": "recompile", "original_path": str(tmp_path / "model.py"), "original_line": 4, "detail": "d",
+         "cut_loop": [str(tmp_path / "main.py"), 8]},
+    ]
+    predicted(events)
+    assert [e["predicted"] for e in events] == ["XLA407 at line 9", "XLA408 at line 18 of main.py",
+                                                "XLA401 at line 17", None, None]
+    assert events[-1]["detail"] == "d; not predicted by lint"

@@ -30,6 +30,7 @@ from codemods.base import (
     TARGET_KEY,
     TREE_KEY,
     UNPLACED_KEY,
+    Unplaced,
     Finding,
     TreeCache,
     place,
@@ -157,7 +158,7 @@ def transform(source: bytes, settings: Settings, filename: str = "",
         maps: List[Callable[[int], int]] = []  # maps[k]: lines after rule k -> before
         findings: List[Finding] = []
         on_tree: List[Finding] = []  # findings on the current tree, in its lines
-        unplaced: List[Tuple[Finding, cst.CSTNode]] = []  # ... of which these still need their position
+        unplaced: List[Unplaced] = []  # ... of which these still need their position
         context.scratch[UNPLACED_KEY] = unplaced
         text = original_text
         context.scratch[TREE_KEY] = TreeCache(tree, source, original_text)
@@ -171,9 +172,7 @@ def transform(source: bytes, settings: Settings, filename: str = "",
             place(cache, unplaced)
             for f in on_tree:
                 for back in reversed(maps):
-                    f.line = back(f.line)
-                    if f.end_line:
-                        f.end_line = max(back(f.end_line), f.line)
+                    f.map_lines(back)
             findings.extend(on_tree)
             on_tree.clear()
 
@@ -203,10 +202,11 @@ def transform(source: bytes, settings: Settings, filename: str = "",
                     maps.append(line_map(text, new_text))
                     text = new_text
                     tree = new_tree
-                    rewritten = TreeCache(tree, source, text)
+                    pending = context.scratch.get(imports.NEEDED_KEY) or ()
+                    rewritten = TreeCache(tree, source, text, pending)
                     if not rewritten.nodes_unique():  # (metadata needs every node once)
                         tree = new_tree.deep_clone()
-                        rewritten = TreeCache(tree, source, text)
+                        rewritten = TreeCache(tree, source, text, pending)
                     made.append(rewritten)
                     context.scratch[TREE_KEY] = rewritten
         flush(context.scratch[TREE_KEY])  # type: ignore[arg-type]

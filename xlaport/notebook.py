@@ -175,9 +175,7 @@ def _place(findings: List[Finding], cells) -> List[Finding]:
         k = max(0, _last_at_or_before(starts, f.line))
         first = starts[k]
         f.cell = cells[k][0]
-        f.line = max(1, f.line - first + 1)
-        if f.end_line:
-            f.end_line = max(f.line, f.end_line - first + 1)
+        f.map_lines(lambda line: max(1, line - first + 1))
     return findings
 
 

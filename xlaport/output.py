@@ -218,6 +218,10 @@ def sarif(found: Sequence[Finding]) -> Dict[str, object]:
                 "region": region,
             }}],
         }
+        if f.related and f.cell is None:
+            result["relatedLocations"] = [{"id": k, "physicalLocation": {
+                "artifactLocation": {"uri": f.path.replace(os.sep, "/")},
+                "region": {"startLine": a, "endLine": b}}} for k, (a, b) in enumerate(f.related)]
         if f.code in position:
             result["ruleIndex"] = position[f.code]
         if f.fix:

@@ -242,7 +242,7 @@ def copy_tree_files(root: Path, out: Path, skip: Sequence[Path], manifest: Manif
     return problems
 
 
-_LINE_IN_MESSAGE = re.compile(r"\bline (\d+)\b")
+_LINE_IN_MESSAGE = re.compile(r"\b(lines?) (\d+(?:, \d+)*)\b")
 
 
 def to_written_lines(results: List[FileResult]) -> None:
@@ -259,8 +259,7 @@ def to_written_lines(results: List[FileResult]) -> None:
             continue
         forward = line_map(new, old)  # a line of the input -> the line of the output that holds it
         for f in r.findings:
-            f.line = forward(f.line)
-            if f.end_line:
-                f.end_line = max(forward(f.end_line), f.line)
+            f.map_lines(forward)
             # a line a message names ("in the loop at line 6") moves with it
-            f.message = _LINE_IN_MESSAGE.sub(lambda m: f"line {forward(int(m.group(1)))}", f.message)
+            f.message = _LINE_IN_MESSAGE.sub(
+                lambda m: f"{m.group(1)} " + ", ".join(str(forward(int(n))) for n in m.group(2).split(", ")), f.message)

@@ -42,6 +42,24 @@ _NON_TENSOR_TORCH = ("torch.device", "torch.Size", "torch.dtype", "torch.cuda.",
                      "torch.compile", "torch.jit.", "torch.amp.", "torch.accelerator.", "torch.xpu.")
 _HOST_CLASSES = ("Tokenizer", "Processor", "FeatureExtractor", "Config", "ImageProcessor", "Pipeline")
 MODEL_LIBS = ("diffusers.", "transformers.", "timm.", "torchvision.models.", "peft.", "open_clip.")
+# ``X.from_pretrained(...)`` of a model class of MODEL_LIBS
+PRETRAINED_METHODS = ("from_pretrained", "from_config", "from_single_file")
+# callables that give back a model: wrappers (their classes) and factories
+MODEL_WRAPPERS = ("torch.nn.parallel.", "torch.distributed.fsdp.")
+MODEL_FACTORIES = ("torch.nn.DataParallel", "timm.create_model", "torch.jit.load", "torch.jit.trace",
+                   "torch.jit.script", "torch.hub.load", "torch.export.load", "torch.distributed.fsdp.fully_shard",
+                   "torch.distributed._composable.fsdp.fully_shard")
+
+
+def model_source_triggers() -> tuple:
+    """Bytes one of which a file must hold to make a model the dataflow
+    knows: ``torch.nn`` (``nn.``, ``Module``, ``from torch import``), a model
+    library, a ``from_pretrained``, a wrapper or a factory (derived from the
+    lists above)."""
+    words = ["Module", "nn.", "from torch import", *PRETRAINED_METHODS]
+    words += [lib.split(".")[0] for lib in MODEL_LIBS]
+    words += [w.rstrip(".").split(".")[-1] for w in MODEL_WRAPPERS] + [q.split(".")[-1] for q in MODEL_FACTORIES]
+    return tuple(dict.fromkeys(w.encode() for w in words))
 
 
 def library_kinds(qual: str, args: List[cst.Arg]) -> Optional[Kinds]:
@@ -63,10 +81,7 @@ def library_kinds(qual: str, args: List[cst.Arg]) -> Optional[Kinds]:
         return frozenset({DEVICE_LOADER})
     if qual in ("torch.load", "pickle.load", "dill.load", "joblib.load"):
         return frozenset({LOADED})
-    if (qual.startswith(("torch.nn.parallel.", "torch.distributed.fsdp.")) and last[:1].isupper()) or qual in (
-            "torch.nn.DataParallel", "timm.create_model", "torch.jit.load", "torch.jit.trace", "torch.jit.script",
-            "torch.hub.load", "torch.export.load", "torch.distributed.fsdp.fully_shard",
-            "torch.distributed._composable.fsdp.fully_shard"):
+    if (qual.startswith(MODEL_WRAPPERS) and last[:1].isupper()) or qual in MODEL_FACTORIES:
         return frozenset({MODULE})
     if qual.startswith("torch.nn.") and not qual.startswith(("torch.nn.functional.", "torch.nn.utils.", "torch.nn.init.")):
         if is_stateless_class(last):

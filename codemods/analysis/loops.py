@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 import re
-from typing import Dict, Iterable, List, Optional, Set
+from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 import libcst as cst
 
@@ -33,7 +33,7 @@ from codemods.analysis.values import (
 )
 from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.state import _carries_model_state, _root
-from codemods.analysis.steps import STEP_CALLS, callers_closure
+from codemods.analysis.steps import LOADER_NAME_RE, STEP_CALLS, callers_closure
 from codemods.analysis.syncs import (  # noqa: F401 -- part of this module's API
     _NESTED, Loop, QualNames, _local_callee, body_statements, has_barrier, is_barrier_call, syncing_functions,
 )
@@ -45,7 +45,6 @@ _DEFS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
 _OPTIMIZER_RE = re.compile(r"(optim|^opt$|_opt$|^opt_|scaler)", re.IGNORECASE)
 _SAMPLER_RE = re.compile(r"(scheduler|sampler|solver)", re.IGNORECASE)
-LOADER_NAME_RE = re.compile(r"(loader$|dataloader|(^|_)dl$)", re.IGNORECASE)
 
 
 def own_nodes(node: cst.CSTNode, kind: type) -> List[cst.CSTNode]:
@@ -321,12 +320,14 @@ class ModuleFacts:
         return self.step_loops + self.loader_loops
 
 
-def per_step_functions(module: cst.Module, loops: List[cst.CSTNode]) -> Dict[int, str]:
-    """``id(FunctionDef) -> name of its caller`` for the module's functions
-    that run once per step: called from one of ``loops`` (a step or loader
-    loop), directly or through other functions of the module.  Module-level
-    functions are followed by name; methods as ``self.name(...)`` within the
-    class that holds the caller."""
+def per_step_functions(module: cst.Module, loops: List[cst.CSTNode]) -> Dict[int, Tuple[List[str], cst.CSTNode]]:
+    """``id(FunctionDef) -> (the chain of callers, the loop)`` for the
+    module's functions that run once per step: called from one of ``loops``
+    (a step or loader loop), directly or through other functions of the
+    module (``["run_step", "forward_backward"]``: the loop calls
+    ``run_step``, which calls ``forward_backward``, which calls this one).
+    Module-level functions are followed by name; methods as
+    ``self.name(...)`` within the class that holds the caller."""
     if not loops:
         return {}
     defs = {fn.name.value: fn for fn in find_all(module, cst.FunctionDef, stop=(cst.FunctionDef, cst.ClassDef))
@@ -342,10 +343,10 @@ def per_step_functions(module: cst.Module, loops: List[cst.CSTNode]) -> Dict[int
         if id(fn) in owner:
             for inner in find_all(fn, (cst.For, cst.While)):
                 enclosing[id(inner)] = owner[id(fn)]
-    found: Dict[int, str] = {}
-    todo: List[tuple] = [(loop, enclosing.get(id(loop), {}), "the loop") for loop in loops]
+    found: Dict[int, Tuple[List[str], cst.CSTNode]] = {}
+    todo: List[tuple] = [(loop, enclosing.get(id(loop), {}), [], loop) for loop in loops]
     while todo:
-        node, methods, caller = todo.pop()
+        node, methods, chain, loop = todo.pop(0)  # breadth first: the shortest chain
         for call in find_all(node, cst.Call, stop=(cst.ClassDef, cst.Lambda)):
             func = call.func  # type: ignore[attr-defined]
             target = None
@@ -355,8 +356,8 @@ def per_step_functions(module: cst.Module, loops: List[cst.CSTNode]) -> Dict[int
                   and func.value.value == "self" and func.attr.value in methods):
                 target, scope = methods[func.attr.value], methods
             if target is not None and id(target) not in found and target is not node:
-                found[id(target)] = caller
-                todo.append((target, scope, f"`{target.name.value}()`"))
+                found[id(target)] = (chain, loop)
+                todo.append((target, scope, chain + [target.name.value], loop))
     return found
 
 

@@ -14,7 +14,8 @@ dataflow of :mod:`codemods.analysis.values`:
 * a model's output is on the device, a function of the module's output where
   all its returns are; a name is placed where every binding
   that reaches it is; a parameter is placed where every argument the
-  module's call sites pass to it is.
+  module's call sites pass to it is; ``self.x`` where every value the
+  class stores in it is.
 
 Anything else is unknown (None): the rules treat it as they did before.
 """
@@ -56,6 +57,9 @@ class _Placement:
             return self.of(node.value, busy)
         if isinstance(node, cst.Call):
             return self._call(node, busy)
+        if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
+            found = {self.of(v, busy) for v in self.values.self_stores(node)}  # what the class stores there
+            return found.pop() if len(found) == 1 else None
         return None
 
     def _call(self, call: cst.Call, busy: Set[int]) -> Optional[str]:

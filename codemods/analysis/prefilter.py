@@ -42,15 +42,13 @@ No LibCST here.
 from __future__ import annotations
 
 import ast
-import re
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
-from codemods.analysis.steps import STEP_CALLS, callers_closure
+from codemods.analysis.steps import LOADER_NAME_RE, LOOSE_STEP_RE, STEP_CALLS, callers_closure
 
-# looser than state._FEEDBACK_CALL_RE / loops.is_step_call: every name they accept matches
-_STEPLIKE_RE = re.compile(r"backward|step|sampl|denois|model|unet|forward|generate|predict|^net|net$|policy|^actor$"
-                          r"|^critic$", re.IGNORECASE)
-_LOADER_RE = re.compile(r"(loader$|dataloader|(^|_)dl$)", re.IGNORECASE)  # == loops.LOADER_NAME_RE
+# looser than state's model calls / loops.is_step_call: every name they accept matches
+_STEPLIKE_RE = LOOSE_STEP_RE
+_LOADER_RE = LOADER_NAME_RE
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
 # the walk tests exact node types (ast nodes have no subclasses)

@@ -29,17 +29,16 @@ from codemods.analysis.values import (
     Values,
     definitely_not,
 )
+from codemods.analysis.steps import MODEL_CALL_RE
 from codemods.syntax.tree import call_name, children, dotted, find_all, walk
 
 Loop = Union[cst.For, cst.While]
 _NESTED = (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)
 _DEFS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
-# (up/down-samplers are layers, not samplers)
-_FEEDBACK_CALL_RE = re.compile(
-    r"((?:^|_)step(?:$|_)|(?<!up)(?<!down)(?<!sub_)(?<!sub)(?<!re)sampl(?:ing|er|e)(?!s)|denois|model|unet|forward"
-    r"|generate|predict|^net|net$|policy|^actor$|^critic$)",
-    re.IGNORECASE)
+# what a call that runs a model is called (up/down-samplers are layers, not
+# samplers): defined once, in codemods.analysis.steps
+_FEEDBACK_CALL_RE = MODEL_CALL_RE
 # calls that fetch, wrap or unwrap a model rather than run it (``m = unwrap_model(m)``)
 _NOT_FEEDBACK_RE = re.compile(
     r"^_*(unwrap|wrap|get|load|build|make|create|prepare|init|setup|save|copy|compile|convert|register|to)_",

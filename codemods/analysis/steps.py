@@ -2,15 +2,47 @@
 use -- :mod:`codemods.analysis.loops` on the LibCST tree, with the dataflow
 to tell an optimizer's ``step`` from an LR scheduler's, and the cheap ``ast``
 pre-check :mod:`codemods.analysis.prefilter`, which must find a superset of
-it.  No LibCST here."""
+it, and the trigger bytes of the rules that need a step loop (derived here,
+so none of them can drift from the others).  No LibCST here."""
 
 from __future__ import annotations
 
+import re
 from typing import Dict, Set
 
 # calls that take a training or sampling step (``loss.backward()``,
 # ``optimizer.step()``, ``xm.optimizer_step(opt)``, ``scheduler.step(x, t)``)
 STEP_CALLS = frozenset({"backward", "step", "optimizer_step"})
+
+# What a call that runs a model (and so carries state from one iteration to
+# the next) is called: names containing one of MODEL_WORDS ("step" and
+# "sampl" only as words: see MODEL_CALL_RE), names that are one of
+# MODEL_NAMES, names that begin or end with "net".
+MODEL_WORDS = ("step", "sampl", "denois", "model", "unet", "forward", "generate", "predict")
+MODEL_NAMES = ("policy", "actor", "critic")
+_REFINED = {  # the exact reading: `step` as a word, samplers but not up/down-samplers
+    "step": r"(?:^|_)step(?:$|_)",
+    "sampl": r"(?<!up)(?<!down)(?<!sub_)(?<!sub)(?<!re)sampl(?:ing|er|e)(?!s)",
+    "policy": "policy",
+}
+# the exact reading (codemods.analysis.state) and the loose one the ``ast``
+# pre-check uses, which accepts every name the exact one does
+MODEL_CALL_RE = re.compile("(" + "|".join(_REFINED.get(w, w) for w in MODEL_WORDS) + "|^net|net$|"
+                           + "|".join(_REFINED.get(n, f"^{n}$") for n in MODEL_NAMES) + ")", re.IGNORECASE)
+LOOSE_STEP_RE = re.compile("|".join(dict.fromkeys([*sorted(STEP_CALLS - {"optimizer_step"}), *MODEL_WORDS]))
+                           + "|^net|net$|" + "|".join(_REFINED.get(n, f"^{n}$") for n in MODEL_NAMES), re.IGNORECASE)
+
+
+# what a data loader is called, where the dataflow cannot tell
+LOADER_NAME_RE = re.compile(r"(loader$|dataloader|(^|_)dl$)", re.IGNORECASE)
+
+
+def trigger_words() -> tuple:
+    """Bytes one of which a file must hold to have a step loop by name: the
+    step calls and every model-call word (matched case-sensitively, so each
+    in the spellings code uses)."""
+    words = sorted(STEP_CALLS - {"optimizer_step"}) + list(MODEL_WORDS) + ["net"] + list(MODEL_NAMES)
+    return tuple(dict.fromkeys(v.encode() for w in words for v in (w, w.capitalize(), w.upper())))
 
 
 def callers_closure(direct: Set[str], calls_of: Dict[str, Set[str]]) -> Set[str]:

@@ -37,7 +37,7 @@ from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.kinds import (  # noqa: F401 -- the kinds are part of this module's API
     DEVICE, DEVICE_LOADER, DEVICE_STR, HOST, LOADED, LOADER, LR_SCHEDULER, MODULE, NONE, OBJECT, OPTIMIZER,
     SAMPLER, SCALER, STATELESS, TENSOR, UNKNOWN, MODEL_LIBS, Kinds, union_kinds, definitely_not, library_kinds,
-    pretrained_kinds, is_stateless_class,
+    pretrained_kinds, is_stateless_class, PRETRAINED_METHODS,
 )
 from codemods.syntax.tree import TreeCache, call_name, children, dotted, find_all, string_value
 
@@ -160,7 +160,7 @@ class Values:
                 return found
         if isinstance(func, cst.Attribute):
             method = func.attr.value
-            if method in ("from_pretrained", "from_config", "from_single_file"):
+            if method in PRETRAINED_METHODS:
                 for q in self.tree.import_qualnames(func.value) or ():
                     found = pretrained_kinds(q)
                     if found is not None:
@@ -348,15 +348,20 @@ class Values:
 
     def _arguments(self, fn: cst.FunctionDef, param: cst.Param) -> List[cst.BaseExpression]:
         """What the module's call sites pass for ``param`` of ``fn``: calls by
-        name for module functions, ``self.fn(...)`` for methods."""
+        name for module functions, ``self.fn(...)`` for methods, ``Cls(...)``
+        for ``Cls.__init__``."""
         params = list(fn.params.posonly_params) + list(fn.params.params)
         names = [p.name.value for p in params]
         is_method = bool(names) and names[0] == "self"
         index = names.index(param.name.value) - (1 if is_method else 0) if param.name.value in names else None
         out: List[cst.BaseExpression] = []
+        cls = next((a for a in self._ancestors(fn) if isinstance(a, cst.ClassDef)), None) \
+            if fn.name.value == "__init__" else None  # `Sampler(model, device)` calls `__init__`
         for call in self.tree.nodes((cst.Call,)):
             func = call.func  # type: ignore[attr-defined]
-            if is_method:
+            if cls is not None and isinstance(func, cst.Name) and func.value == cls.name.value:
+                pass
+            elif is_method:
                 if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)
                         and func.value.value == "self" and func.attr.value == fn.name.value):
                     continue

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 import weakref
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
@@ -61,10 +61,14 @@ class TreeCache:
     codemod memoises in ``memo``.  The engine starts a new one whenever a
     codemod changes the tree."""
 
-    def __init__(self, module: cst.Module, source: bytes = b"", text: Optional[str] = None) -> None:
+    def __init__(self, module: cst.Module, source: bytes = b"", text: Optional[str] = None,
+                 pending: Sequence[Tuple[str, Optional[str], Optional[str]]] = ()) -> None:
         self.module = module
         self.source = source
         self.text = text  # the module's code, where the engine knows it (for light positions)
+        # imports earlier rewrites asked for, added only once all rules ran
+        # (``import torch_xla`` for the ``torch_xla.device()`` already in the tree)
+        self.pending = tuple(pending)
         self.memo: Dict[str, object] = {}
         self._parents: Optional[Dict[int, cst.CSTNode]] = None
         self._by_type: Dict[type, List[cst.CSTNode]] = {}
@@ -170,6 +174,11 @@ class TreeCache:
                 rebound.add(local)
             table[local] = full
 
+        for module, obj, asname in self.pending:
+            if obj is None:
+                bind_import(asname or module.split(".")[0], module if asname else module.split(".")[0])
+            else:
+                bind_import(asname or obj, f"{module}.{obj}")
         for node in self.nodes(_BINDING_NODES):  # the type index: no walk of the tree
             if isinstance(node, cst.Import):
                 for alias in node.names:

@@ -52,6 +52,7 @@ def judge(cand: "Run", compared, lines: "LineMapper", graphs: Path, warmup_steps
         if bad:
             where = locate_recompile(at_site, lines, site["where"])  # type: ignore[arg-type]
             events.append(lines.event("recompile", where or site["where"], bad, where_detail(where, site)))
+            events[-1]["cut_loop"] = lines.loop_around(site["where"])  # type: ignore[arg-type]
         elif churn:
             where = locate_recompile(at_site, lines, site["where"])  # type: ignore[arg-type]
             steps_at = ", ".join(str(n + 1) for n in kinds["churn"])
@@ -336,6 +337,26 @@ class LineMapper:
             return None
         matches = [p for p in self.cand_tree.rglob(path.name) if p.suffix == ".py"]
         return matches[0].resolve() if len(matches) == 1 else None
+
+    def loop_around(self, where: tuple) -> Optional[List[object]]:
+        """[the user's file, the line of the innermost loop] around a line
+        of a candidate file (the barrier a graph is cut at), or None."""
+        import ast
+
+        path = Path(str(where[0])).resolve() if where[0] else None
+        found = self._for(path) if path is not None else None
+        if found is None or not found[2]:
+            return None
+        try:
+            tree = ast.parse(path.read_bytes())  # type: ignore[union-attr]
+        except (OSError, SyntaxError, ValueError):
+            return None
+        loops = [n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While, ast.AsyncFor))
+                 and n.lineno <= int(where[1]) <= (n.end_lineno or n.lineno)]
+        if not loops:
+            return None
+        inner = max(loops, key=lambda n: n.lineno)
+        return [str(found[0]), found[2](inner.lineno)]
 
     def event(self, kind: str, where: tuple, count: object, detail: object) -> Dict[str, object]:
         path, line = where[0], where[1]

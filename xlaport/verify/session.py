@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from codemods.rule import Finding
 from xlaport.engine import Settings, SourceError, transform
 from xlaport.verify import diverge, growth, record, rng
 from xlaport.verify.compiles import LineMapper, _read_graphs, judge
@@ -290,20 +291,35 @@ def _own_files(cand: Run, side: Side) -> List[Path]:
 
 
 def predicted(events: List[Dict[str, object]]) -> None:
-    """Say for each recompilation and host read whether ``lint`` reports
-    its line (``XLA4xx``): "predicted by XLA407 at line 18", or not."""
-    cache: Dict[str, List[Tuple[int, str]]] = {}
-    for e in events:
-        if e["kind"] not in ("recompile", "host_read") or not e.get("original_path") or not e.get("original_line"):
-            continue
-        path = str(e["original_path"])
+    """Say for each recompilation, host read and CPU fallback whether ``lint``
+    reports it (``XLA4xx``): on its line, on a line the finding names as
+    related (the helper a loop counter reaches, ``get_batch``'s slice), or --
+    for a recompilation -- as a value that grows in the loop whose barrier
+    cuts the graph (XLA408: every op that reads it sees a new shape, in
+    whatever function it runs).  "predicted by XLA407 at line 18", or not."""
+    cache: Dict[str, List[Finding]] = {}
+
+    def findings(path: str) -> List[Finding]:
         if path not in cache:
             try:
-                out = transform(Path(path).read_bytes(), Settings(select=["XLA4"], options={"include_cold": True}),
-                                path)
-                cache[path] = [(f.line, f.code) for f in out.findings]
+                cache[path] = transform(Path(path).read_bytes(),
+                                        Settings(select=["XLA4"], options={"include_cold": True}), path).findings
             except (OSError, SourceError):
                 cache[path] = []
-        hits = [code for line, code in cache[path] if line == e["original_line"]]
-        e["predicted"] = f"{hits[0]} at line {e['original_line']}" if hits else None
-        e["detail"] = f"{e['detail']}; " + (f"predicted by {e['predicted']}" if hits else "not predicted by lint")
+        return cache[path]
+
+    for e in events:
+        if e["kind"] not in ("recompile", "host_read", "fallback") or not e.get("original_path") \
+                or not e.get("original_line"):
+            continue
+        path, line = str(e["original_path"]), int(e["original_line"])  # type: ignore[call-overload]
+        found = findings(path)
+        hits = [f"{f.code} at line {f.line}" for f in found if f.line == line]
+        if not hits and e["kind"] == "recompile":
+            hits = [f"{f.code} at line {f.line}" for f in found if f.covers(line)]
+        cut = e.get("cut_loop")
+        if not hits and e["kind"] == "recompile" and isinstance(cut, list):
+            hits = [f"{f.code} at line {f.line}" + ("" if cut[0] == path else f" of {Path(str(cut[0])).name}")
+                    for f in findings(str(cut[0])) if f.code == "XLA408" and f.covers(int(cut[1]))]
+        e["predicted"] = hits[0] if hits else None
+        e["detail"] = f"{e['detail']}; " + (f"predicted by {hits[0]}" if hits else "not predicted by lint")

@@ -1,0 +1,99 @@
+"""Python ints that change every iteration ("counters"), and the host
+sequences of ints they are drawn from.
+
+A device tensor indexed by a Python int bakes the int into its graph
+(``alphas[i]`` is a ``select`` whose index is an attribute of the op), so an
+index that changes every iteration compiles a new graph every iteration
+(XLA407).  A ``for`` loop's target is such an int when the loop runs over
+
+* ``range(...)``: the target;
+* ``enumerate(xs)``: the index, and the items too when ``xs`` is a host int
+  sequence;
+* ``zip(a, b, ...)``: each element drawn from a host int sequence
+  (``for t, t_next in zip(times[:-1], times[1:])``);
+* a host int sequence.
+
+A *host int sequence* is ``range(...)``, ``reversed``/``list``/``sorted``/
+``tuple`` of one, a slice of one, ``t.tolist()`` (a host copy), a list or
+tuple of int literals, a comprehension of ``int(...)`` or over one,
+``numpy.arange(...)``, or a name every binding that reaches it binds one.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Set
+
+import libcst as cst
+
+from codemods.analysis.values import values as values_of
+from codemods.syntax.tree import TreeCache, call_name
+
+_WRAPPERS = {"reversed", "list", "sorted", "tuple"}
+
+
+def loop_counters(tree: TreeCache, loop: cst.For) -> Set[str]:
+    """The names ``loop``'s target binds to a host int that changes every
+    iteration."""
+    return _bound(tree, loop.target, loop.iter, set())
+
+
+def _bound(tree: TreeCache, target: cst.BaseExpression, it: cst.BaseExpression, busy: Set[int]) -> Set[str]:
+    if isinstance(target, cst.Name):
+        return {target.value} if is_host_int_sequence(tree, it, busy) else set()
+    if not isinstance(target, (cst.Tuple, cst.List)) or not isinstance(it, cst.Call):
+        return set()
+    parts = [e.value for e in target.elements]
+    args = [a.value for a in it.args if a.keyword is None and not a.star]
+    name = call_name(it)
+    if name == "enumerate" and len(parts) == 2 and args:
+        index = {parts[0].value} if isinstance(parts[0], cst.Name) else set()
+        return index | _bound(tree, parts[1], args[0], busy)
+    if name == "zip" and len(parts) == len(args) and not any(a.star for a in it.args):
+        return set().union(*(_bound(tree, p, a, busy) for p, a in zip(parts, args)))
+    return set()
+
+
+def is_host_int_sequence(tree: TreeCache, node: Optional[cst.CSTNode], busy: Optional[Set[int]] = None) -> bool:
+    """``node`` is a sequence of Python ints that lives on the host."""
+    busy = set() if busy is None else busy
+    if node is None or id(node) in busy:
+        return False
+    busy = busy | {id(node)}  # the nodes on this path (a cycle guard), not every node seen
+    if isinstance(node, cst.Call):
+        name, args = call_name(node), [a.value for a in node.args if a.keyword is None and not a.star]
+        quals = tree.import_qualnames(node.func) or set()
+        if isinstance(node.func, cst.Name) and name == "range" and not quals:
+            return True
+        if isinstance(node.func, cst.Name) and name in _WRAPPERS and len(args) == 1 and not quals:
+            return is_host_int_sequence(tree, args[0], busy)
+        if isinstance(node.func, cst.Attribute) and name == "tolist" and not node.args:
+            return True
+        return "numpy.arange" in quals
+    if isinstance(node, cst.Subscript):
+        slices = node.slice
+        return (len(slices) == 1 and isinstance(slices[0].slice, cst.Slice)
+                and is_host_int_sequence(tree, node.value, busy))
+    if isinstance(node, (cst.List, cst.Tuple)):
+        return bool(node.elements) and all(isinstance(e.value, cst.Integer) for e in node.elements)
+    if isinstance(node, (cst.ListComp, cst.GeneratorExp)):
+        elt = node.elt
+        if isinstance(elt, cst.Call) and call_name(elt) == "int" and isinstance(elt.func, cst.Name):
+            return True
+        return (isinstance(elt, cst.Name) and node.for_in.inner_for_in is None
+                and elt.value in _bound(tree, node.for_in.target, node.for_in.iter, busy))
+    if isinstance(node, cst.Name):
+        return _name_holds_ints(tree, node, busy)
+    return False
+
+
+def _name_holds_ints(tree: TreeCache, name: cst.Name, busy: Set[int]) -> bool:
+    values = values_of(tree)
+    reaching = values.reaching(name)
+    if not reaching:
+        return False
+    for binding in reaching:
+        value, path = values.source(binding)
+        if path or value is None or isinstance(value, cst.For) or not is_host_int_sequence(tree, value, busy):
+            return False
+    return True
+
