@@ -273,3 +273,20 @@ def test_unused_suppression_is_reported_and_a_used_one_is_not(tmp_path):
                  "z = 1  # xlaport: ignore[XLA950]\n")
     found = [(x["line"], x["code"]) for x in json.loads(run("lint", "--format", "json", f).stdout)["findings"]]
     assert found == [(3, "XLA002"), (4, "XLA002")]
+
+
+def test_related_lines_reach_json_sarif_and_the_cache(tmp_path):
+    """A trap reached through a call names the callee's line: `related` in
+    JSON, `relatedLocations` in SARIF, the same from a warm cache."""
+    src = Path(__file__).resolve().parent.parent / "fixtures" / "sampler_traps" / "input.py"
+    f = tmp_path / "sampler.py"
+    f.write_bytes(src.read_bytes())
+    fill = src.read_text().splitlines().index(
+        "        return torch.full((x.shape[0], 1), self.alphas[index], device=x.device)") + 1
+    for _ in range(2):  # cold, then from the cache
+        rows = json.loads(run("lint", "--format", "json", "--select", "XLA407", str(f), cwd=tmp_path).stdout)["findings"]
+        assert [r.get("related") for r in rows] == [None, None, [[fill, fill]]], rows
+    result = json.loads(run("lint", "--format", "sarif", "--select", "XLA407", str(f), cwd=tmp_path).stdout)
+    related = [r.get("relatedLocations") for r in result["runs"][0]["results"]]
+    assert related[:2] == [None, None] and related[2][0]["physicalLocation"]["region"] == {"startLine": fill,
+                                                                                          "endLine": fill}

@@ -1,5 +1,7 @@
 """verify's output comparison without running anything (no torch_xla needed)."""
 
+import pytest
+
 from xlaport.verify.outputs import Comparison, compare_text
 
 
@@ -22,3 +24,25 @@ def test_numbers_that_differ_between_reference_runs_are_left_out():
     out = Comparison()
     compare_text("stdout", ["seed 17 loss 1.5\n", "seed 23 loss 1.5\n"], "seed 99 loss 1.5\n", 1e-3, 1e-5, out)
     assert all(o.ok for o in out.outputs) and out.varies == ["stdout line 1, number 1: seed 17 loss 1.5"]
+
+
+def test_a_whole_model_saved_by_a_module_verify_does_not_import_still_compares(tmp_path):
+    """`torch.save(model, "model.pt")` pickles the program's class by its
+    module name (`model.RNNModel`): verify reads its state without importing it."""
+    import subprocess
+    import sys
+
+    torch = pytest.importorskip("torch")
+    from xlaport.verify.outputs import load_any
+
+    (tmp_path / "prog").mkdir()
+    (tmp_path / "prog" / "mynet_mod.py").write_text(
+        "import torch.nn as nn\n\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.fc = nn.Linear(2, 3)\n")
+    subprocess.run([sys.executable, "-c", "import torch, mynet_mod; torch.manual_seed(0); "
+                    "torch.save(mynet_mod.Net(), 'model.pt'); torch.save({'net': mynet_mod.Net(), 'k': 2}, 'ck.pt')"],
+                   cwd=tmp_path / "prog", check=True)
+    state = load_any(tmp_path / "prog" / "model.pt")
+    assert sorted(state) == ["fc.bias", "fc.weight"] and tuple(state["fc.weight"].shape) == (3, 2)
+    nested = load_any(tmp_path / "prog" / "ck.pt")
+    assert nested["k"] == 2 and isinstance(nested["net"]["fc.bias"], torch.Tensor)
