@@ -350,3 +350,19 @@ def test_events_are_tied_to_related_lines_and_to_growth_in_the_cut_loop(tmp_path
     assert [e["predicted"] for e in events] == ["XLA407 at line 9", "XLA408 at line 18 of main.py",
                                                 "XLA401 at line 17", None, None]
     assert events[-1]["detail"] == "d; not predicted by lint"
+
+
+def test_a_fixture_run_by_verify_at_two_lengths_grows_where_lint_said(tmp_path):
+    """fixtures/sampler_traps through `verify --lengths`: compilations grow
+    with the steps, and every recompilation after warm-up is one lint
+    reported on its line (XLA407/XLA403)."""
+    prog = tmp_path / "prog"
+    prog.mkdir()
+    (prog / "sampler.py").write_bytes((ROOT / "fixtures" / "sampler_traps" / "input.py").read_bytes())
+    result, report = verify_in(prog, "sampler.py", "--lengths", "--steps=3,6", report=tmp_path / "r.json")
+    assert result.exit_code == 1, result.output
+    assert any(f.startswith("compilations grow with --steps") for f in report["failures"]), report["failures"]
+    recompiles = [e for e in report["events"] if e["kind"] == "recompile"]
+    assert recompiles, report["events"]
+    for e in recompiles:
+        assert e["predicted"] and e["predicted"][:6] in ("XLA407", "XLA403"), e
