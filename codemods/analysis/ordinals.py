@@ -110,12 +110,12 @@ class Ordinals:
     def _param(self, param: cst.Param) -> bool:
         if param.annotation is not None:
             return (dotted(param.annotation.annotation) or "") == "int"
-        fn = next((a for a in self.values._ancestors(param) if isinstance(a, (cst.FunctionDef, cst.Lambda))), None)
+        fn = next((a for a in self.values.ancestors(param) if isinstance(a, (cst.FunctionDef, cst.Lambda))), None)
         if isinstance(fn, cst.FunctionDef):
             params = list(fn.params.posonly_params) + list(fn.params.params)
             if params and params[0] is param and id(fn) in self.spawned():
                 return True
-            fed = self.values._arguments(fn, param)
+            fed = self.values.arguments(fn, param)
             if fed:
                 return all(self.is_ordinal(a) for a in fed)
         return param.default is not None and self.is_ordinal(param.default)

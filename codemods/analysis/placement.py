@@ -104,8 +104,8 @@ class _Placement:
         found: Set[Optional[str]] = set()
         for binding in self.values.reaching(name):
             if isinstance(binding, cst.Param):
-                fn = next((a for a in self.values._ancestors(binding) if isinstance(a, cst.FunctionDef)), None)
-                args = self.values._arguments(fn, binding) if isinstance(fn, cst.FunctionDef) else []
+                fn = next((a for a in self.values.ancestors(binding) if isinstance(a, cst.FunctionDef)), None)
+                args = self.values.arguments(fn, binding) if isinstance(fn, cst.FunctionDef) else []
                 found |= {self.of(a, busy) for a in args} if args else {None}
                 continue
             value, path = self.values.source(binding)

@@ -213,7 +213,7 @@ class Values:
 
     def self_stores(self, node: cst.Attribute) -> List[cst.BaseExpression]:
         """The values the methods of the class around ``self.x`` assign to ``self.x``."""
-        cls = next((a for a in self._ancestors(node) if isinstance(a, cst.ClassDef)), None)
+        cls = next((a for a in self.ancestors(node) if isinstance(a, cst.ClassDef)), None)
         if cls is None:
             return []
         stores = self.tree.memo.get(f"self_stores:{id(cls)}")
@@ -339,14 +339,14 @@ class Values:
             kinds |= {"Tensor": {TENSOR}, "Module": {MODULE}, "DataLoader": {LOADER}, "Optimizer": {OPTIMIZER},
                       "device": {DEVICE}, "int": {HOST}, "float": {HOST}, "bool": {HOST}}.get(text, set())
         parts = [self.of(param.default)] if param.default is not None else []
-        fn = next((a for a in self._ancestors(param) if isinstance(a, (cst.FunctionDef, cst.Lambda))), None)
+        fn = next((a for a in self.ancestors(param) if isinstance(a, (cst.FunctionDef, cst.Lambda))), None)
         if isinstance(fn, cst.FunctionDef):
-            parts += [self.of(arg) for arg in self._arguments(fn, param)]
+            parts += [self.of(arg) for arg in self.arguments(fn, param)]
         if kinds or not parts:
             return frozenset(kinds)  # an annotation is what the author says it holds
         return union_kinds(*parts)
 
-    def _arguments(self, fn: cst.FunctionDef, param: cst.Param) -> List[cst.BaseExpression]:
+    def arguments(self, fn: cst.FunctionDef, param: cst.Param) -> List[cst.BaseExpression]:
         """What the module's call sites pass for ``param`` of ``fn``: calls by
         name for module functions, ``self.fn(...)`` for methods, ``Cls(...)``
         for ``Cls.__init__``."""
@@ -355,7 +355,7 @@ class Values:
         is_method = bool(names) and names[0] == "self"
         index = names.index(param.name.value) - (1 if is_method else 0) if param.name.value in names else None
         out: List[cst.BaseExpression] = []
-        cls = next((a for a in self._ancestors(fn) if isinstance(a, cst.ClassDef)), None) \
+        cls = next((a for a in self.ancestors(fn) if isinstance(a, cst.ClassDef)), None) \
             if fn.name.value == "__init__" else None  # `Sampler(model, device)` calls `__init__`
         for call in self.tree.nodes((cst.Call,)):
             func = call.func  # type: ignore[attr-defined]
@@ -386,7 +386,7 @@ class Values:
             if found is not None and binding_nodes(self.tree, func) == [found]:
                 return found
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
-            cls = next((a for a in self._ancestors(call) if isinstance(a, cst.ClassDef)), None)
+            cls = next((a for a in self.ancestors(call) if isinstance(a, cst.ClassDef)), None)
             if cls is not None and isinstance(cls.body, cst.IndentedBlock):
                 methods = [s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == func.attr.value]
                 if len(methods) == 1 and not methods[0].decorators:
@@ -448,21 +448,21 @@ class Values:
             self._numbers = numbers
         return self._numbers
 
-    def _ancestors(self, node: cst.CSTNode):  # type: ignore[no-untyped-def]
+    def ancestors(self, node: cst.CSTNode):  # type: ignore[no-untyped-def]
         cur = self.tree.parents.get(id(node))
         while cur is not None:
             yield cur
             cur = self.tree.parents.get(id(cur))
 
     def _scope_of(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
-        return next((a for a in self._ancestors(node) if isinstance(a, _SCOPES)), None)
+        return next((a for a in self.ancestors(node) if isinstance(a, _SCOPES)), None)
 
     def _contains(self, outer: cst.CSTNode, node: cst.CSTNode) -> bool:
-        return any(a is outer for a in self._ancestors(node))
+        return any(a is outer for a in self.ancestors(node))
 
     def _common_loop(self, a: cst.CSTNode, b: cst.CSTNode) -> Optional[cst.CSTNode]:
         """The innermost loop (in their own scope) whose body holds both."""
-        for anc in self._ancestors(a):
+        for anc in self.ancestors(a):
             if isinstance(anc, _SCOPES):
                 return None
             if isinstance(anc, (cst.For, cst.While)) and self._contains(anc.body, b):
