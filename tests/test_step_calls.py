@@ -154,3 +154,29 @@ def test_the_cheap_readers_derive_from_the_one_definition_of_a_step():
         assert steps.LOOSE_STEP_RE.search(name), name
         assert any(t in name.encode() for t in StepBarrier.TRIGGERS), name
     assert not steps.MODEL_CALL_RE.search("upsampler") and not steps.MODEL_CALL_RE.search("steps")
+
+
+def test_pairs_of_host_ints_through_a_name_and_a_progress_bar_index_a_registered_buffer():
+    """A DDIM-style sampler: the pairs are made once (`pairs = list(zip(...))`)
+    and iterated through a progress bar; the table is a buffer the model
+    registers (through a helper of the same name), so it lives on the device."""
+    src = ("import torch\nfrom torch import nn\nfrom tqdm import tqdm\n\n\nclass Diffusion(nn.Module):\n"
+           "    def __init__(self, net, steps):\n        super().__init__()\n        self.net = net\n"
+           "        register_buffer = lambda name, val: self.register_buffer(name, val.float())\n"
+           "        register_buffer('alphas', torch.linspace(0.9, 0.1, steps))\n"
+           "        self.register_buffer('sigmas', torch.linspace(1.0, 0.0, steps))\n\n"
+           "    @torch.no_grad()\n    def sample(self, x, steps):\n"
+           "        times = list(reversed(torch.arange(steps).tolist()))\n"
+           "        pairs = list(zip(times[:-1], times[1:]))\n"
+           "        for t, t_next in tqdm(pairs, desc='sampling'):\n"
+           "            x = self.net(x) * self.alphas[t] + self.sigmas[t_next]\n        return x\n")
+    found = [(f.code, f.line, f.col) for f in transform(src.encode(), Settings(select=["XLA4"])).findings]
+    assert [(c, line) for c, line, _ in found] == [("XLA407", 19), ("XLA407", 19)], found
+    # a plain class's table is not known to be on the device; nor are pairs of strings
+    plain = src.replace("class Diffusion(nn.Module):", "class Diffusion:").replace("        super().__init__()\n", "")
+    assert not transform(plain.encode(), Settings(select=["XLA4"])).findings
+    moved = plain.replace("register_buffer('alphas', torch.linspace(0.9, 0.1, steps))",
+                          "self.alphas = torch.linspace(0.9, 0.1, steps).cuda()")
+    assert [f.line for f in transform(moved.encode(), Settings(select=["XLA4"])).findings] == [18]
+    words = src.replace("times = list(reversed(torch.arange(steps).tolist()))", "times = ['a', 'b', 'c']")
+    assert not transform(words.encode(), Settings(select=["XLA4"])).findings

@@ -10,7 +10,8 @@ index that changes every iteration compiles a new graph every iteration
 * ``enumerate(xs)``: the index, and the items too when ``xs`` is a host int
   sequence;
 * ``zip(a, b, ...)``: each element drawn from a host int sequence
-  (``for t, t_next in zip(times[:-1], times[1:])``);
+  (``for t, t_next in zip(times[:-1], times[1:])``), also through a name
+  bound to the zip (``pairs = list(zip(...))``) and a progress bar around it;
 * a host int sequence.
 
 A *host int sequence* is ``range(...)``, ``reversed``/``list``/``sorted``/
@@ -29,6 +30,8 @@ from codemods.analysis.values import values as values_of
 from codemods.syntax.tree import TreeCache, call_name
 
 _WRAPPERS = {"reversed", "list", "sorted", "tuple"}
+# progress bars hand on the items of what they wrap; so does list() of an iterator
+_PASS_THROUGH = {"tqdm", "track", "progress_bar", "list"}
 
 
 def loop_counters(tree: TreeCache, loop: cst.For) -> Set[str]:
@@ -38,8 +41,15 @@ def loop_counters(tree: TreeCache, loop: cst.For) -> Set[str]:
 
 
 def _bound(tree: TreeCache, target: cst.BaseExpression, it: cst.BaseExpression, busy: Set[int]) -> Set[str]:
+    it = _passed_through(it)
     if isinstance(target, cst.Name):
         return {target.value} if is_host_int_sequence(tree, it, busy) else set()
+    if isinstance(it, cst.Name) and id(it) not in busy:  # `time_pairs = list(zip(...))`, then iterated
+        values = values_of(tree)
+        sources = [values.source(b) for b in values.reaching(it)]
+        if len(sources) == 1 and isinstance(sources[0][0], cst.BaseExpression) and not sources[0][1]:
+            return _bound(tree, target, sources[0][0], busy | {id(it)})
+        return set()
     if not isinstance(target, (cst.Tuple, cst.List)) or not isinstance(it, cst.Call):
         return set()
     parts = [e.value for e in target.elements]
@@ -51,6 +61,15 @@ def _bound(tree: TreeCache, target: cst.BaseExpression, it: cst.BaseExpression, 
     if name == "zip" and len(parts) == len(args) and not any(a.star for a in it.args):
         return set().union(*(_bound(tree, p, a, busy) for p, a in zip(parts, args)))
     return set()
+
+
+def _passed_through(it: cst.BaseExpression) -> cst.BaseExpression:
+    """What a loop really iterates: ``tqdm(pairs, desc=...)`` and
+    ``list(zip(...))`` give the items of their first argument."""
+    while isinstance(it, cst.Call) and call_name(it) in _PASS_THROUGH and it.args and it.args[0].keyword is None \
+            and not it.args[0].star and (call_name(it) != "list" or len(it.args) == 1):
+        it = it.args[0].value
+    return it
 
 
 def is_host_int_sequence(tree: TreeCache, node: Optional[cst.CSTNode], busy: Optional[Set[int]] = None) -> bool:

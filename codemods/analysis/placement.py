@@ -15,7 +15,8 @@ dataflow of :mod:`codemods.analysis.values`:
   all its returns are; a name is placed where every binding
   that reaches it is; a parameter is placed where every argument the
   module's call sites pass to it is; ``self.x`` where every value the
-  class stores in it is.
+  class stores in it is, and on the device when a model class registers it
+  as a buffer.
 
 Anything else is unknown (None): the rules treat it as they did before.
 """
@@ -58,9 +59,26 @@ class _Placement:
         if isinstance(node, cst.Call):
             return self._call(node, busy)
         if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
+            if node.attr.value in self._buffers(node):
+                return DEVICE  # a model's buffer moves with the model
             found = {self.of(v, busy) for v in self.values.self_stores(node)}  # what the class stores there
             return found.pop() if len(found) == 1 else None
         return None
+
+    def _buffers(self, node: cst.CSTNode) -> Set[str]:
+        """The buffers a model class around ``node`` registers
+        (``self.register_buffer("alphas", ...)``, or through a helper of
+        that name): on the device once the model is."""
+        cls = next((a for a in self.values.ancestors(node) if isinstance(a, cst.ClassDef)), None)
+        if cls is None:
+            return set()
+        key = f"buffers:{id(cls)}"
+        if key not in self.tree.memo:
+            names = {string_value(c.args[0].value) for c in find_all(cls, cst.Call, stop=(cst.ClassDef,))
+                     if call_name(c) == "register_buffer" and c.args}  # type: ignore[attr-defined]
+            model = self.values.class_kinds(cls) == {MODULE}
+            self.tree.memo[key] = {n for n in names if n} if model else set()
+        return self.tree.memo[key]  # type: ignore[return-value]
 
     def _call(self, call: cst.Call, busy: Set[int]) -> Optional[str]:
         func, name = call.func, call_name(call)

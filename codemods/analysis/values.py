@@ -183,7 +183,7 @@ class Values:
                 return frozenset({HOST})
             local = self.local_function(call)
             if isinstance(local, cst.ClassDef):
-                return self._class_kinds(local)
+                return self.class_kinds(local)
             if isinstance(local, cst.FunctionDef):
                 return self._returns(local, None)
         callee = self.of(func)
@@ -401,7 +401,7 @@ class Values:
                 kinds |= self.of(value) if index is None else self.element(value, index)
         return frozenset(kinds)
 
-    def _class_kinds(self, cls: cst.ClassDef, seen: Optional[Set[str]] = None) -> Kinds:
+    def class_kinds(self, cls: cst.ClassDef, seen: Optional[Set[str]] = None) -> Kinds:
         """A class of the module: a model when it subclasses ``nn.Module`` (or
         a model class of a library, or another such class of the module)."""
         seen = seen or set()
@@ -421,7 +421,7 @@ class Values:
                     return frozenset({OPTIMIZER})
             local = self.functions().get(text)
             if isinstance(local, cst.ClassDef) and text not in seen:
-                found = self._class_kinds(local, seen)
+                found = self.class_kinds(local, seen)
                 if found != {OBJECT}:
                     return found
         return frozenset({OBJECT})
