@@ -46,3 +46,17 @@ def test_a_whole_model_saved_by_a_module_verify_does_not_import_still_compares(t
     assert sorted(state) == ["fc.bias", "fc.weight"] and tuple(state["fc.weight"].shape) == (3, 2)
     nested = load_any(tmp_path / "prog" / "ck.pt")
     assert nested["k"] == 2 and isinstance(nested["net"]["fc.bias"], torch.Tensor)
+
+
+def test_library_frames_from_another_environment_are_not_user_code(tmp_path):
+    """A venv with `--system-site-packages`, or a `.pth` pointing at another
+    environment: torch_xla's own frames there are not the user's lines (a
+    per-step sync site was reported at torch_xla.py:87)."""
+    from xlaport.verify import harness
+
+    other = tmp_path / "base" / "lib" / "python3.11" / "site-packages"
+    other.mkdir(parents=True)
+    project = tmp_path / "project"
+    roots = harness.system_roots([str(project), str(other), str(tmp_path / "base" / "dist-packages")])
+    assert str(other.resolve()) in roots and str((tmp_path / "base" / "dist-packages").resolve()) in roots
+    assert not any(str(project.resolve()).startswith(r) for r in roots)

@@ -50,10 +50,18 @@ class _Tee(io.TextIOBase):
         self.stream.flush()
 
 
-_SYSTEM = tuple(
-    {os.path.realpath(p) for p in (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
-                                   sysconfig.get_paths()["platlib"], os.path.dirname(__file__))}
-)
+def system_roots(search_path: List[str]) -> Tuple[str, ...]:
+    """Where code that is not the user's lives: the standard library, this
+    interpreter's site-packages, every other ``site-packages``/``dist-packages``
+    on the search path (a venv made with ``--system-site-packages``, a ``.pth``
+    pointing at another environment) and xlaport's own harness."""
+    paths = sysconfig.get_paths()
+    found = [paths["stdlib"], paths["purelib"], paths["platlib"], os.path.dirname(__file__)]
+    found += [p for p in search_path if os.path.basename(os.path.normpath(p)) in ("site-packages", "dist-packages")]
+    return tuple({os.path.realpath(p) for p in found})
+
+
+_SYSTEM = system_roots(sys.path)
 
 
 def _is_user_file(filename: str) -> bool:
