@@ -334,22 +334,26 @@ def test_events_are_tied_to_related_lines_and_to_growth_in_the_cut_loop(tmp_path
     main = ("import torch\nfrom model import embed\n\ndef get_batch(source, i):\n    return source[i:i + 2]\n\n"
             "data = torch.randn(20, 4).cuda()\nfor i in range(0, 18, 2):\n    x = get_batch(data, i)\n"
             "    x.sum().backward()\n    opt.step()\n\nidx = torch.zeros(1, 1).cuda()\nfor _ in range(4):\n"
-            "    out = model(idx)\n    embed(idx)\n    print(out.sum().item())\n    idx = torch.cat((idx, out), dim=1)\n")
+            "    out = model(idx)\n    embed(idx)\n    print(out.sum().item())\n    idx = torch.cat((idx, out), dim=1)\n"
+            "for k in range(3):\n    model(data).sum().backward()\n    opt.step()\n")
     (tmp_path / "main.py").write_text(main)
     events = [
         {"kind": "recompile", "original_path": str(tmp_path / "main.py"), "original_line": 5, "detail": "d"},
         {"kind": "recompile", "original_path": str(tmp_path / "model.py"), "original_line": 4, "detail": "d",
          "cut_loop": [str(tmp_path / "main.py"), 14]},
         {"kind": "host_read", "original_path": str(tmp_path / "main.py"), "original_line": 17, "detail": "d"},
-        # in the growing loop, but no finding on its line / cut by the training loop's barrier
+        # in the growing loop, but no finding on its line / cut by a loop with no trap in it
         {"kind": "host_read", "original_path": str(tmp_path / "main.py"), "original_line": 16, "detail": "d"},
+        {"kind": "recompile", "original_path": str(tmp_path / "model.py"), "original_line": 4, "detail": "d",
+         "cut_loop": [str(tmp_path / "main.py"), 19]},
+        # cut by the loop that slices with its counter (XLA407 inside it): the op named may be a neighbour
         {"kind": "recompile", "original_path": str(tmp_path / "model.py"), "original_line": 4, "detail": "d",
          "cut_loop": [str(tmp_path / "main.py"), 8]},
     ]
     predicted(events)
     assert [e["predicted"] for e in events] == ["XLA407 at line 9", "XLA408 at line 18 of main.py",
-                                                "XLA401 at line 17", None, None]
-    assert events[-1]["detail"] == "d; not predicted by lint"
+                                                "XLA401 at line 17", None, None, "XLA407 at line 9 of main.py"]
+    assert events[-2]["detail"] == "d; not predicted by lint"
 
 
 def test_a_fixture_run_by_verify_at_two_lengths_grows_where_lint_said(tmp_path):

@@ -319,7 +319,25 @@ def predicted(events: List[Dict[str, object]]) -> None:
             hits = [f"{f.code} at line {f.line}" for f in found if f.covers(line)]
         cut = e.get("cut_loop")
         if not hits and e["kind"] == "recompile" and isinstance(cut, list):
+            # a per-step trap lint reports inside the loop whose barrier cut
+            # the graph: the op the IR diff names may be a neighbour of it
+            first, last = _loop_span(Path(str(cut[0])), int(cut[1]))
             hits = [f"{f.code} at line {f.line}" + ("" if cut[0] == path else f" of {Path(str(cut[0])).name}")
-                    for f in findings(str(cut[0])) if f.code == "XLA408" and f.covers(int(cut[1]))]
+                    for f in sorted(findings(str(cut[0])), key=lambda f: f.code, reverse=True)
+                    if f.code in ("XLA407", "XLA408") and (first <= f.line <= last or f.covers(int(cut[1])))]
         e["predicted"] = hits[0] if hits else None
         e["detail"] = f"{e['detail']}; " + (f"predicted by {hits[0]}" if hits else "not predicted by lint")
+
+
+def _loop_span(path: Path, line: int) -> Tuple[int, int]:
+    """(first, last) line of the loop whose header is on ``line`` of ``path``."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return line, line
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.While, ast.AsyncFor)) and node.lineno == line:
+            return node.lineno, node.end_lineno or node.lineno
+    return line, line
