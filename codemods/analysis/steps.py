@@ -25,12 +25,13 @@ _REFINED = {  # the exact reading: `step` as a word, samplers but not up/down-sa
     "sampl": r"(?<!up)(?<!down)(?<!sub_)(?<!sub)(?<!re)sampl(?:ing|er|e)(?!s)",
     "policy": "policy",
 }
+_STEP_WORDS = sorted(STEP_CALLS - {"optimizer_step"})  # ("step" is in "optimizer_step")
+_NAMES = ["^net", "net$", *(_REFINED.get(n, f"^{n}$") for n in MODEL_NAMES)]
 # the exact reading (codemods.analysis.state) and the loose one the ``ast``
 # pre-check uses, which accepts every name the exact one does
-MODEL_CALL_RE = re.compile("(" + "|".join(_REFINED.get(w, w) for w in MODEL_WORDS) + "|^net|net$|"
-                           + "|".join(_REFINED.get(n, f"^{n}$") for n in MODEL_NAMES) + ")", re.IGNORECASE)
-LOOSE_STEP_RE = re.compile("|".join(dict.fromkeys([*sorted(STEP_CALLS - {"optimizer_step"}), *MODEL_WORDS]))
-                           + "|^net|net$|" + "|".join(_REFINED.get(n, f"^{n}$") for n in MODEL_NAMES), re.IGNORECASE)
+MODEL_CALL_RE = re.compile("(" + "|".join([*(_REFINED.get(w, w) for w in MODEL_WORDS), *_NAMES]) + ")",
+                           re.IGNORECASE)
+LOOSE_STEP_RE = re.compile("|".join(dict.fromkeys([*_STEP_WORDS, *MODEL_WORDS, *_NAMES])), re.IGNORECASE)
 
 
 # what a data loader is called, where the dataflow cannot tell
@@ -41,7 +42,7 @@ def trigger_words() -> tuple:
     """Bytes one of which a file must hold to have a step loop by name: the
     step calls and every model-call word (matched case-sensitively, so each
     in the spellings code uses)."""
-    words = sorted(STEP_CALLS - {"optimizer_step"}) + list(MODEL_WORDS) + ["net"] + list(MODEL_NAMES)
+    words = [*_STEP_WORDS, *MODEL_WORDS, "net", *MODEL_NAMES]
     return tuple(dict.fromkeys(v.encode() for w in words for v in (w, w.capitalize(), w.upper())))
 
 

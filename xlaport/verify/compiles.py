@@ -244,6 +244,20 @@ def locate_recompile(graphs: List[Dict[str, object]], lines: "LineMapper",
     return found[0][0], found[0][1], detail
 
 
+def innermost_loop(path: Path, line: int) -> Optional[Tuple[int, int]]:
+    """(first, last) line of the innermost ``for``/``while`` of ``path`` that
+    holds ``line`` (its header included), or None."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    spans = [(n.lineno, n.end_lineno or n.lineno) for n in ast.walk(tree)
+             if isinstance(n, (ast.For, ast.While, ast.AsyncFor)) and n.lineno <= line <= (n.end_lineno or n.lineno)]
+    return max(spans) if spans else None
+
+
 def where_detail(where: Optional[tuple], site: Dict[str, object]) -> str:
     if where:
         return f"{where[2]}; graph cut at the barrier on line {site['where'][1]} of the conversion"  # type: ignore[index]
@@ -341,22 +355,10 @@ class LineMapper:
     def loop_around(self, where: tuple) -> Optional[List[object]]:
         """[the user's file, the line of the innermost loop] around a line
         of a candidate file (the barrier a graph is cut at), or None."""
-        import ast
-
         path = Path(str(where[0])).resolve() if where[0] else None
         found = self._for(path) if path is not None else None
-        if found is None or not found[2]:
-            return None
-        try:
-            tree = ast.parse(path.read_bytes())  # type: ignore[union-attr]
-        except (OSError, SyntaxError, ValueError):
-            return None
-        loops = [n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While, ast.AsyncFor))
-                 and n.lineno <= int(where[1]) <= (n.end_lineno or n.lineno)]
-        if not loops:
-            return None
-        inner = max(loops, key=lambda n: n.lineno)
-        return [str(found[0]), found[2](inner.lineno)]
+        span = innermost_loop(path, int(where[1])) if found is not None and found[2] else None  # type: ignore[arg-type]
+        return [str(found[0]), found[2](span[0])] if span is not None else None  # type: ignore[index]
 
     def event(self, kind: str, where: tuple, count: object, detail: object) -> Dict[str, object]:
         path, line = where[0], where[1]

@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Tuple
 from codemods.rule import Finding
 from xlaport.engine import Settings, SourceError, transform
 from xlaport.verify import diverge, growth, record, rng
-from xlaport.verify.compiles import LineMapper, _read_graphs, judge
+from xlaport.verify.compiles import LineMapper, _read_graphs, innermost_loop, judge
 from xlaport.verify.core import Options, Report, Run, VerifyError, _cuda_available, convert_sources, run_side
 from xlaport.verify.outputs import compare, tolerance
 from xlaport.verify.project import Project, Side, build_side
@@ -294,9 +294,11 @@ def predicted(events: List[Dict[str, object]]) -> None:
     """Say for each recompilation, host read and CPU fallback whether ``lint``
     reports it (``XLA4xx``): on its line, on a line the finding names as
     related (the helper a loop counter reaches, ``get_batch``'s slice), or --
-    for a recompilation -- as a value that grows in the loop whose barrier
-    cuts the graph (XLA408: every op that reads it sees a new shape, in
-    whatever function it runs).  "predicted by XLA407 at line 18", or not."""
+    for a recompilation -- as a per-step trap inside the loop whose barrier
+    cuts the graph (XLA408: every op that reads the grown value sees a new
+    shape, in whatever function it runs; XLA407: the op the IR diff names
+    may be a neighbour of the indexed table).  "predicted by XLA407 at line
+    18", or not."""
     cache: Dict[str, List[Finding]] = {}
 
     def findings(path: str) -> List[Finding]:
@@ -321,23 +323,10 @@ def predicted(events: List[Dict[str, object]]) -> None:
         if not hits and e["kind"] == "recompile" and isinstance(cut, list):
             # a per-step trap lint reports inside the loop whose barrier cut
             # the graph: the op the IR diff names may be a neighbour of it
-            first, last = _loop_span(Path(str(cut[0])), int(cut[1]))
+            first, last = innermost_loop(Path(str(cut[0])), int(cut[1])) or (0, -1)
             hits = [f"{f.code} at line {f.line}" + ("" if cut[0] == path else f" of {Path(str(cut[0])).name}")
                     for f in sorted(findings(str(cut[0])), key=lambda f: f.code, reverse=True)
-                    if f.code in ("XLA407", "XLA408") and (first <= f.line <= last or f.covers(int(cut[1])))]
+                    if f.code in ("XLA407", "XLA408") and first <= f.line <= last]
         e["predicted"] = hits[0] if hits else None
         e["detail"] = f"{e['detail']}; " + (f"predicted by {hits[0]}" if hits else "not predicted by lint")
 
-
-def _loop_span(path: Path, line: int) -> Tuple[int, int]:
-    """(first, last) line of the loop whose header is on ``line`` of ``path``."""
-    import ast
-
-    try:
-        tree = ast.parse(path.read_bytes())
-    except (OSError, SyntaxError, ValueError):
-        return line, line
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.For, ast.While, ast.AsyncFor)) and node.lineno == line:
-            return node.lineno, node.end_lineno or node.lineno
-    return line, line
