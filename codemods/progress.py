@@ -15,7 +15,7 @@ from typing import Dict, Optional, Set, Tuple, Union
 import libcst as cst
 
 from codemods.analysis import reads_tensor_value, tensor_names
-from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all, walk
+from codemods.base import Rule, TreeCache, XlaCodemod, call_name, dotted, find_all, walk
 
 TQDM = {"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.autonotebook.tqdm",
         "tqdm.rich.tqdm", "tqdm.asyncio.tqdm"}
@@ -161,7 +161,7 @@ class ProgressBars(XlaCodemod):
         code that holds it would fail.  Its binding is reported instead."""
         scope = next((a for a in self.ancestors(binding) if isinstance(a, (cst.FunctionDef, cst.Module))),
                      self.tree.module)
-        use = _escaping_use(scope, name)
+        use = _escaping_use(self.tree, scope, name)
         if use is not None:
             self.escaped[id(binding)] = (name, self.user_line(self.position(use)[0]))  # type: ignore[index]
             self.kept_bars.add(name)
@@ -292,33 +292,38 @@ class ProgressBars(XlaCodemod):
         self.remove_unused_import("tqdm")
 
 
-def _escaping_use(scope: cst.CSTNode, name: str) -> Optional[cst.CSTNode]:
+def _escaping_use(tree: TreeCache, scope: cst.CSTNode, name: str) -> Optional[cst.CSTNode]:
     """The first load of ``name`` in ``scope`` other than ``for x in name``
-    and a statement ``name.<bar method>(...)`` (those go with the bar)."""
-    harmless: Set[int] = set()
-    for node in walk(scope):
-        if isinstance(node, cst.For) and isinstance(node.iter, cst.Name):
-            harmless.add(id(node.iter))
-        elif isinstance(node, cst.Attribute):
-            harmless.add(id(node.attr))
-        elif isinstance(node, cst.Arg) and node.keyword is not None:
-            harmless.add(id(node.keyword))
-        elif isinstance(node, cst.AssignTarget):
-            harmless.add(id(node.target))
-        elif isinstance(node, cst.AsName):
-            harmless.add(id(node.name))
-        elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
-            harmless.add(id(node.name))
-        elif isinstance(node, cst.Param):
-            harmless.add(id(node.name))
-        elif (isinstance(node, cst.Expr) and isinstance(node.value, cst.Call)
-              and isinstance(node.value.func, cst.Attribute) and node.value.func.attr.value in BAR_METHODS
-              and isinstance(node.value.func.value, cst.Name)):
-            harmless.add(id(node.value.func.value))
-    for node in walk(scope):
-        if isinstance(node, cst.Name) and node.value == name and id(node) not in harmless:
+    and a statement ``name.<bar method>(...)`` (those go with the bar).
+    Only the ``Name`` nodes spelled ``name`` are looked at, each by where
+    it stands (the tree's index: no walk of the scope)."""
+    parents = tree.parents
+    for node in find_all(scope, cst.Name):
+        if node.value == name and not _harmless(node, parents):  # type: ignore[attr-defined]
             return node
     return None
+
+
+def _harmless(name: cst.CSTNode, parents: Dict[int, cst.CSTNode]) -> bool:
+    """``name`` binds, is an attribute or keyword, is iterated, or is the bar
+    of a statement ``name.<bar method>(...)``."""
+    up = parents.get(id(name))
+    kind = type(up)
+    if kind is cst.For:
+        return up.iter is name  # type: ignore[union-attr]
+    if kind is cst.Attribute:
+        if up.attr is name:  # type: ignore[union-attr]
+            return True
+        call = parents.get(id(up))
+        return (type(call) is cst.Call and call.func is up and up.attr.value in BAR_METHODS  # type: ignore[union-attr]
+                and type(parents.get(id(call))) is cst.Expr)
+    if kind is cst.Arg:
+        return up.keyword is name  # type: ignore[union-attr]
+    if kind is cst.AssignTarget:
+        return up.target is name  # type: ignore[union-attr]
+    if kind in (cst.AsName, cst.FunctionDef, cst.ClassDef, cst.Param):
+        return up.name is name  # type: ignore[union-attr]
+    return False
 
 
 def _is_pass(stmt: cst.CSTNode) -> bool:

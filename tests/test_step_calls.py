@@ -180,3 +180,32 @@ def test_pairs_of_host_ints_through_a_name_and_a_progress_bar_index_a_registered
     assert [f.line for f in transform(moved.encode(), Settings(select=["XLA4"])).findings] == [18]
     words = src.replace("times = list(reversed(torch.arange(steps).tolist()))", "times = ['a', 'b', 'c']")
     assert not transform(words.encode(), Settings(select=["XLA4"])).findings
+
+
+def test_calls_are_read_through_the_scopes_closures_included():
+    # a closure of a function the sampling loop calls runs every step: its
+    # tensor-valued `if` is reported with the chain (by name it was never found)
+    src = ("import torch\nimport torch.nn as nn\n\nnet = nn.Linear(4, 4)\n\n\ndef update(x, sigma):\n    def first(y):\n"
+           "        scale = torch.sqrt(sigma)\n        if scale > 0:\n            return y / scale\n        return y\n\n"
+           "    return first(x)\n\n\ndef sample(x, sigmas):\n    for s in sigmas:\n        x = net(x)\n        x = update(x, s)\n"
+           "    return x\n")
+    found = {(f.code, f.line): f.message for f in transform(src.encode(), Settings()).findings}
+    assert ("XLA302", 18) in found
+    assert "in `first()`, called from `update()`, called from the loop at line 18" in found[("XLA404", 10)]
+
+
+def test_a_method_of_the_same_name_is_not_the_function_a_loop_calls():
+    # `sync` here is imported; the class's `sync` method marks a step, but the
+    # loop does not call it: the loop has no barrier and gets one
+    src = ("import torch\nimport torch_xla.core.xla_model as xm\nfrom helpers import sync\n\n\nclass Logger:\n"
+           "    def sync(self):\n        xm.mark_step()\n\n\ndef train(model, opt, batches):\n    for x in batches:\n"
+           "        model(x.cuda()).sum().backward()\n        opt.step()\n        sync()\n")
+    assert ("XLA302", 12) in lint_codes(src)
+    # the method itself, called on its instance's class, still counts
+    method = src.replace("class Logger:", "class Trainer:").replace(
+        "def train(model, opt, batches):", "    def train(self, model, opt, batches):").replace(
+        "\n    for x in batches:\n        model(x.cuda()).sum().backward()\n        opt.step()\n        sync()\n",
+        "\n        for x in batches:\n            model(x.cuda()).sum().backward()\n            opt.step()\n"
+        "            self.sync()\n")
+    method = method.replace("\n\n\n    def train", "\n\n    def train")
+    assert "XLA302" not in [c for c, _ in lint_codes(method)], method

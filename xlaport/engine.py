@@ -210,11 +210,12 @@ def transform(source: bytes, settings: Settings, filename: str = "",
                     made.append(rewritten)
                     context.scratch[TREE_KEY] = rewritten
         flush(context.scratch[TREE_KEY])  # type: ignore[arg-type]
-        # the text of the last rewritten tree is at hand; code is generated again
-        # only when imports were added or removed after it
+        before = tree
         tree, with_imports = imports.apply(context, tree)
         if with_imports:
-            text = tree.code
+            last: TreeCache = context.scratch[TREE_KEY]  # type: ignore[assignment]
+            spliced = spliced_code(before, text, tree, last.statement_starts())
+            text = spliced if spliced is not None else tree.code
         out = source if text == original_text else text.encode(tree.encoding)
         findings = _without_repeats(findings)
         findings.sort(key=lambda f: (f.line, f.col, f.code))

@@ -32,13 +32,14 @@ from codemods.analysis.values import (
     values as values_of,
 )
 from codemods.analysis.bindings import binding_nodes
+from codemods.analysis.calls import FunctionSet, called_functions
 from codemods.analysis.state import _carries_model_state, _root
 from codemods.analysis.steps import LOADER_NAME_RE, STEP_CALLS, callers_closure
 from codemods.analysis.syncs import (  # noqa: F401 -- part of this module's API
     _NESTED, Loop, QualNames, _local_callee, body_statements, has_barrier, is_barrier_call, syncing_functions,
 )
 from codemods.base import TreeCache, call_name, dotted, find_all
-from codemods.syntax.tree import children, node_types, parent_map
+from codemods.syntax.tree import children, node_types, parent_map, tree_of
 
 _NESTED_TYPES = node_types(_NESTED)
 _DEFS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
@@ -82,10 +83,11 @@ def is_step_call(call: cst.Call, step_functions: Set[str], qualnames: QualNames,
         # (`*args, **kwargs` passed through is a wrapper's forwarding, not a sampling step)
         if _SAMPLER_RE.search(last) and sum(1 for a in call.args if not a.star) >= 2:
             return True
-    if isinstance(func, cst.Name) and func.value in step_functions:
-        return True
-    if receiver == "self" and name in step_functions:
-        return True
+    if (type(func) is cst.Name or receiver == "self") and name in step_functions:
+        # a function of the module of that name takes steps: this call, read
+        # through the scopes, must run it (not a parameter named `train`, not
+        # `self.train()` of a model whose module has a `def train`)
+        return step_functions.called_by(call) if isinstance(step_functions, FunctionSet) else True
     return False
 
 
@@ -166,18 +168,21 @@ def in_model_code(node: cst.CSTNode, parents: Dict[int, cst.CSTNode], called_by_
     return False
 
 
-def step_functions(module: cst.Module, qualnames: QualNames) -> Set[str]:
-    """Names of functions, methods and closures of this module that take a
-    step -- their own body calls backward or an optimizer step, or calls
-    (by name, or as ``self.m()``) another such function, to any depth -- so
-    that a loop calling one is a step loop too."""
-    direct: Set[str] = set()
-    calls_of: Dict[str, Set[str]] = {}
-    parents = parent_map(module)
+def step_functions(module: cst.Module, qualnames: QualNames) -> FunctionSet:
+    """The functions, methods and closures of this module that take a step
+    -- their own body calls backward or an optimizer step, or calls another
+    such function (``f()`` through the scopes, ``self.m()`` in the class;
+    ``analysis.calls``), to any depth -- so that a loop calling one is a
+    step loop too."""
+    tree = tree_of(module)
+    parents = tree.parents
+    direct: Set[int] = set()
+    calls_of: Dict[int, Set[int]] = {}
+    owners: Dict[int, cst.FunctionDef] = {}
     for call in find_all(module, cst.Call):
         stepping = call_name(call) in STEP_CALLS and is_step_call(call, set(), qualnames)  # type: ignore[arg-type]
-        callee = _local_callee(call)  # type: ignore[arg-type]
-        if not stepping and callee is None:
+        callees = None if stepping else called_functions(tree, call)  # type: ignore[arg-type]
+        if not stepping and not callees:
             continue
         # the function whose own body holds the call: its nearest enclosing
         # function, loop, class or lambda must be that function, via its body
@@ -187,12 +192,12 @@ def step_functions(module: cst.Module, qualnames: QualNames) -> Set[str]:
             child, cur = cur, parents.get(id(cur))
         if type(cur) is not cst.FunctionDef or child is not cur.body:  # type: ignore[union-attr]
             continue
-        name = cur.name.value  # type: ignore[union-attr]
+        owners[id(cur)] = cur  # type: ignore[assignment]
         if stepping:
-            direct.add(name)
-        elif callee is not None and callee != name:
-            calls_of.setdefault(name, set()).add(callee)
-    return callers_closure(direct, calls_of)
+            direct.add(id(cur))
+        else:
+            calls_of.setdefault(id(cur), set()).update(id(fn) for fn in callees if fn is not cur)  # type: ignore[union-attr]
+    return FunctionSet(tree, (owners[i] for i in callers_closure(direct, calls_of)))  # type: ignore[arg-type]
 
 
 def _state_moves_to_host(loop: Loop) -> bool:
@@ -326,38 +331,20 @@ def per_step_functions(module: cst.Module, loops: List[cst.CSTNode]) -> Dict[int
     (a step or loader loop), directly or through other functions of the
     module (``["run_step", "forward_backward"]``: the loop calls
     ``run_step``, which calls ``forward_backward``, which calls this one).
-    Module-level functions are followed by name; methods as
-    ``self.name(...)`` within the class that holds the caller."""
+    Calls are read through the scopes (``analysis.calls``): a module-level
+    function, a closure, a method as ``self.name(...)`` in its class."""
     if not loops:
         return {}
-    defs = {fn.name.value: fn for fn in find_all(module, cst.FunctionDef, stop=(cst.FunctionDef, cst.ClassDef))
-            if fn is not module}  # type: ignore[attr-defined]
-    owner: Dict[int, Dict[str, cst.FunctionDef]] = {}  # id(method) -> its class's methods
-    for cls in find_all(module, cst.ClassDef):
-        body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()  # type: ignore[attr-defined]
-        methods = {s.name.value: s for s in body if isinstance(s, cst.FunctionDef)}
-        for m in methods.values():
-            owner[id(m)] = methods
-    enclosing: Dict[int, Dict[str, cst.FunctionDef]] = {}
-    for fn in find_all(module, cst.FunctionDef):
-        if id(fn) in owner:
-            for inner in find_all(fn, (cst.For, cst.While)):
-                enclosing[id(inner)] = owner[id(fn)]
+    tree = tree_of(module)
     found: Dict[int, Tuple[List[str], cst.CSTNode]] = {}
-    todo: List[tuple] = [(loop, enclosing.get(id(loop), {}), [], loop) for loop in loops]
+    todo: List[tuple] = [(loop, [], loop) for loop in loops]
     while todo:
-        node, methods, chain, loop = todo.pop(0)  # breadth first: the shortest chain
+        node, chain, loop = todo.pop(0)  # breadth first: the shortest chain
         for call in find_all(node, cst.Call, stop=(cst.ClassDef, cst.Lambda)):
-            func = call.func  # type: ignore[attr-defined]
-            target = None
-            if isinstance(func, cst.Name) and func.value in defs:
-                target, scope = defs[func.value], {}
-            elif (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)
-                  and func.value.value == "self" and func.attr.value in methods):
-                target, scope = methods[func.attr.value], methods
-            if target is not None and id(target) not in found and target is not node:
-                found[id(target)] = (chain, loop)
-                todo.append((target, scope, chain + [target.name.value], loop))
+            for target in called_functions(tree, call) or ():  # type: ignore[arg-type]
+                if id(target) not in found and target is not node:
+                    found[id(target)] = (chain, loop)
+                    todo.append((target, chain + [target.name.value], loop))
     return found
 
 

@@ -15,7 +15,7 @@ which calls run a model (a part of :mod:`codemods.analysis.loops`).
 from __future__ import annotations
 
 import re
-from typing import Dict, Iterable, List, Optional, Set, Union
+from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 import libcst as cst
 
@@ -158,7 +158,8 @@ def _carries_model_state(loop: Loop, layers: Set[str], values: Optional[Values] 
     read_first: Set[str] = set()
     driven: Set[str] = set()
     every_write: Set[str] = set()
-    model_reads: List[Set[str]] = []  # per model call: what its value's inputs read (directly or through keys)
+    # per assigned value: what its inputs read (directly or through keys), and whether it calls a model
+    model_reads: List[Tuple[Set[str], "_Lazy"]] = []
     derived: Dict[str, Set[str]] = {}  # key -> read-first keys its value came from
     counters = {n.value for n in find_all(loop.target, cst.Name)} if isinstance(loop, cst.For) else set()
 
@@ -184,10 +185,11 @@ def _carries_model_state(loop: Loop, layers: Set[str], values: Optional[Values] 
                 if _overlap(r, k):
                     sources |= origin
         calls = find_all(value, cst.Call, stop=_DEFS)
-        model = [c for c in calls if _is_model_call(c, layers, values)]  # type: ignore[arg-type]
-        if model:
-            model_reads.append(sources)
-        if model or any(_overlap(r, d) for r in reads for d in driven):
+        # (whether a call runs a model is the costly question: asked only
+        # where the answer changes something, and once per value)
+        model = _Lazy(lambda: any(_is_model_call(c, layers, values) for c in calls))  # type: ignore[arg-type]
+        model_reads.append((sources, model))
+        if any(_overlap(r, d) for r in reads for d in driven) or model():
             driven.update(targets)
         for k in targets:
             derived[k] = sources
@@ -244,9 +246,24 @@ def _carries_model_state(loop: Loop, layers: Set[str], values: Optional[Values] 
         return None
     # fed back: a model call's input comes from state this loop itself rewrites
     state = {r for r in read_first if any(_overlap(w, r) for w in every_write)}
-    if any(_overlap(a, b) for reads in model_reads for a in reads for b in state):
+    if any(any(_overlap(a, b) for a in reads for b in state) and model() for reads, model in model_reads):
         return "feedback"
     return "carried"
+
+
+class _Lazy:
+    """A yes/no answer computed on first use."""
+
+    __slots__ = ("compute", "answer")
+
+    def __init__(self, compute: Callable[[], bool]) -> None:
+        self.compute: Optional[Callable[[], bool]] = compute
+        self.answer = False
+
+    def __call__(self) -> bool:
+        if self.compute is not None:
+            self.answer, self.compute = self.compute(), None
+        return self.answer
 
 
 def _state_keys(target: cst.CSTNode) -> Set[str]:

@@ -9,7 +9,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Unio
 
 import libcst as cst
 
-from codemods.syntax.tree import call_name, dotted, find_all
+from codemods.analysis.calls import FunctionSet
+from codemods.syntax.tree import call_name, dotted, find_all, tree_of
 
 Loop = Union[cst.For, cst.While]
 QualNames = Callable[[cst.CSTNode], Set[str]]
@@ -42,9 +43,15 @@ def has_barrier(loop: Loop, names: Iterable[str], qualnames: QualNames, syncing:
     under a flag (``if args.synchronize_step: torch.cuda.synchronize()``) or
     in a nested loop (that may not run) is no barrier of this loop."""
     def syncs(call: cst.Call) -> bool:
-        return is_barrier_call(call, names, qualnames) or bool(syncing and _local_callee(call) in syncing)
+        return is_barrier_call(call, names, qualnames) or bool(syncing and _runs_one_of(call, syncing))
 
     return syncs_on_every_path(body_statements(loop), syncs)
+
+
+def _runs_one_of(call: cst.Call, functions: Set[str]) -> bool:
+    if isinstance(functions, FunctionSet):
+        return functions.called_by(call)
+    return _local_callee(call) in functions
 
 
 def syncs_on_every_path(stmts: Sequence[cst.CSTNode], syncs: Callable[[cst.Call], bool]) -> bool:
@@ -99,24 +106,25 @@ def _local_callee(call: cst.Call) -> Optional[str]:
     return None
 
 
-def syncing_functions(module: cst.Module, names: Iterable[str], qualnames: QualNames) -> Set[str]:
-    """Names of the module's functions and methods that run a barrier on
-    every call -- on every path through their body (``if step % 10 == 0:
+def syncing_functions(module: cst.Module, names: Iterable[str], qualnames: QualNames) -> FunctionSet:
+    """The module's functions and methods that run a barrier on every call
+    -- on every path through their body (``if step % 10 == 0:
     xm.mark_step()`` does not sync every step), directly or through another
-    such function: a loop calling one already syncs."""
-    bodies: Dict[str, List[Sequence[cst.CSTNode]]] = {}
-    for fn in find_all(module, cst.FunctionDef):
-        bodies.setdefault(fn.name.value, []).append(_block(fn.body))  # type: ignore[attr-defined]
-    found: Set[str] = set()
+    such function (read through the scopes: ``analysis.calls``): a loop
+    calling one already syncs."""
+    tree = tree_of(module)
+    functions = find_all(module, cst.FunctionDef)
+    found = FunctionSet(tree)
 
     def syncs(call: cst.Call) -> bool:
-        return is_barrier_call(call, names, qualnames) or _local_callee(call) in found
+        return is_barrier_call(call, names, qualnames) or bool(found) and found.called_by(call)
 
     changed = True
     while changed:
         changed = False
-        for name, versions in bodies.items():
-            if name not in found and any(syncs_on_every_path(body, syncs) for body in versions):
-                found.add(name)
+        for fn in functions:
+            if id(fn) not in found.defs and syncs_on_every_path(_block(fn.body), syncs):  # type: ignore[attr-defined]
+                found.defs.add(id(fn))
+                found.add(fn.name.value)  # type: ignore[attr-defined]
                 changed = True
     return found

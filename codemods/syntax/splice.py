@@ -37,7 +37,7 @@ def spliced_code(old: cst.Module, old_text: str, new: cst.Module,
     if new is old:
         return old_text
     if starts is None or not new.has_trailing_newline or any(
-            getattr(new, f) is not getattr(old, f) for f in _fields(cst.Module) if f != "body"):
+            not _same(getattr(new, f), getattr(old, f)) for f in _fields(cst.Module) if f != "body"):
         return None
     lines = _LINE.findall(old_text)
     pieces: List[Piece] = []
@@ -118,6 +118,15 @@ def _same_header(old: cst.CSTNode, new: cst.CSTNode) -> bool:
     return all(getattr(old, f) is getattr(new, f) for f in _fields(kind) if f != "body") and all(
         getattr(old.body, f) is getattr(new.body, f)  # type: ignore[attr-defined]
         for f in _fields(cst.IndentedBlock) if f != "body")
+
+
+def _same(a: object, b: object) -> bool:
+    """The same object, or sequences of the same objects (a visitor that
+    passes the module's header through gives back a new list of it)."""
+    if a is b:
+        return True
+    return type(a) in (list, tuple) and type(b) in (list, tuple) and len(a) == len(b) and all(  # type: ignore[arg-type]
+        x is y for x, y in zip(a, b))  # type: ignore[call-overload]
 
 
 def _fields(kind: type) -> Tuple[str, ...]:

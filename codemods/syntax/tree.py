@@ -38,10 +38,15 @@ def find_all(node: cst.CSTNode, kind: Union[type, Tuple[type, ...]], stop: Tuple
 def parent_map(module: cst.Module) -> Dict[int, cst.CSTNode]:
     """``id(node) -> parent`` for every node of ``module``: its TreeCache's
     (shared, built once), or a new TreeCache's for a module without one."""
+    return tree_of(module).parents
+
+
+def tree_of(module: cst.Module) -> "TreeCache":
+    """The TreeCache of ``module`` (a new one for a module without one)."""
     tree = _TREES.get(id(module))
     if tree is None or tree.module is not module:
         tree = TreeCache(module)
-    return tree.parents
+    return tree
 
 
 # ---------------------------------------------------------------- per-tree cache

@@ -1,0 +1,66 @@
+"""Which of the module's own functions a call runs, read through the scopes.
+
+``f(...)`` runs the ``def f`` its name is bound to where it is called -- at
+module level, a closure of the enclosing function, a function defined in a
+loop's body -- never a function of the same name elsewhere (a method, another
+function's closure, a parameter called ``train``).  ``self.m(...)`` runs the
+method ``m`` of the class around the call.  Every rule that follows calls
+(the step functions, the functions run once per step) asks here.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, List, Optional, Set
+
+import libcst as cst
+
+from codemods.analysis.bindings import binding_nodes
+from codemods.syntax.tree import TreeCache
+
+
+def called_functions(tree: TreeCache, call: cst.Call) -> Optional[List[cst.FunctionDef]]:
+    """The functions of the module ``call`` may run: ``[]`` when its callee
+    is none of them (a parameter, an import, a builtin); None for a
+    ``self.m(...)`` whose class does not define ``m`` (a base class may):
+    then nothing is known."""
+    func = call.func
+    if type(func) is cst.Name:  # (a name the module does not bind is none of its functions)
+        return [b for b in binding_nodes(tree, func) if type(b) is cst.FunctionDef]  # type: ignore[misc]
+    if type(func) is cst.Attribute and type(func.value) is cst.Name and func.value.value == "self":
+        cls = _enclosing_class(tree, call)
+        if cls is None or type(cls.body) is not cst.IndentedBlock:
+            return None
+        methods = [s for s in cls.body.body if type(s) is cst.FunctionDef and s.name.value == func.attr.value]
+        return methods or None  # type: ignore[return-value]
+    return None
+
+
+def _enclosing_class(tree: TreeCache, node: cst.CSTNode) -> Optional[cst.ClassDef]:
+    """The class whose method holds ``node`` (``self`` is its instance)."""
+    parents = tree.parents
+    cur = parents.get(id(node))
+    while cur is not None:
+        if type(cur) is cst.ClassDef:
+            return cur  # type: ignore[return-value]
+        cur = parents.get(id(cur))
+    return None
+
+
+class FunctionSet(set):
+    """Some of the module's functions: their names (a set of ``str``, as
+    name-based readers want it) and the functions themselves (``defs``:
+    their ids), which a call is matched against with :meth:`called_by`."""
+
+    def __init__(self, tree: TreeCache, functions: Iterable[cst.FunctionDef] = ()) -> None:
+        functions = list(functions)
+        super().__init__(fn.name.value for fn in functions)
+        self.tree = tree
+        self.defs: Set[int] = {id(fn) for fn in functions}
+
+    def called_by(self, call: cst.Call) -> bool:
+        """``call`` runs one of these functions (read through the scopes; a
+        ``self.m()`` the class does not define, by the method's name)."""
+        called = called_functions(self.tree, call)
+        if called is None:
+            return type(call.func) is cst.Attribute and call.func.attr.value in self  # type: ignore[union-attr]
+        return any(id(fn) in self.defs for fn in called)
