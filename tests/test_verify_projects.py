@@ -356,6 +356,24 @@ def test_events_are_tied_to_related_lines_and_to_growth_in_the_cut_loop(tmp_path
     assert events[-2]["detail"] == "d; not predicted by lint"
 
 
+def test_a_growth_names_the_findings_that_predicted_its_recompilations():
+    from xlaport.verify.growth import judge_lengths
+    from xlaport.verify.session import growth_reported
+
+    events = [{"kind": "recompile", "predicted_at": ["XLA407", "/p/model.py", 9]},
+              {"kind": "recompile", "predicted_at": ["XLA407", "/p/model.py", 9]},
+              {"kind": "recompile", "predicted_at": ["XLA408", "/p/main.py", 18]},
+              {"kind": "recompile"},
+              {"kind": "host_read", "predicted_at": ["XLA401", "/p/main.py", 20]}]
+    reported = growth_reported(events)
+    assert reported == (["XLA407 at model.py:9", "XLA408 at main.py:18"], 1)
+    assert judge_lengths("--steps", ["3", "6", "9"], [5, 8, 11], [40, 40, 40], [], reported) == [
+        "compilations grow with --steps: 5 at 3, 8 at 6, 11 at 9; lint reports it: XLA407 at model.py:9, "
+        "XLA408 at main.py:18; 1 recompilation(s) no lint finding predicts"]
+    # flat compilations name nothing
+    assert judge_lengths("--steps", ["3", "6", "9"], [5, 5, 5], [40, 40, 40], [], reported) == []
+
+
 def test_a_fixture_run_by_verify_at_two_lengths_grows_where_lint_said(tmp_path):
     """fixtures/sampler_traps through `verify --lengths`: compilations grow
     with the steps, and every recompilation after warm-up is one lint
@@ -370,3 +388,8 @@ def test_a_fixture_run_by_verify_at_two_lengths_grows_where_lint_said(tmp_path):
     assert recompiles, report["events"]
     for e in recompiles:
         assert e["predicted"] and e["predicted"][:6] in ("XLA407", "XLA403"), e
+    # the growth itself names what lint reported, on the fixture's lines
+    [grow] = [f for f in report["failures"] if f.startswith("compilations grow with --steps")]
+    named = sorted({e["predicted_at"][2] for e in recompiles})
+    assert "lint reports it: " in grow and all(f"sampler.py:{n}" in grow for n in named), grow
+    assert "no lint finding predicts" not in grow

@@ -79,17 +79,23 @@ def largest_graph(graphs: List[Dict[str, object]]) -> int:
 
 
 def judge_lengths(name: str, values: Sequence[str], compiles: Sequence[int], graph_sizes: Sequence[int],
-                  loops: Sequence[Optional[int]]) -> List[str]:
+                  loops: Sequence[Optional[int]], reported: Tuple[Sequence[str], int] = ((), 0)) -> List[str]:
     """Failures from the runs at each length; ``loops`` are original lines
-    of unsynced loops, to name.  Growth keeps rising from each length to
-    the next: one more compile at the second length that the third does not
-    add to (a learning rate leaving 1.0, a constant XLA bakes in) is a
-    one-off, not growth."""
+    of unsynced loops, to name; ``reported``: the lint findings that predicted
+    the recompilations of the main run and how many none did
+    (``session.growth_reported``), to tie the growth to.  Growth keeps
+    rising from each length to the next: one more compile at the second
+    length that the third does not add to (a learning rate leaving 1.0, a
+    constant XLA bakes in) is a one-off, not growth."""
     failures: List[str] = []
     where = f" (loop at line {', '.join(str(l) for l in loops if l)})" if any(loops) else ""
     shown = ", ".join(f"{c} at {v}" for c, v in zip(compiles, values))
     if all(b > a for a, b in zip(compiles, compiles[1:])):
-        failures.append(f"compilations grow with {name}: {shown}{where}")
+        findings, unreported = reported
+        said = f"; lint reports it: {', '.join(findings)}" if findings else ""
+        if unreported:
+            said += f"; {unreported} recompilation(s) no lint finding predicts"
+        failures.append(f"compilations grow with {name}: {shown}{where}{said}")
     # once every step loop is cut, the largest graph does not depend on the
     # length at all; a little slack covers graphs that take one input per
     # step (`torch.stack(losses)`).  (A 1.5x allowance let an unsynced

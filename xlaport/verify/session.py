@@ -141,13 +141,14 @@ class Session:
         self._imports(report)
         self._device_work(report, cand, cand_side, lines)
         self._random(report, cand, graphs, lines)
+        predicted(report.events)
         if length_spec is not None:
             report.metrics["lengths"] = length_runs
             loops = [e["original_line"] for e in report.events if e["kind"] == "no_barrier"]
             report.failures += growth.judge_lengths(length_spec[0], length_spec[1],
                                                     [int(r["compiles"]) for r in length_runs],  # type: ignore[call-overload]
-                                                    [int(r["largest_graph"]) for r in length_runs], loops)  # type: ignore[call-overload]
-        predicted(report.events)
+                                                    [int(r["largest_graph"]) for r in length_runs], loops,
+                                                    growth_reported(report.events))
         if any(not o.ok for o in report.outputs) and opts.against is None:
             self._diverge(report, rtol, atol, use_cuda, xla_env)
         report.verdict = "fail" if report.failures else "pass"
@@ -316,17 +317,40 @@ def predicted(events: List[Dict[str, object]]) -> None:
             continue
         path, line = str(e["original_path"]), int(e["original_line"])  # type: ignore[call-overload]
         found = findings(path)
-        hits = [f"{f.code} at line {f.line}" for f in found if f.line == line]
+        hits = [(f, path) for f in found if f.line == line]
         if not hits and e["kind"] == "recompile":
-            hits = [f"{f.code} at line {f.line}" for f in found if f.covers(line)]
+            hits = [(f, path) for f in found if f.covers(line)]
         cut = e.get("cut_loop")
         if not hits and e["kind"] == "recompile" and isinstance(cut, list):
             # a per-step trap lint reports inside the loop whose barrier cut
             # the graph: the op the IR diff names may be a neighbour of it
             first, last = innermost_loop(Path(str(cut[0])), int(cut[1])) or (0, -1)
-            hits = [f"{f.code} at line {f.line}" + ("" if cut[0] == path else f" of {Path(str(cut[0])).name}")
-                    for f in sorted(findings(str(cut[0])), key=lambda f: f.code, reverse=True)
+            hits = [(f, str(cut[0])) for f in sorted(findings(str(cut[0])), key=lambda f: f.code, reverse=True)
                     if f.code in ("XLA407", "XLA408") and first <= f.line <= last]
-        e["predicted"] = hits[0] if hits else None
-        e["detail"] = f"{e['detail']}; " + (f"predicted by {hits[0]}" if hits else "not predicted by lint")
+        if hits:
+            f, where = hits[0]
+            e["predicted"] = f"{f.code} at line {f.line}" + ("" if where == path else f" of {Path(where).name}")
+            e["predicted_at"] = [f.code, where, f.line]
+        else:
+            e["predicted"] = None
+        e["detail"] = f"{e['detail']}; " + (f"predicted by {e['predicted']}" if hits else "not predicted by lint")
+
+
+def growth_reported(events: List[Dict[str, object]]) -> Tuple[List[str], int]:
+    """The lint findings that predicted the run's recompilations (``XLA407 at
+    sampler.py:24``), each once, and how many recompilations none did: what
+    a growth that ``--lengths`` measures is tied to."""
+    seen: List[str] = []
+    unreported = 0
+    for e in events:
+        if e["kind"] != "recompile":
+            continue
+        at = e.get("predicted_at")
+        if not isinstance(at, list):
+            unreported += 1
+            continue
+        text = f"{at[0]} at {Path(str(at[1])).name}:{at[2]}"
+        if text not in seen:
+            seen.append(text)
+    return seen, unreported
 
