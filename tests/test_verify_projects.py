@@ -356,6 +356,11 @@ def test_events_are_tied_to_related_lines_and_to_growth_in_the_cut_loop(tmp_path
     assert events[-2]["detail"] == "d; not predicted by lint"
 
 
+def _line_of_fixture(name, text):
+    lines = (ROOT / "fixtures" / name / "input.py").read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
 def test_a_growth_names_the_findings_that_predicted_its_recompilations():
     from xlaport.verify.growth import judge_lengths
     from xlaport.verify.session import growth_reported
@@ -393,3 +398,8 @@ def test_a_fixture_run_by_verify_at_two_lengths_grows_where_lint_said(tmp_path):
     named = sorted({e["predicted_at"][2] for e in recompiles})
     assert "lint reports it: " in grow and all(f"sampler.py:{n}" in grow for n in named), grow
     assert "no lint finding predicts" not in grow
+    # torch.full's fill value read from a device table: a host read inside
+    # C++ (no tensor method runs), on its line and predicted by XLA403
+    full = _line_of_fixture("sampler_traps", "return torch.full(")
+    reads = [e for e in report["events"] if e["kind"] == "host_read" and e["original_line"] == full]
+    assert reads and reads[0]["predicted"] == f"XLA403 at line {full}", report["events"]

@@ -11,8 +11,9 @@ metrics:
   compiles, executions, host transfers, scalar reads and CPU fallbacks, with
   the source line of the barrier;
 * host reads: the tensor methods that copy to the host (``item``, ``tolist``,
-  ``__bool__`` ...) are wrapped, and when one makes a device-to-host transfer
-  the innermost frame of user code is recorded;
+  ``__bool__`` ...) and the torch functions that read a tensor given as a
+  number (``torch.full(shape, t)``) are wrapped, and when one makes a
+  device-to-host transfer the innermost frame of user code is recorded;
 * CPU fallbacks: a ``TorchFunctionMode`` notes which user line called the op
   whenever an ``aten::*`` fallback counter moves;
 * with ``XLA_SAVE_TENSORS_FILE`` set by the caller, torch_xla itself dumps the
@@ -36,6 +37,11 @@ import time
 import traceback
 from typing import Dict, List, Optional, Tuple
 
+
+
+# torch functions whose number arguments (a fill value, a range's ends) are
+# read on the host when a tensor is given
+SCALAR_TAKERS = ("full", "full_like", "arange", "linspace")
 
 class _Tee(io.TextIOBase):
     def __init__(self, stream):
@@ -147,6 +153,13 @@ class XlaRecorder:
             original = getattr(tensor, name, None)
             if original is not None:
                 setattr(tensor, name, self._reader(name, original))
+        # torch functions that take a Python number read a tensor given in its
+        # place on the host, inside C++ (`torch.full(shape, table[i])`): no
+        # tensor method runs, so the call itself is watched
+        for name in SCALAR_TAKERS:
+            original = getattr(self.torch, name, None)
+            if original is not None:
+                setattr(self.torch, name, self._reader(name, original))
 
         if os.environ.get("XLAPORT_TRACE_FALLBACKS") != "1":
             # The mode's own frame would stand in for the user's in the IR
