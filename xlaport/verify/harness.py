@@ -185,13 +185,13 @@ class XlaRecorder:
     def _reader(self, name, original):
         recorder = self
 
-        def read(self, *args, **kwargs):
+        def read(*args, **kwargs):  # a tensor method (the tensor first) or a torch function (keywords only too)
             if recorder._busy:
-                return original(self, *args, **kwargs)
+                return original(*args, **kwargs)
             before = recorder._samples("TransferFromDeviceTime")
             recorder._busy = True
             try:
-                return original(self, *args, **kwargs)
+                return original(*args, **kwargs)
             finally:
                 recorder._busy = False
                 if recorder._samples("TransferFromDeviceTime") > before:
