@@ -56,8 +56,12 @@ def slow_tree(tmp_path_factory):
 
 def _start(tree):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "XLAPORT_NO_CACHE": "1"}
+    # started as from a terminal: Ctrl-C at its default action, even when this
+    # test run inherited it ignored (a CI job started in the background with
+    # `cmd &` from a script ignores SIGINT, and so would every child)
     proc = subprocess.Popen([sys.executable, "-m", "xlaport", "lint", "-j", "2", str(tree)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert _wait(lambda: len(_children(proc.pid)) >= 2), "workers did not start"
     time.sleep(0.5)  # let them take work
     return proc, _children(proc.pid)
