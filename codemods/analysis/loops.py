@@ -36,7 +36,7 @@ from codemods.analysis.calls import FunctionSet, called_functions
 from codemods.analysis.state import _carries_model_state, _root
 from codemods.analysis.steps import LOADER_NAME_RE, STEP_CALLS, callers_closure
 from codemods.analysis.syncs import (  # noqa: F401 -- part of this module's API
-    _NESTED, Loop, QualNames, _local_callee, body_statements, has_barrier, is_barrier_call, syncing_functions,
+    _NESTED, Loop, QualNames, body_statements, has_barrier, is_barrier_call, syncing_functions,
 )
 from codemods.base import TreeCache, call_name, dotted, find_all
 from codemods.syntax.tree import children, node_types, parent_map, tree_of
@@ -87,7 +87,7 @@ def is_step_call(call: cst.Call, step_functions: Set[str], qualnames: QualNames,
         # a function of the module of that name takes steps: this call, read
         # through the scopes, must run it (not a parameter named `train`, not
         # `self.train()` of a model whose module has a `def train`)
-        return step_functions.called_by(call) if isinstance(step_functions, FunctionSet) else True
+        return step_functions.called_by(call)  # type: ignore[attr-defined]
     return False
 
 

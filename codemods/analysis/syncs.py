@@ -5,7 +5,7 @@ flag), and the module's functions that sync on every call."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Union
+from typing import Callable, Iterable, List, Optional, Sequence, Set, Union
 
 import libcst as cst
 
@@ -36,22 +36,16 @@ def is_barrier_call(call: cst.Call, names: Iterable[str], qualnames: QualNames) 
     return False
 
 
-def has_barrier(loop: Loop, names: Iterable[str], qualnames: QualNames, syncing: Set[str] = frozenset()) -> bool:  # type: ignore[assignment]
+def has_barrier(loop: Loop, names: Iterable[str], qualnames: QualNames, syncing: Optional[FunctionSet] = None) -> bool:
     """The loop already syncs on every iteration: a barrier, or a call of one
     of the module's functions that syncs (``syncing``, see
     :func:`syncing_functions`), on every path through its body.  A sync
     under a flag (``if args.synchronize_step: torch.cuda.synchronize()``) or
     in a nested loop (that may not run) is no barrier of this loop."""
     def syncs(call: cst.Call) -> bool:
-        return is_barrier_call(call, names, qualnames) or bool(syncing and _runs_one_of(call, syncing))
+        return is_barrier_call(call, names, qualnames) or bool(syncing and syncing.called_by(call))
 
     return syncs_on_every_path(body_statements(loop), syncs)
-
-
-def _runs_one_of(call: cst.Call, functions: Set[str]) -> bool:
-    if isinstance(functions, FunctionSet):
-        return functions.called_by(call)
-    return _local_callee(call) in functions
 
 
 def syncs_on_every_path(stmts: Sequence[cst.CSTNode], syncs: Callable[[cst.Call], bool]) -> bool:
@@ -94,16 +88,6 @@ def _tests_xla(test: cst.BaseExpression) -> bool:
 
 def _block(suite: cst.BaseSuite) -> List[cst.CSTNode]:
     return list(suite.body) if isinstance(suite, cst.IndentedBlock) else [suite]
-
-
-def _local_callee(call: cst.Call) -> Optional[str]:
-    """``f`` of ``f(...)`` or ``self.f(...)``: how the module calls its own functions."""
-    func = call.func
-    if isinstance(func, cst.Name):
-        return func.value
-    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
-        return func.attr.value
-    return None
 
 
 def syncing_functions(module: cst.Module, names: Iterable[str], qualnames: QualNames) -> FunctionSet:

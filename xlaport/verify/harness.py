@@ -37,11 +37,10 @@ import time
 import traceback
 from typing import Dict, List, Optional, Tuple
 
-
-
 # torch functions whose number arguments (a fill value, a range's ends) are
 # read on the host when a tensor is given
 SCALAR_TAKERS = ("full", "full_like", "arange", "linspace")
+
 
 class _Tee(io.TextIOBase):
     def __init__(self, stream):
