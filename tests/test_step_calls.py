@@ -209,3 +209,24 @@ def test_a_method_of_the_same_name_is_not_the_function_a_loop_calls():
         "            self.sync()\n")
     method = method.replace("\n\n\n    def train", "\n\n    def train")
     assert "XLA302" not in [c for c, _ in lint_codes(method)], method
+
+
+def test_an_optimizer_is_known_by_what_it_holds_not_its_name():
+    # `self.adam` steps (through a closure) one method below the loop: a step
+    # loop; `self.optim_sched` is an LR scheduler, named like an optimizer:
+    # the loop that steps it once per epoch is none (by name it got the barrier)
+    src = (FIXTURES / "optimizer_kinds" / "input.py").read_text()
+    lines = src.splitlines()
+    barriers = [line for code, line in lint_codes(src) if code == "XLA302"]
+    assert barriers == [lines.index("        for i in range(steps):") + 1]
+
+
+@pytest.mark.xla
+@needs_xla
+def test_a_step_through_an_optimizer_closure_runs_one_graph_per_step(tmp_path):
+    short, out, _, _ = run_on_xla("optimizer_kinds", tmp_path / "a", "--steps", "2")
+    long, _, _, _ = run_on_xla("optimizer_kinds", tmp_path / "b", "--steps", "4")
+    a, b = short["metrics"], long["metrics"]
+    assert b["executions"] > a["executions"], (a, b)
+    assert a["compiles"] == b["compiles"], (a, b)
+    assert "adam loss" in out

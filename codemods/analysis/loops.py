@@ -180,7 +180,11 @@ def step_functions(module: cst.Module, qualnames: QualNames) -> FunctionSet:
     calls_of: Dict[int, Set[int]] = {}
     owners: Dict[int, cst.FunctionDef] = {}
     for call in find_all(module, cst.Call):
-        stepping = call_name(call) in STEP_CALLS and is_step_call(call, set(), qualnames)  # type: ignore[arg-type]
+        # what the receiver of `x.step()` holds is read from the dataflow, as
+        # for a loop's own calls (an optimizer however it is named; an LR
+        # scheduler's step is none)
+        stepping = call_name(call) in STEP_CALLS and is_step_call(
+            call, set(), qualnames, values_of(tree))  # type: ignore[arg-type]
         callees = None if stepping else called_functions(tree, call)  # type: ignore[arg-type]
         if not stepping and not callees:
             continue

@@ -10,7 +10,7 @@ apply, so a run that rewrites nothing never pays for it.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
@@ -67,7 +67,7 @@ def _remove(unused: List[Request], tree: cst.Module, head: int) -> cst.Module:
         return Codemod.transform_module(RemoveImportsVisitor(ctx), tree)
     body = list(tree.body)
     new_head = Codemod.transform_module(RemoveImportsVisitor(ctx), tree.with_changes(body=body[:head], footer=()))
-    return tree.with_changes(header=new_head.header, body=[*new_head.body, *body[head:]])
+    return tree.with_changes(header=_kept(tree.header, new_head.header), body=[*new_head.body, *body[head:]])
 
 
 def _add(needed: List[Request], tree: cst.Module) -> cst.Module:
@@ -98,7 +98,16 @@ def _add(needed: List[Request], tree: cst.Module) -> cst.Module:
     head = tree.with_changes(body=body[: k + 1], footer=())
     new_head = Codemod.transform_module(AddImportsVisitor(ctx), head)
     new_body = [_original(stmt, originals) for stmt in new_head.body]
-    return tree.with_changes(header=new_head.header, body=[*new_body, *body[k + 1 :]])
+    return tree.with_changes(header=_kept(tree.header, new_head.header), body=[*new_body, *body[k + 1 :]])
+
+
+def _kept(old: Sequence[cst.CSTNode], new: Sequence[cst.CSTNode]) -> Sequence[cst.CSTNode]:
+    """``old`` where the visitor gave back an equal copy of it (LibCST's
+    visitors rebuild every node they pass): the module's comment header
+    stays the same objects, so its code need not be generated again
+    (``splice.spliced_code``)."""
+    same = len(old) == len(new) and all(a is b or a.deep_equals(b) for a, b in zip(old, new))
+    return old if same else new
 
 
 _STAND_IN = "__xlaport_stand_in_"
