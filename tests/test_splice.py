@@ -127,3 +127,25 @@ def test_only_the_changed_statement_is_generated(monkeypatch):
     # A's attribute line, f's `if` and return, inner's return, h's call, last's call
     assert code == ["x = renamed(1); y = 2", "if cond:\n    renamed(2)", "return renamed(3)",
                     "return renamed(4)", "renamed(5)", "renamed(6)"]
+
+
+def test_adding_an_import_below_a_comment_header_keeps_the_header_and_splices():
+    """LibCST's AddImportsVisitor gives back a copy of the comment header
+    (a licence); the engine keeps the original objects, so the code of the
+    module with its new import is spliced rather than generated whole."""
+    from codemods.syntax import imports
+
+    class Ctx:
+        scratch: dict = {}
+
+    text = "# Copyright line one\n# line two\n\nimport os\n\n\ndef f():\n    return os.sep\n"
+    old = cst.parse_module(text)
+    ctx = Ctx()
+    ctx.scratch = {}
+    imports.need(ctx, "torch_xla")
+    new, changed = imports.apply(ctx, old)
+    assert changed
+    assert len(new.header) == len(old.header) == 3 and all(a is b for a, b in zip(new.header, old.header))
+    got = spliced_code(old, text, new, statement_starts(old, text))
+    assert got is not None and got == new.code
+    assert "import torch_xla\n" in got and got.startswith("# Copyright line one\n# line two\n")
