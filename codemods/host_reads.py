@@ -135,6 +135,10 @@ GROWING_CAT = Rule(
 )
 
 
+# the rules whose finding means a new shape, so a new graph to compile, every step
+NEW_SHAPE_EVERY_STEP = (DYNAMIC.code, MASK_INDEX.code, COUNTER_INDEX.code, GROWING_CAT.code)
+
+
 class HostReads(LoopCodemod):
     DESCRIPTION = "Report host reads and recompilation traps on the hot path."
     RULES = (ITEM, TRANSFER, SCALAR, CONDITION, DYNAMIC, MASK_INDEX, COUNTER_INDEX, GROWING_CAT)

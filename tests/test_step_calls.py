@@ -11,6 +11,14 @@ from xlaport.engine import Settings, transform
 from test_runnable_ports import FIXTURES, needs_xla, run_on_xla
 
 
+def at_two_lengths(name: str, tmp_path, flag: str, short: int, long: int):
+    """The fixture's conversion run on XLA at two lengths: (its metrics and
+    stdout at ``flag short``, the same at ``flag long``)."""
+    a, out_a, _, _ = run_on_xla(name, tmp_path / "a", flag, str(short))
+    b, out_b, _, _ = run_on_xla(name, tmp_path / "b", flag, str(long))
+    return a["metrics"], out_a, b["metrics"], out_b
+
+
 def lint_codes(source: str):
     return [(f.code, f.line) for f in transform(source.encode(), Settings()).findings]
 
@@ -61,9 +69,7 @@ def test_losses_and_metrics_are_not_models():
 @pytest.mark.xla
 @needs_xla
 def test_steps_through_calls_run_one_graph_per_step(tmp_path):
-    short, out3, _, _ = run_on_xla("step_calls", tmp_path / "a", "--steps", "3")
-    long, out6, _, _ = run_on_xla("step_calls", tmp_path / "b", "--steps", "6")
-    a, b = short["metrics"], long["metrics"]
+    a, out3, b, out6 = at_two_lengths("step_calls", tmp_path, "--steps", 3, 6)
     # two loops, a barrier each step: three more steps are six more executions
     assert b["executions"] - a["executions"] >= 6, (a, b)
     assert a["compiles"] == b["compiles"], (a, b)
@@ -76,9 +82,7 @@ def test_gradient_accumulation_compiles_one_graph_per_optimizer_step(tmp_path):
     """The barrier after the optimizer step only (measured against the other
     placements in docs/internals.md): the same compiles at 2 and 4
     iterations, one execution per iteration after the first."""
-    short, _, _, _ = run_on_xla("grad_accum", tmp_path / "a", "--iters", "2")
-    long, _, _, _ = run_on_xla("grad_accum", tmp_path / "b", "--iters", "4")
-    a, b = short["metrics"], long["metrics"]
+    a, _, b, _ = at_two_lengths("grad_accum", tmp_path, "--iters", 2, 4)
     assert a["compiles"] == b["compiles"] == 2, (a, b)
     assert b["executions"] - a["executions"] == 2, (a, b)
 
@@ -132,9 +136,8 @@ def test_a_deeper_chain_is_named_and_a_growing_value_names_its_loop():
 def test_the_reported_traps_do_recompile_on_xla(tmp_path, name):
     """What lint reports is what XLA does: with the traps in place, three
     more steps are more compilations."""
-    short, _, _, _ = run_on_xla(name, tmp_path / "a", "--steps", "3")
-    long, _, _, _ = run_on_xla(name, tmp_path / "b", "--steps", "6")
-    assert long["metrics"]["compiles"] >= short["metrics"]["compiles"] + 3, (short["metrics"], long["metrics"])
+    a, _, b, _ = at_two_lengths(name, tmp_path, "--steps", 3, 6)
+    assert b["compiles"] >= a["compiles"] + 3, (a, b)
 
 
 def test_the_cheap_readers_derive_from_the_one_definition_of_a_step():
@@ -224,9 +227,7 @@ def test_an_optimizer_is_known_by_what_it_holds_not_its_name():
 @pytest.mark.xla
 @needs_xla
 def test_a_step_through_an_optimizer_closure_runs_one_graph_per_step(tmp_path):
-    short, out, _, _ = run_on_xla("optimizer_kinds", tmp_path / "a", "--steps", "2")
-    long, _, _, _ = run_on_xla("optimizer_kinds", tmp_path / "b", "--steps", "4")
-    a, b = short["metrics"], long["metrics"]
+    a, out, b, _ = at_two_lengths("optimizer_kinds", tmp_path, "--steps", 2, 4)
     assert b["executions"] > a["executions"], (a, b)
     assert a["compiles"] == b["compiles"], (a, b)
     assert "adam loss" in out

@@ -323,6 +323,31 @@ def test_a_sequence_grown_per_token_fails_and_lint_predicted_it(tmp_path):
     assert recompiles and all(e["predicted"] and e["predicted"].startswith("XLA408") for e in recompiles), recompiles
 
 
+def test_a_run_that_times_out_compiling_every_step_says_so_and_names_the_line(tmp_path):
+    """A generation loop too slow on XLA to finish (a new graph per token):
+    the run is killed at --timeout, and the report says how many compiles it
+    saw in how many steps and where lint reports the trap -- in the module
+    the run imported (sampler.py), not in one it did not (unused.py)."""
+    dest = tmp_path / "grows_every_step"
+    shutil.copytree(PROJECTS / "grows_every_step", dest)
+    old = os.getcwd()
+    os.chdir(dest)
+    try:
+        result = CliRunner().invoke(main, ["verify", "--json", str(tmp_path / "r.json"), "--timeout", "40",
+                                           "--reference-runs", "1", "main.py"])
+    finally:
+        os.chdir(old)
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert result.exit_code == 1 and report["verdict"] == "fail", result.output
+    killed, why = report["failures"]
+    assert "ran past --timeout 40s and was killed (after" in killed
+    steps = int(killed.split(" steps, ")[0].rsplit(" ", 1)[1])
+    compiles = int(killed.split(" compiles")[0].rsplit(" ", 1)[1])
+    assert steps >= 3 and compiles >= steps, killed
+    line = (dest / "sampler.py").read_text().splitlines().index("            seq = torch.cat((seq, nxt), dim=0)") + 1
+    assert why.endswith(f"lint reports what changes shape every step at sampler.py:{line} (XLA408)"), why
+
+
 def test_events_are_tied_to_related_lines_and_to_growth_in_the_cut_loop(tmp_path):
     """Without running anything: a recompile in a helper is predicted by the
     XLA407 on the call that passes the loop counter (the finding's related

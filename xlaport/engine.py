@@ -18,6 +18,7 @@ from codemods.analysis.cuda import count_references
 from codemods.coverage import CATCH_ALL, COVERAGE_KEY, CudaCatchAll
 from codemods.syntax import imports
 from codemods.analysis import prefilter
+from codemods.syntax.parsing import parse_module
 from codemods.syntax.splice import spliced_code
 from codemods.base import (
     Context,
@@ -68,7 +69,7 @@ def applicable(source: bytes, settings: Settings, codes: Sequence[str],
 
 def parse(source: bytes) -> cst.Module:
     try:
-        return cst.parse_module(source)
+        return parse_module(source)
     except cst.ParserSyntaxError as exc:
         raise python_error(source) or SourceError(
             f"cannot parse: {exc.message}", exc.raw_line, exc.raw_column + 1

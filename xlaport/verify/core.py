@@ -30,7 +30,10 @@ LEFTOVERS = "xlaport-leftovers.pt"
 
 
 class VerifyError(Exception):
-    """The program could not be verified (crash, timeout, missing runtime)."""
+    """The program could not be verified (crash, timeout, missing runtime).
+    ``so_far``: what an XLA run killed at the timeout had done by then."""
+
+    so_far: Optional[Dict[str, object]] = None
 
 
 @dataclass
@@ -142,7 +145,14 @@ def run_side(side: Side, mode: str, args: Sequence[str], timeout: float, python:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             _kill(proc)
-            raise VerifyError(f"{side.project.rel_script} ({mode} run) ran past --timeout {timeout:g}s and was killed")
+            so_far = _so_far(result_path)
+            said = "" if so_far is None else (
+                f" (after {so_far['time']:.0f} s: {so_far['steps']:.0f} steps, {so_far['compiles']:.0f} compiles taking "
+                f"{so_far['compile_seconds']:.0f} s, {so_far['executions']:.0f} executions)")
+            error = VerifyError(f"{side.project.rel_script} ({mode} run) ran past --timeout {timeout:g}s and was "
+                                f"killed{said}")
+            error.so_far = so_far
+            raise error
         finally:
             _kill(proc)  # nothing it started stays behind (and on Ctrl-C, it goes too)
     stderr = err_path.read_text(errors="replace")
@@ -158,6 +168,21 @@ def run_side(side: Side, mode: str, args: Sequence[str], timeout: float, python:
     if leftovers.exists():
         files[LEFTOVERS] = leftovers
     return Run(True, data["stdout"], data.get("metrics", {}), files, None, side.cwd, data)
+
+
+def _so_far(result_path: Path) -> Optional[Dict[str, object]]:
+    """What an XLA run killed at the timeout had done by then (the
+    harness's progress file: steps, compiles, compile_seconds, executions,
+    time; own: the modules of its tree it had imported), or None."""
+    from xlaport.verify.harness import progress_file
+
+    try:
+        data = json.loads(Path(progress_file(str(result_path))).read_text())
+        own = [str(m) for m in data.get("own", [])]
+        return {**{k: float(data[k]) for k in ("steps", "compiles", "compile_seconds", "executions", "time")},
+                "own": own}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def _kill(proc: subprocess.Popen) -> None:

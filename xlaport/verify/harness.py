@@ -89,10 +89,15 @@ def user_frame() -> Optional[Tuple[str, int]]:
 class XlaRecorder:
     """Snapshots torch_xla's metrics per step and ties reads/fallbacks to lines."""
 
-    def __init__(self) -> None:
+    def __init__(self, progress: Optional[str] = None) -> None:
         import torch
         import torch_xla
         import torch_xla.debug.metrics as met
+
+        # where the counts so far are kept while the program runs: a run
+        # killed at verify's --timeout leaves no result, but this says why
+        self.progress = progress
+        self._saved = 0.0
 
         self.torch, self.torch_xla, self.met = torch, torch_xla, met
         self.steps: List[Dict[str, object]] = []
@@ -142,6 +147,7 @@ class XlaRecorder:
             snap = recorder.snapshot()
             snap["path"], snap["line"] = where if where else (None, None)
             recorder.steps.append(snap)
+            recorder.save_progress(snap)
             return result
 
         xlac._xla_step_marker = step_marker
@@ -180,6 +186,22 @@ class XlaRecorder:
 
         self._mode = _Fallbacks()
         self._mode.__enter__()
+
+    def save_progress(self, snap: Dict[str, object]) -> None:
+        """The counts at this step, in ``progress`` (at most once a second;
+        written whole, through a rename)."""
+        if not self.progress or (self._saved and snap["time"] - self._saved < 1.0):  # type: ignore[operator]
+            return
+        self._saved = float(snap["time"])  # type: ignore[arg-type]
+        data = {"steps": len(self.steps), **{k: snap[k] for k in ("compiles", "compile_seconds", "executions", "time")},
+                "own": _own_modules()}
+        try:
+            tmp = f"{self.progress}.tmp"
+            with open(tmp, "w") as fh:
+                json.dump(data, fh)
+            os.replace(tmp, self.progress)
+        except OSError:
+            pass  # counting must never fail the run
 
     def _reader(self, name, original):
         recorder = self
@@ -347,13 +369,30 @@ def _side_setup(mode: str) -> Dict[str, object]:
     return extras
 
 
+def _own_modules() -> List[str]:
+    """The modules imported so far from the side's own tree (as
+    ``sandbox.imported`` finds them at the end, without resolving links:
+    they are imported through the paths verify set)."""
+    tree = os.environ.get("XLAPORT_SIDE_TREE")
+    if not tree:
+        return []
+    root = tree.rstrip(os.sep) + os.sep
+    return sorted(name for name, module in list(sys.modules.items())
+                  if isinstance(getattr(module, "__file__", None), str) and module.__file__.startswith(root))
+
+
+def progress_file(result_path: str) -> str:
+    """Where an XLA run keeps its counts so far (``XlaRecorder.progress``)."""
+    return f"{result_path}.progress"
+
+
 def main() -> int:
     mode, result_path, script, *args = sys.argv[1:]
     recorder = None
     if os.environ.get("XLAPORT_TORCHRUN"):
         _emulate_torchrun()
     if mode == "xla":
-        recorder = XlaRecorder()  # imports torch_xla before the clock starts
+        recorder = XlaRecorder(progress_file(result_path))  # imports torch_xla before the clock starts
         recorder.install()
         _launch_here()
     extras = _side_setup(mode)

@@ -27,6 +27,7 @@ class Session:
         self.project, self.converted, self.args, self.opts, self.scratch = project, converted, args, opts, scratch
         self._count = 0
         self._sources: Dict[str, Tuple[Dict[str, bytes], Optional[Path], List[str]]] = {}
+        self._latest: Dict[str, Side] = {}  # the last copy made for each side
 
     # -- trees and runs ------------------------------------------------------
     def side(self, name: str) -> Side:
@@ -34,7 +35,8 @@ class Session:
         sources, files_from, _ = self.sources(name)
         self._count += 1
         dest = self.scratch / f"{name}-{self._count}" / self.project.root.name
-        return build_side(self.project, name, dest, sources, files_from)
+        self._latest[name] = build_side(self.project, name, dest, sources, files_from)
+        return self._latest[name]
 
     def sources(self, name: str) -> Tuple[Dict[str, bytes], Optional[Path], List[str]]:
         """(converted modules, a converted tree to copy instead of the
@@ -123,7 +125,7 @@ class Session:
         try:
             cand_side, cand = self.run_once("xla", "xla", self.args, xla_env)
         except VerifyError as exc:  # the original ran: a conversion that cannot is a failed one
-            return self._crashed(str(exc))
+            return self._crashed(str(exc), exc.so_far)
         fallback_sites: List[Dict[str, object]] = []
         if cand.metrics.get("fallbacks"):  # a second run ties each fallback to the line that called the op
             _, traced = self.run_once("xla", "xla", self.args, {**xla_env, "XLAPORT_TRACE_FALLBACKS": "1",
@@ -154,11 +156,13 @@ class Session:
         report.verdict = "fail" if report.failures else "pass"
         return report
 
-    def _crashed(self, error: str) -> Report:
+    def _crashed(self, error: str, so_far: Optional[Dict[str, object]] = None) -> Report:
         """The candidate crashed (or ran past the timeout) where the reference
         ran: the verdict is fail, with the program's own error and the line of
-        the user's file it came from."""
-        side = Side("xla", self.scratch / "xla-1" / self.project.root.name, self.project)
+        the user's file it came from; a run that timed out compiling a new
+        graph nearly every step, with the lines lint says change a shape
+        every step."""
+        side = self._latest.get("xla") or Side("xla", self.scratch / "xla-1" / self.project.root.name, self.project)
         lines = LineMapper(self.project.script, side.script, side.tree, self.project.root)
         frames = [(p, int(n)) for p, n in _FRAME.findall(error) if lines.resolve(p) is not None]
         report = Report("fail")
@@ -171,7 +175,29 @@ class Session:
             where = ""
         report.failures.append(f"the conversion did not run{where}: {last}")
         report.config["candidate_error"] = error[-4000:]
+        if so_far is not None and so_far["steps"] >= 3 and so_far["compiles"] >= so_far["steps"] / 2:  # type: ignore[operator]
+            report.failures.append(self._shape_traps(so_far, side))
         return report
+
+    def _shape_traps(self, so_far: Dict[str, object], side: Side) -> str:
+        """Why a run that compiled a new graph nearly every step was slow:
+        the findings of lint's rules for what changes a shape every step,
+        in the user's files of the modules the run had imported."""
+        from codemods.host_reads import NEW_SHAPE_EVERY_STEP
+
+        found: List[str] = []
+        for rel in own_files(so_far["own"], side):  # type: ignore[arg-type]
+            path = self.project.root / rel
+            try:
+                outcome = transform(path.read_bytes(), Settings(select=list(NEW_SHAPE_EVERY_STEP)), str(path))
+            except (OSError, SourceError):
+                continue
+            found += [f"{rel.as_posix()}:{f.line} ({f.code})" for f in outcome.findings]
+        said = (f"lint reports what changes shape every step at {', '.join(found[:5])}"
+                + (f" and {len(found) - 5} more" if len(found) > 5 else "")) if found else \
+            "lint reports no line that changes a shape every step"
+        return (f"{so_far['compiles']:.0f} compiles in {so_far['steps']:.0f} steps: a new graph nearly every step, "
+                f"each compiled anew ({so_far['compile_seconds']:.0f} s of compiling); {said}")
 
     def _lengths(self, spec: Tuple[str, List[str]], xla_env: Dict[str, str]) -> List[Dict[str, object]]:
         name, values = spec
@@ -280,7 +306,11 @@ class Session:
 
 def _own_files(cand: Run, side: Side) -> List[Path]:
     """The candidate's own modules that the program imported, as paths in its tree."""
-    names = (cand.data.get("imported") or {}).get("own", [])  # type: ignore[union-attr]
+    return own_files((cand.data.get("imported") or {}).get("own", []), side)  # type: ignore[union-attr]
+
+
+def own_files(names: List[str], side: Side) -> List[Path]:
+    """The script and the side's own modules ``names``, as paths in its tree."""
     found: List[Path] = [side.project.rel_script]
     for name in names:
         rel = Path(*name.split("."))

@@ -1,0 +1,55 @@
+"""xlaport's parse (codemods.syntax.parsing): LibCST's tree, its nodes
+unchecked while the parser makes them, checked again afterwards."""
+
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from codemods.syntax import parsing
+from tests.conftest import convert_text
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _sources():
+    return sorted(ROOT.glob("fixtures/*/input.py")) + sorted((ROOT / "codemods").rglob("*.py"))
+
+
+def test_this_libcst_is_one_whose_checks_can_be_skipped():
+    # the speed-up is only there when the installed LibCST checks nodes in
+    # CSTNode.__post_init__ alone; the pinned one does
+    assert parsing.SKIPS_CHECKS
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_tree_is_libcsts(path):
+    source = path.read_bytes()
+    ours, theirs = parsing.parse_module(source), cst.parse_module(source)
+    assert ours.deep_equals(theirs)
+    assert ours.code == theirs.code == source.decode("utf-8")
+
+
+def test_nodes_made_after_a_parse_are_checked():
+    parsing.parse_module("x = 1\n")
+    with pytest.raises(cst.CSTValidationError):
+        cst.Name("two words")
+
+
+def test_nodes_are_checked_again_after_a_parse_that_fails():
+    with pytest.raises(cst.ParserSyntaxError):
+        parsing.parse_module("def (:\n")
+    with pytest.raises(cst.CSTValidationError):
+        cst.Name("two words")
+
+
+def test_valid_python_that_libcsts_check_rejects_is_converted():
+    # Instagram/LibCST#1061: the parser builds this, its check raises TypeError
+    # (a rewrite that rebuilds the expression itself still meets the check)
+    source = "import torch\n\ny = torch.zeros(2).cuda()\n\n\ndef f():\n    return () if 0 else(lambda:())\n"
+    with pytest.raises(TypeError):
+        cst.parse_module(source)
+    code, findings = convert_text(source)
+    assert code == source.replace("import torch\n", "import torch\nimport torch_xla\n").replace(
+        ".cuda()", ".to(torch_xla.device())")
+    assert [f.code for f in findings] == ["XLA101"]
