@@ -120,7 +120,8 @@ def _parse_cst(path):
 
 def _parse_own(path):
     """xlaport's own parse (``codemods.syntax.parsing``: LibCST's, its nodes unchecked)."""
-    sys.path.insert(0, str(ROOT))
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
     from codemods.syntax.parsing import parse_module
 
     try:

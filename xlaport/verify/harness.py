@@ -188,13 +188,16 @@ class XlaRecorder:
         self._mode.__enter__()
 
     def save_progress(self, snap: Dict[str, object]) -> None:
-        """The counts at this step, in ``progress`` (at most once a second;
-        written whole, through a rename)."""
+        """The counts at this step and the modules of the side's own tree
+        imported so far, in ``progress`` (at most once a second; written
+        whole, through a rename)."""
+        from xlaport.verify.sandbox import imported
+
         if not self.progress or (self._saved and snap["time"] - self._saved < 1.0):  # type: ignore[operator]
             return
         self._saved = float(snap["time"])  # type: ignore[arg-type]
         data = {"steps": len(self.steps), **{k: snap[k] for k in ("compiles", "compile_seconds", "executions", "time")},
-                "own": _own_modules()}
+                "own": imported({"own": os.environ.get("XLAPORT_SIDE_TREE", "")})["own"]}
         try:
             tmp = f"{self.progress}.tmp"
             with open(tmp, "w") as fh:
@@ -367,18 +370,6 @@ def _side_setup(mode: str) -> Dict[str, object]:
 
         diverge.install(trace)
     return extras
-
-
-def _own_modules() -> List[str]:
-    """The modules imported so far from the side's own tree (as
-    ``sandbox.imported`` finds them at the end, without resolving links:
-    they are imported through the paths verify set)."""
-    tree = os.environ.get("XLAPORT_SIDE_TREE")
-    if not tree:
-        return []
-    root = tree.rstrip(os.sep) + os.sep
-    return sorted(name for name, module in list(sys.modules.items())
-                  if isinstance(getattr(module, "__file__", None), str) and module.__file__.startswith(root))
 
 
 def progress_file(result_path: str) -> str:

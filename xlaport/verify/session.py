@@ -162,7 +162,7 @@ class Session:
         the user's file it came from; a run that timed out compiling a new
         graph nearly every step, with the lines lint says change a shape
         every step."""
-        side = self._latest.get("xla") or Side("xla", self.scratch / "xla-1" / self.project.root.name, self.project)
+        side = self._latest["xla"]
         lines = LineMapper(self.project.script, side.script, side.tree, self.project.root)
         frames = [(p, int(n)) for p, n in _FRAME.findall(error) if lines.resolve(p) is not None]
         report = Report("fail")
@@ -236,7 +236,8 @@ class Session:
         if executions == 0:
             report.failures.append("the conversion did no work on XLA (0 executions): its model and data stayed "
                                    "on the CPU")
-        modules = [side.tree / rel for rel in _own_files(cand, side)] or [side.script]
+        own = (cand.data.get("imported") or {}).get("own", [])  # type: ignore[union-attr]
+        modules = [side.tree / rel for rel in own_files(own, side)] or [side.script]
         used_cuda = False
         for path in [self.project.root / m.relative_to(side.tree) for m in modules]:
             try:
@@ -302,11 +303,6 @@ class Session:
         found = diverge.first_divergence(str(trace_ref), str(trace_cand), rtol, atol)
         report.divergence = found
         report.failures += list(diverge.where(found))
-
-
-def _own_files(cand: Run, side: Side) -> List[Path]:
-    """The candidate's own modules that the program imported, as paths in its tree."""
-    return own_files((cand.data.get("imported") or {}).get("own", []), side)  # type: ignore[union-attr]
 
 
 def own_files(names: List[str], side: Side) -> List[Path]:
