@@ -101,6 +101,9 @@ def test_output_in_loop_is_a_print_or_log_inside_a_loop():
 
 @pytest.mark.parametrize("source, words", [
     ('"""Example:\n    pipe.to("cuda")\n"""\nimport os\n', set()),  # a usage example in a docstring
+    ('EXAMPLE = """\n    >>> pipe.to("cuda")\n"""\n', set()),  # ... or in a module-level string
+    ('raise ValueError(f"needs cuda, got {d}")\n', set()),  # a message is prose
+    ('x = b"cuda"\n', {"cuda"}),
     ("import os  # runs on cuda too\n", set()),
     ('x.to("cuda:0")\n', {"cuda"}),
     ('def f():\n    "cuda"\n', {"cuda"}),  # a lone device string is no prose
@@ -108,7 +111,7 @@ def test_output_in_loop_is_a_print_or_log_inside_a_loop():
     ('cfg = {"pin_memory": True}\nmp.spawn(f)\n', {"pin_memory", "spawn"}),
     ('dev = f"cuda:{rank}"\n', {"cuda"}),
 ])
-def test_code_words_are_the_trigger_words_outside_comments_and_docstrings(source, words):
+def test_code_words_are_the_trigger_words_outside_comments_and_prose(source, words):
     assert {f[5:] for f in file_facts(source.encode()) if f.startswith("code~")} == words
 
 

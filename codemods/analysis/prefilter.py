@@ -21,8 +21,12 @@ from one ``ast`` walk, which of the facts the loop codemods need can hold:
   naming something (``tqdm``, ``init_process_group``, ``GradScaler``);
   ``name~X`` -- an identifier contains ``X``;
 * ``code~W`` -- one of the CUDA rules' trigger words (``CODE_WORDS``) occurs
-  in code: in an identifier or a string, not only in comments and
-  docstrings (most files that say "cuda" say it in a usage example);
+  in code: in an identifier or in a string with no blank in it, not only in
+  comments and prose (most files that say "cuda" say it in a usage example,
+  a docstring or a module-level ``EXAMPLE_DOC_STRING``): every string the
+  CUDA rules read -- a device (``"cuda:0"``, ``f"cuda:{rank}"``), a backend
+  (``"nccl"``), a key (``"pin_memory"``), a start method (``"spawn"``) -- is
+  one word;
 * ``imports:torch`` -- the file imports ``torch`` (or a submodule):
   without it no name resolves to ``torch.load`` or ``torch.compile``;
   ``torch:X`` -- ``X`` is imported from torch, or read along an attribute
@@ -42,6 +46,7 @@ No LibCST here.
 from __future__ import annotations
 
 import ast
+import re
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 from codemods.analysis.steps import LOADER_NAME_RE, LOOSE_STEP_RE, STEP_CALLS, callers_closure
@@ -72,7 +77,7 @@ IMPORTS_TORCH = "imports:torch"
 # docstring) the prefilter reports as ``code~WORD``
 CODE_WORDS = ("cuda", "cudnn", "accelerator", "pin_memory", "nccl", "map_location", "device_ids", "output_device",
               "GradScaler", "spawn")
-_DOC_HOLDERS = frozenset({ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef})
+_BLANK = re.compile(r"\s")
 
 
 def _last_name(node: ast.AST) -> Optional[str]:
@@ -124,8 +129,7 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
     # (node, inside a loop?, enclosing function names, inside a model's own
     # forward/backward/__init__ -- where no loop is a step loop)
     stack: List[Tuple[ast.AST, bool, Tuple[str, ...], bool]] = [(tree, False, (), False)]
-    strings: List[str] = []  # string constants, docstrings left out
-    docstrings: Set[int] = set()
+    strings: List[str] = []  # string constants of one word (prose left out: see code~W above)
     torch_roots: Set[str] = set()  # names bound to torch or a torch module (`import torch.nn as nn`)
     torch_names: Set[str] = set()  # what is imported from torch (`from torch import load`)
     attrs_of: Dict[str, Set[str]] = {}  # name -> the attributes read along chains rooted at it
@@ -137,16 +141,11 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
             continue
         if kind is ast.Constant:
             value = node.value  # type: ignore[attr-defined]
-            if type(value) is str and id(node) not in docstrings:
+            if type(value) is bytes:
+                value = value.decode("latin-1")
+            if type(value) is str and _one_word(value):
                 strings.append(value)
-            elif type(value) is bytes:
-                strings.append(value.decode("latin-1"))
             continue
-        if kind in _DOC_HOLDERS:
-            first = node.body[0] if node.body else None  # type: ignore[attr-defined]
-            if type(first) is ast.Expr and type(first.value) is ast.Constant and isinstance(first.value.value, str) \
-                    and first.value.value.split() != [first.value.value]:
-                docstrings.add(id(first.value))  # prose (a device string has no blank in it)
         if kind in _NAMED:
             _add_names(node, names)
             if kind is ast.Attribute:
@@ -245,10 +244,16 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
         for root in torch_roots:
             facts.update(f"torch:{a}" for a in attrs_of.get(root, ()))
     # the trigger words of the CUDA rules, in code: a word that occurs only
-    # in comments and docstrings cannot concern them
+    # in comments and prose cannot concern them
     code = "\x00".join(strings) + "\x00" + "\x00".join(names)
     facts.update(f"code~{w}" for w in CODE_WORDS if w in code)
     return frozenset(facts)
+
+
+def _one_word(text: str) -> bool:
+    """No blank in it: what a device, backend or key string is (``"cuda:0"``,
+    ``"nccl"``); prose -- a docstring, a usage example -- is not."""
+    return _BLANK.search(text) is None
 
 
 def _imports_torch(node: ast.AST) -> bool:
