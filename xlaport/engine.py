@@ -177,11 +177,27 @@ def transform(source: bytes, settings: Settings, filename: str = "",
             findings.extend(on_tree)
             on_tree.clear()
 
+        def checked(tree: cst.Module) -> cst.Module:
+            """The rewritten ``tree``, copied whole where a rewrite put one node
+            in two places (metadata and the statement index need every node
+            once). Checked only before something reads the tree: the check
+            indexes it, a walk of the whole tree, and most rewrites are the
+            last thing done to a file."""
+            if context.scratch[TREE_KEY].nodes_unique():  # type: ignore[attr-defined]
+                return tree
+            tree = tree.deep_clone()
+            made.append(TreeCache(tree, source, text, context.scratch.get(imports.NEEDED_KEY) or ()))
+            context.scratch[TREE_KEY] = made[-1]
+            return tree
+
         found = count_references(context.scratch[TREE_KEY]) if CudaCatchAll in codemods else 0  # type: ignore[arg-type]
+        unchecked = False  # the tree is a rewrite no codemod has read yet
         for cls in codemods:
             # One TreeCache per tree holds the metadata and analyses that every
             # codemod running on it shares; a codemod that changes the tree starts
             # a new one.
+            if unchecked:
+                tree, unchecked = checked(tree), False
             cache: TreeCache = context.scratch[TREE_KEY]  # type: ignore[assignment]
             if not cls.wanted(cache, context.scratch[OPTIONS_KEY]):
                 continue
@@ -203,14 +219,13 @@ def transform(source: bytes, settings: Settings, filename: str = "",
                     maps.append(line_map(text, new_text))
                     text = new_text
                     tree = new_tree
-                    pending = context.scratch.get(imports.NEEDED_KEY) or ()
-                    rewritten = TreeCache(tree, source, text, pending)
-                    if not rewritten.nodes_unique():  # (metadata needs every node once)
-                        tree = new_tree.deep_clone()
-                        rewritten = TreeCache(tree, source, text, pending)
+                    rewritten = TreeCache(tree, source, text, context.scratch.get(imports.NEEDED_KEY) or ())
                     made.append(rewritten)
                     context.scratch[TREE_KEY] = rewritten
+                    unchecked = True
         flush(context.scratch[TREE_KEY])  # type: ignore[arg-type]
+        if unchecked and imports.pending(context):
+            tree = checked(tree)
         before = tree
         tree, with_imports = imports.apply(context, tree)
         if with_imports:
