@@ -55,7 +55,14 @@ class Finding:
     related: Tuple[Tuple[int, int], ...] = ()
 
     def map_lines(self, move: Callable[[int], int]) -> None:
-        """Move every line the finding holds through ``move`` (a line map)."""
+        """Move every line the finding holds through ``move`` (a line map),
+        and its columns where the map says a line moved in or out
+        (``xlaport.linemap.LineMap.indent_delta``)."""
+        shift = getattr(move, "indent_delta", None)
+        if shift is not None:
+            self.col = max(1, self.col + shift(self.line))
+            if self.end_line:
+                self.end_col = max(1, self.end_col + shift(self.end_line))
         self.line = move(self.line)
         if self.end_line:
             self.end_line = max(move(self.end_line), self.line)

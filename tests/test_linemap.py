@@ -104,3 +104,34 @@ def test_a_dedented_block_maps_line_for_line():
     new = "a = 1\nfor t in ts:\n    x = f(x)\nprint(x)\n"
     back = line_map(old, new)
     assert [back(n) for n in range(1, 5)] == [1, 3, 4, 6]
+
+
+def test_a_dedented_line_that_equals_another_old_line_does_not_anchor_there():
+    """After the dedent, a nested `else:` is, character for character, the
+    loop-level `else:` of the old text (both at 12 spaces): matched with
+    their indentation the two anchored the alignment and moved the body's
+    findings by dozens of lines (diffusers' lumina pipeline: a tensor-valued
+    `if` reported on `if do_classifier_free_guidance:`, 30 lines away)."""
+    pad = [f"    v{k} = h(v{k - 1})" for k in range(1, 40)]  # a body too long for difflib's small gaps
+    body = ["for i, t in enumerate(xs):", *pad, "    if flag:", "        if t > 0:", "            z = 1",
+            "        else:", "            z = 2", "    else:", "        z = 3", *[p + "b" for p in pad],
+            "    if z > t:", "        w = 1"]
+    head = "def f(xs, flag):\n"
+    old = head + "    with bar() as b:\n" + "".join(f"        {line}\n" for line in body) + "    return w\n"
+    new = head + "".join(f"    {line}\n" for line in body) + "    return w\n"
+    back = line_map(old, new)
+    assert [back(2 + k) for k in range(len(body))] == [3 + k for k in range(len(body))]
+    # and each moved line's columns move with it
+    assert {back.indent_delta(2 + k) for k in range(len(body))} == {4}
+    assert back.indent_delta(1) == 0
+
+
+def test_a_finding_on_a_dedented_line_keeps_the_users_column():
+    from codemods.rule import Finding
+
+    old = "with bar() as b:\n    for t in ts:\n        if t.sum() > 0:\n            x = 1\n"
+    new = "for t in ts:\n    if t.sum() > 0:\n        x = 1\n"
+    f = Finding("XLA404", "tensor-valued condition", 2, 8, False, end_line=2, end_col=19)
+    f.map_lines(line_map(old, new))
+    assert (f.line, f.col, f.end_line, f.end_col) == (3, 12, 3, 23)
+    assert old.splitlines()[f.line - 1][f.col - 1:f.end_col - 1] == "t.sum() > 0"

@@ -22,15 +22,36 @@ SMALL = 4096  # gaps with (new x old) lines up to this go to difflib
 WINDOW = 16  # how far the fallback walk looks ahead to resynchronise
 
 
-def line_map(old: str, new: str) -> Callable[[int], int]:
+class LineMap:
+    """1-based lines of a rewritten text -> the matching lines of the text it
+    came from (called as a function), and for a line that is an old one moved
+    in or out by a rewrite, how far its columns moved (``indent_delta``)."""
+
+    def __init__(self, table: Dict[int, int], shifts: Dict[int, int], last: int) -> None:
+        self._table, self._shifts, self._last = table, shifts, last
+
+    def __call__(self, line: int) -> int:
+        return self._table.get(line, min(line, self._last))
+
+    def indent_delta(self, line: int) -> int:
+        """What to add to a column of new ``line`` to find it in the old text."""
+        return self._shifts.get(line, 0)
+
+
+def line_map(old: str, new: str) -> LineMap:
     """Map 1-based line numbers of ``new`` to the matching line of ``old``.
 
     Lines inside a rewritten block map to the first line of the block they
     replaced, which is where a reader of the original should look.
     """
     old_lines, new_lines = old.splitlines(), new.splitlines()
-    pairs = _with_moved_lines(match_lines(new_lines, old_lines), new_lines, old_lines)
+    # lines are matched by what they say, not by their indentation: a block
+    # dedented out of its ``with`` (or indented under a new ``if``) keeps
+    # its lines, and an ``else:`` or a ``)`` that a dedent happens to line up
+    # with another one of the old text must not anchor the alignment there
+    pairs = match_lines([line.strip() for line in new_lines], [line.strip() for line in old_lines])
     table: Dict[int, int] = {}
+    shifts: Dict[int, int] = {}
     prev_i, prev_j = -1, -1
     for i, j in pairs + [(len(new_lines), len(old_lines))]:
         i1, j1, j2 = prev_i + 1, prev_j + 1, j
@@ -38,27 +59,15 @@ def line_map(old: str, new: str) -> Callable[[int], int]:
             table[k + 1] = min(j1 + (k - i1), max(j2 - 1, j1)) + 1
         if i < len(new_lines):
             table[i + 1] = j + 1
+            shift = _indent(old_lines[j]) - _indent(new_lines[i])
+            if shift:
+                shifts[i + 1] = shift
         prev_i, prev_j = i, j
-    last = max(len(old_lines), 1)
-    return lambda line: table.get(line, min(line, last))
+    return LineMap(table, shifts, max(len(old_lines), 1))
 
 
-def _with_moved_lines(pairs: List[Pair], new: Sequence[str], old: Sequence[str]) -> List[Pair]:
-    """``pairs`` and, in each gap between them, the lines that are the same
-    but for their indentation (a block dedented when its ``with`` went):
-    each maps to its own line, not to the start of the gap."""
-    out: List[Pair] = []
-    prev_i, prev_j = -1, -1
-    for i, j in pairs + [(len(new), len(old))]:
-        if i - prev_i > 1 and j - prev_j > 1:
-            gap_new = [line.strip() for line in new[prev_i + 1:i]]
-            gap_old = [line.strip() for line in old[prev_j + 1:j]]
-            out += [(prev_i + 1 + a, prev_j + 1 + b) for a, b in match_lines(gap_new, gap_old)
-                    if gap_new[a]]  # (blank lines anchor nothing)
-        if i < len(new):
-            out.append((i, j))
-        prev_i, prev_j = i, j
-    return out
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
 
 
 def match_lines(a: Sequence[str], b: Sequence[str]) -> List[Pair]:
