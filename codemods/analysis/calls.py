@@ -25,14 +25,28 @@ def called_functions(tree: TreeCache, call: cst.Call) -> Optional[List[cst.Funct
     then nothing is known."""
     func = call.func
     if type(func) is cst.Name:  # (a name the module does not bind is none of its functions)
+        if func.value not in _function_names(tree):
+            return []  # (most calls: builtins, imports -- no need to resolve them)
         return [b for b in binding_nodes(tree, func) if type(b) is cst.FunctionDef]  # type: ignore[misc]
     if type(func) is cst.Attribute and type(func.value) is cst.Name and func.value.value == "self":
+        if func.attr.value not in _function_names(tree):
+            return None  # no class of the module defines it
         cls = _enclosing_class(tree, call)
         if cls is None or type(cls.body) is not cst.IndentedBlock:
             return None
         methods = [s for s in cls.body.body if type(s) is cst.FunctionDef and s.name.value == func.attr.value]
         return methods or None  # type: ignore[return-value]
     return None
+
+
+def _function_names(tree: TreeCache) -> Set[str]:
+    """The names the module's functions, methods and closures are defined
+    with: a call spelled otherwise runs none of them."""
+    names = tree.memo.get("function_names")
+    if names is None:
+        tree.parents  # (builds the type index)
+        names = tree.memo["function_names"] = {fn.name.value for fn in tree.in_walk_order((cst.FunctionDef,))}
+    return names  # type: ignore[return-value]
 
 
 def _enclosing_class(tree: TreeCache, node: cst.CSTNode) -> Optional[cst.ClassDef]:
