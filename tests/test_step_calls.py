@@ -231,3 +231,21 @@ def test_a_step_through_an_optimizer_closure_runs_one_graph_per_step(tmp_path):
     assert b["executions"] > a["executions"], (a, b)
     assert a["compiles"] == b["compiles"], (a, b)
     assert "adam loss" in out
+
+
+def test_the_loop_a_chain_names_is_the_users_line_after_an_earlier_rewrite():
+    """A barrier inserted in an earlier loop moves every later line of the
+    tree the host-read rule reads; the loop its message names is still the
+    line of the user's file (pix2pix-zero named the line two below its
+    denoising loop)."""
+    src = ("import torch\n\ndef inner(x, mask):\n    return x[mask.nonzero()]\n\n"
+           "def train(model, opt, batches):\n    for b in batches:\n        loss = model(b)\n"
+           "        loss.backward()\n        opt.step()\n\n"
+           "def gen(model, idx, n):\n    for _ in range(n):\n        out = model(idx)\n"
+           "        inner(out, out > 0)\n        idx = out\n    return idx\n")
+    outcome = transform(src.encode(), Settings())
+    out, findings = outcome.code.decode(), outcome.findings
+    assert "torch_xla.sync()" in out.splitlines()[11]  # the barrier went in before the sampling loop
+    found = next(f for f in findings if f.code == "XLA405")
+    assert src.splitlines()[12].strip() == "for _ in range(n):"
+    assert "in `inner()`, called from the loop at line 13" in found.message, found.message
