@@ -2,8 +2,10 @@
 
 ``CODEMODS`` is the order they run in: the CUDA surface first (device
 strings, devices, ``torch.cuda.*``, mixed precision, checkpoints,
-distributed), then the structural loop rewrites, then the report-only
-analyses, and last the catch-all that reports any CUDA construct left.  Each
+distributed), then the loop rules (bars around iterables, prints, loaders,
+barriers, host reads), then the progress-bar blocks around the loops, and
+last the runtime settings and the catch-all that reports any CUDA construct
+left.  Each
 codemod works on its own through LibCST's runner, e.g.::
 
     python -m libcst.tool codemod devices.DeviceSwap train.py

@@ -6,6 +6,12 @@ loop from running ahead of the device.  By default bars are removed (the
 ``with`` block is dropped and its body dedented, bar method calls deleted, the
 tqdm import removed when unused).  With the ``keep_progress`` option the bars
 stay and only their tensor-reading postfixes go.
+
+Two codemods, run at different points (``codemods.registry.ORDER``):
+``BarIterables`` unwraps ``for x in tqdm(loader)`` before the loader rule
+reads the loop; ``BarBlocks`` drops ``with`` blocks after the loop rules, so
+that they read the loops where the user wrote them and, on most files, the
+dedent is the last rewrite (nothing analyses the tree again).
 """
 
 from __future__ import annotations
@@ -87,9 +93,11 @@ BAR_POSTFIX = Rule(
 )
 
 
-class ProgressBars(XlaCodemod):
-    DESCRIPTION = "Remove progress bars from hot loops (or keep them without tensor reads)."
-    RULES = (BAR_ITERABLE, BAR_BLOCK, BAR_POSTFIX)
+class _Bars(XlaCodemod):
+    """What both codemods know of bars: which calls make one, which bars the
+    code uses beyond iterating and updating them, and how a bar's method
+    calls and its import go.  Each codemod removes the bars it ``owns``."""
+
     TRIGGERS = (b"tqdm", b"trange", b"progress_bar")
     NEEDS = ("name:tqdm", "name:trange", "name:progress_bar")  # (see regions)
 
@@ -180,55 +188,6 @@ class ProgressBars(XlaCodemod):
                 return a.value
         return None
 
-    # ---------------------------------------------------------------- XLA201
-    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        if self.keep:
-            return updated_node
-        kind = self._bar_kind(original_node)
-        if kind not in {"tqdm", "trange"}:
-            return updated_node
-        parent = self.parent(original_node)
-        used_as_iterable = (
-            isinstance(parent, cst.For)
-            or isinstance(parent, cst.Assign)
-            or (isinstance(parent, cst.Arg) and isinstance(self.parent(parent), cst.Call)
-                and call_name(self.parent(parent)) in {"enumerate", "zip", "iter"})
-        )
-        if not used_as_iterable:
-            return updated_node
-        plain = self._unwrap(updated_node, kind)  # type: ignore[arg-type]
-        if plain is None:
-            return updated_node
-        if id(parent) in self.escaped:
-            self._report_escape(original_node, BAR_ITERABLE.code, self.escaped[id(parent)])
-            return updated_node
-        if not self.flag(original_node, BAR_ITERABLE.code, f"progress bar `{kind}(...)` -> the plain iterable", fix=True):
-            return updated_node
-        self._drop_import()
-        return plain
-
-    # ---------------------------------------------------------------- XLA202
-    def leave_With(self, original_node: cst.With, updated_node: cst.With) -> Union[cst.BaseStatement, cst.FlattenSentinel]:
-        if self.keep or len(original_node.items) != 1:
-            return updated_node
-        if not self._bar_kind(original_node.items[0].item):
-            return updated_node
-        body = updated_node.body
-        if not isinstance(body, cst.IndentedBlock):
-            return updated_node
-        if id(original_node) in self.escaped:
-            self._report_escape(original_node, BAR_BLOCK.code, self.escaped[id(original_node)])
-            return updated_node
-        if not self.flag(original_node, BAR_BLOCK.code, "progress-bar `with` block removed; body dedented", fix=True):
-            return updated_node
-        self._drop_import()
-        stmts = list(body.body)
-        if not stmts:
-            return cst.RemoveFromParent()  # type: ignore[return-value]
-        first = stmts[0]
-        stmts[0] = first.with_changes(leading_lines=[*updated_node.leading_lines, *first.leading_lines])
-        return cst.FlattenSentinel(stmts)
-
     # ---------------------------------------------------------------- XLA203
     def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine):
         if len(original_node.body) != 1 or not isinstance(original_node.body[0], cst.Expr):
@@ -243,12 +202,15 @@ class ProgressBars(XlaCodemod):
         if not self.keep and receiver in self.kept_bars:
             return updated_node  # its bar stays (reported where it is made)
         if self.keep:
-            if method not in POSTFIX_METHODS or reads_tensor_value(call, self.tensors, self.qualnames) is None:
+            if BAR_POSTFIX not in self.RULES or method not in POSTFIX_METHODS or \
+                    reads_tensor_value(call, self.tensors, self.qualnames) is None:
                 return updated_node
             code, message = BAR_POSTFIX.code, f"`{receiver}.{method}(...)` reads a tensor every step; dropped"
         else:
             # goes with its bar, under the rule that removed the bar
             code = BAR_BLOCK.code if receiver in self.block_bars else BAR_ITERABLE.code
+            if not any(r.code == code for r in self.RULES):
+                return updated_node  # the other codemod's bar
             message = f"`{receiver}.{method}(...)` dropped with the progress bar"
         if not self.flag(original_node, code, message, fix=True):
             return updated_node
@@ -290,6 +252,69 @@ class ProgressBars(XlaCodemod):
             for module in ("tqdm", "tqdm.auto", "tqdm.notebook", "tqdm.autonotebook"):
                 self.remove_unused_import(module, name)
         self.remove_unused_import("tqdm")
+
+
+class BarIterables(_Bars):
+    DESCRIPTION = "Iterate the plain iterable where a loop walks a tqdm/trange bar."
+    RULES = (BAR_ITERABLE,)
+    # (before the loader rule: `for x in tqdm(loader)` must read as a loop over the loader)
+    TRIGGERS = (b"tqdm", b"trange")
+    NEEDS = ("name:tqdm", "name:trange")
+
+    # ---------------------------------------------------------------- XLA201
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if self.keep:
+            return updated_node
+        kind = self._bar_kind(original_node)
+        if kind not in {"tqdm", "trange"}:
+            return updated_node
+        parent = self.parent(original_node)
+        used_as_iterable = (
+            isinstance(parent, cst.For)
+            or isinstance(parent, cst.Assign)
+            or (isinstance(parent, cst.Arg) and isinstance(self.parent(parent), cst.Call)
+                and call_name(self.parent(parent)) in {"enumerate", "zip", "iter"})
+        )
+        if not used_as_iterable:
+            return updated_node
+        plain = self._unwrap(updated_node, kind)  # type: ignore[arg-type]
+        if plain is None:
+            return updated_node
+        if id(parent) in self.escaped:
+            self._report_escape(original_node, BAR_ITERABLE.code, self.escaped[id(parent)])
+            return updated_node
+        if not self.flag(original_node, BAR_ITERABLE.code, f"progress bar `{kind}(...)` -> the plain iterable", fix=True):
+            return updated_node
+        self._drop_import()
+        return plain
+
+
+
+class BarBlocks(_Bars):
+    DESCRIPTION = "Drop progress-bar `with` blocks, dedenting their body, or only their tensor-reading postfixes."
+    RULES = (BAR_BLOCK, BAR_POSTFIX)
+
+    # ---------------------------------------------------------------- XLA202
+    def leave_With(self, original_node: cst.With, updated_node: cst.With) -> Union[cst.BaseStatement, cst.FlattenSentinel]:
+        if self.keep or len(original_node.items) != 1:
+            return updated_node
+        if not self._bar_kind(original_node.items[0].item):
+            return updated_node
+        body = updated_node.body
+        if not isinstance(body, cst.IndentedBlock):
+            return updated_node
+        if id(original_node) in self.escaped:
+            self._report_escape(original_node, BAR_BLOCK.code, self.escaped[id(original_node)])
+            return updated_node
+        if not self.flag(original_node, BAR_BLOCK.code, "progress-bar `with` block removed; body dedented", fix=True):
+            return updated_node
+        self._drop_import()
+        stmts = list(body.body)
+        if not stmts:
+            return cst.RemoveFromParent()  # type: ignore[return-value]
+        first = stmts[0]
+        stmts[0] = first.with_changes(leading_lines=[*updated_node.leading_lines, *first.leading_lines])
+        return cst.FlattenSentinel(stmts)
 
 
 def _escaping_use(tree: TreeCache, scope: cst.CSTNode, name: str) -> Optional[cst.CSTNode]:

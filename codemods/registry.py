@@ -25,11 +25,14 @@ ORDER: Tuple[Tuple[str, str], ...] = (
     ("codemods.amp", "MixedPrecision"),
     ("codemods.checkpoints", "Checkpoints"),
     ("codemods.distributed", "Distributed"),
-    ("codemods.progress", "ProgressBars"),
+    ("codemods.progress", "BarIterables"),  # before the loader rule: `tqdm(loader)` read as the loader
     ("codemods.prints", "HotPrints"),
     ("codemods.loaders", "DeviceLoader"),
     ("codemods.barriers", "StepBarrier"),
     ("codemods.host_reads", "HostReads"),
+    # after the loop rules: they read the loops where the user wrote them, and on most files the
+    # dedent is the last rewrite, so nothing analyses the tree again
+    ("codemods.progress", "BarBlocks"),
     ("codemods.runtime", "XlaRuntime"),  # late: it asks whether the rules before it import torch_xla
     ("codemods.coverage", "CudaCatchAll"),
     ("codemods.suppressions", "UnusedSuppressions"),  # last: it reads what the others silenced

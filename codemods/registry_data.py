@@ -44,10 +44,8 @@ CODEMODS = (
         ('XLA143', 'xla-launch', '`mp.spawn(fn, args, nprocs=n)` -> `torch_xla.launch(fn, args=args)`; samplers shard by the runtime', True),
         ('XLA144', 'compile-openxla', '`torch.compile(m)` -> `torch.compile(m, backend="openxla")`', True),
     )),
-    ('codemods.progress', 'ProgressBars', (b'tqdm', b'trange', b'progress_bar'), ('name:tqdm', 'name:trange', 'name:progress_bar'), (
+    ('codemods.progress', 'BarIterables', (b'tqdm', b'trange'), ('name:tqdm', 'name:trange'), (
         ('XLA201', 'progress-bar-iterable', '`for x in tqdm(it)` / `trange(n)`: iterate the plain iterable', True),
-        ('XLA202', 'progress-bar-block', '`with tqdm(...) as bar:` / `with self.progress_bar(...)`: drop the block, keep its body', True),
-        ('XLA203', 'progress-bar-tensor-postfix', 'kept bars: `set_postfix(loss=loss.item())` and the like are dropped', True),
     )),
     ('codemods.prints', 'HotPrints', (b'print', b'log', b'add_scalar'), ('step_loop&output_in_loop', 'loader_loop&output_in_loop'), (
         ('XLA210', 'hot-loop-tensor-print', 'print/log of a tensor value in the hot loop: defer it to a step closure', True),
@@ -67,6 +65,10 @@ CODEMODS = (
         ('XLA406', 'boolean-mask-index', 'indexing with a boolean mask on the hot path (data-dependent shape)', False),
         ('XLA407', 'loop-counter-index', 'a device tensor iterated or indexed with the Python loop counter', False),
         ('XLA408', 'growing-concat', 'a tensor grown with `torch.cat` on every step', False),
+    )),
+    ('codemods.progress', 'BarBlocks', (b'tqdm', b'trange', b'progress_bar'), ('name:tqdm', 'name:trange', 'name:progress_bar'), (
+        ('XLA202', 'progress-bar-block', '`with tqdm(...) as bar:` / `with self.progress_bar(...)`: drop the block, keep its body', True),
+        ('XLA203', 'progress-bar-tensor-postfix', 'kept bars: `set_postfix(loss=loss.item())` and the like are dropped', True),
     )),
     ('codemods.runtime', 'XlaRuntime', (b'inference_mode', b'fused', b'set_float32_matmul_precision', b'DataParallel', b'basicConfig', b'manual_seed'), ('name:inference_mode', 'name:fused', 'name:set_float32_matmul_precision', 'name:DataParallel', 'name:basicConfig', 'name:manual_seed'), (
         ('XLA151', 'inference-mode', '`torch.inference_mode()` -> `torch.no_grad()` (inference tensors fail on XLA)', True),

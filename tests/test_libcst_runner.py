@@ -45,7 +45,7 @@ def test_libcst_tool_removes_the_import_a_rewrite_left_unused(tmp_path):
         "from tqdm import tqdm\n\n\ndef sample(unet, x, steps):\n"
         "    for t in tqdm(steps):\n        x = unet(x, t)\n    return x\n"
     )
-    r = _tool(tmp_path, "codemod", "--no-format", "progress.ProgressBars", str(target))
+    r = _tool(tmp_path, "codemod", "--no-format", "progress.BarIterables", str(target))
     assert r.returncode == 0, r.stderr
     # LibCST's RemoveImportsVisitor leaves the blank lines after the import
     assert target.read_text() == "\n\ndef sample(unet, x, steps):\n    for t in steps:\n        x = unet(x, t)\n    return x\n"
