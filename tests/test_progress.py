@@ -58,3 +58,27 @@ def test_a_bar_only_iterated_and_updated_still_goes():
     ast.parse(out)
     assert "tqdm" not in out and "bar.update" not in out, out
     assert _codes(findings, False) == []
+
+
+def test_findings_inside_a_bar_block_are_on_the_users_lines_and_columns():
+    """The loop rules read the loop where the user wrote it, inside its
+    `with` block (the block goes after them): each finding's span is the
+    code it names in the user's file (denoising-diffusion-pytorch's trainer
+    had its `.item()` and its barrier reported four columns to the left)."""
+    src = HEAD + ("def train(model, opt, data, steps):\n"
+                  "    total = 0.0\n"
+                  "    with tqdm(total=steps) as pbar:\n"
+                  "        for x in data:\n"
+                  "            loss = model(x)\n"
+                  "            loss.backward()\n"
+                  "            opt.step()\n"
+                  "            total += loss.item()\n"
+                  "            pbar.update(1)\n"
+                  "    return total\n")
+    out, findings = convert_text(src)
+    lines = src.splitlines()
+    read = next(f for f in findings if f.code == "XLA401")
+    assert lines[read.line - 1][read.col - 1:read.end_col - 1] == "loss.item()"
+    loop = next(f for f in findings if f.code == "XLA302")
+    assert lines[loop.line - 1][loop.col - 1:].startswith("for x in data:")
+    assert "with tqdm" not in out and "torch_xla.sync()" in out
