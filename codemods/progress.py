@@ -123,7 +123,6 @@ class _Bars(XlaCodemod):
         self.bar_names: Set[str] = set()
         self.block_bars: Set[str] = set()
         self.tensors: Set[str] = set()
-        self.removed_any = False
         self.escaped: Dict[int, Tuple[str, int]] = {}  # id(binding) -> (bar, line of a use that keeps it)
         self.kept_bars: Set[str] = set()
 
@@ -174,21 +173,7 @@ class _Bars(XlaCodemod):
             self.escaped[id(binding)] = (name, self.user_line(self.position(use)[0]))  # type: ignore[index]
             self.kept_bars.add(name)
 
-    def _unwrap(self, call: cst.Call, kind: str) -> Optional[cst.BaseExpression]:
-        if kind == "trange":
-            positional = [a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in call.args if a.keyword is None]
-            if not positional:
-                return None
-            positional = [a.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for a in positional[:-1]] + positional[-1:]
-            return cst.Call(func=cst.Name("range"), args=positional)
-        for a in call.args:
-            if a.keyword is None and a.star == "":
-                return a.value
-            if a.keyword is not None and a.keyword.value == "iterable":
-                return a.value
-        return None
-
-    # ---------------------------------------------------------------- XLA203
+    # ------------------------------- a bar's method calls: with their bar, or (keep_progress) XLA203
     def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine):
         if len(original_node.body) != 1 or not isinstance(original_node.body[0], cst.Expr):
             return updated_node
@@ -202,19 +187,18 @@ class _Bars(XlaCodemod):
         if not self.keep and receiver in self.kept_bars:
             return updated_node  # its bar stays (reported where it is made)
         if self.keep:
-            if BAR_POSTFIX not in self.RULES or method not in POSTFIX_METHODS or \
-                    reads_tensor_value(call, self.tensors, self.qualnames) is None:
+            rule = BAR_POSTFIX
+            if method not in POSTFIX_METHODS or reads_tensor_value(call, self.tensors, self.qualnames) is None:
                 return updated_node
-            code, message = BAR_POSTFIX.code, f"`{receiver}.{method}(...)` reads a tensor every step; dropped"
+            message = f"`{receiver}.{method}(...)` reads a tensor every step; dropped"
         else:
             # goes with its bar, under the rule that removed the bar
-            code = BAR_BLOCK.code if receiver in self.block_bars else BAR_ITERABLE.code
-            if not any(r.code == code for r in self.RULES):
-                return updated_node  # the other codemod's bar
+            rule = BAR_BLOCK if receiver in self.block_bars else BAR_ITERABLE
             message = f"`{receiver}.{method}(...)` dropped with the progress bar"
-        if not self.flag(original_node, code, message, fix=True):
+        if rule not in self.RULES:
+            return updated_node  # the other codemod's
+        if not self.flag(original_node, rule.code, message, fix=True):
             return updated_node
-        self.removed_any = True
         return cst.RemoveFromParent()
 
     def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
@@ -288,6 +272,19 @@ class BarIterables(_Bars):
         self._drop_import()
         return plain
 
+    def _unwrap(self, call: cst.Call, kind: str) -> Optional[cst.BaseExpression]:
+        if kind == "trange":
+            positional = [a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in call.args if a.keyword is None]
+            if not positional:
+                return None
+            positional = [a.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for a in positional[:-1]] + positional[-1:]
+            return cst.Call(func=cst.Name("range"), args=positional)
+        for a in call.args:
+            if a.keyword is None and a.star == "":
+                return a.value
+            if a.keyword is not None and a.keyword.value == "iterable":
+                return a.value
+        return None
 
 
 class BarBlocks(_Bars):
