@@ -59,13 +59,14 @@ class Finding:
         and its columns where the map says a line moved in or out
         (``xlaport.linemap.LineMap.indent_delta``)."""
         shift = getattr(move, "indent_delta", None)
+        end = getattr(move, "end", None)
         if shift is not None:
             self.col = max(1, self.col + shift(self.line))
-            if self.end_line:
-                self.end_col = max(1, self.end_col + shift(self.end_line))
         self.line = move(self.line)
         if self.end_line:
-            self.end_line = max(move(self.end_line), self.line)
+            moved = end(self.end_line, self.end_col) if end is not None else (move(self.end_line), self.end_col)
+            # (never before the start: a span of added lines alone)
+            self.end_line, self.end_col = max(moved, (self.line, self.col))
         self.related = tuple((move(a), max(move(a), move(b))) for a, b in self.related)
 
     def covers(self, line: int) -> bool:

@@ -135,3 +135,15 @@ def test_a_finding_on_a_dedented_line_keeps_the_users_column():
     f.map_lines(line_map(old, new))
     assert (f.line, f.col, f.end_line, f.end_col) == (3, 12, 3, 23)
     assert old.splitlines()[f.line - 1][f.col - 1:f.end_col - 1] == "t.sum() > 0"
+
+
+def test_a_span_ending_on_an_added_line_ends_where_the_old_text_before_it_ends():
+    """A barrier appended to a loop's body is no line of the user's file: a
+    span that ends on it (the loop, its `with` block) ends on the loop's own
+    last line, not on the line after the loop."""
+    old = "for t in ts:\n    x = f(x)  # step\n\nprint(x)\n"
+    new = "for t in ts:\n    x = f(x)  # step\n    torch_xla.sync()\n\nprint(x)\n"
+    back = line_map(old, new)
+    assert back.end(3, 21) == (2, 21)  # the end of `    x = f(x)  # step`
+    assert back.end(2, 13) == (2, 13)  # a line of the user's own: as it was
+    assert back(3) == 3  # (a start on it still reads from the line after)

@@ -82,3 +82,22 @@ def test_findings_inside_a_bar_block_are_on_the_users_lines_and_columns():
     loop = next(f for f in findings if f.code == "XLA302")
     assert lines[loop.line - 1][loop.col - 1:].startswith("for x in data:")
     assert "with tqdm" not in out and "torch_xla.sync()" in out
+
+
+def test_a_bar_block_whose_loop_gained_a_barrier_ends_on_the_users_last_line():
+    src = HEAD + ("class Pipe:\n"
+                  "    def __call__(self, unet, scheduler, latents, timesteps):\n"
+                  "        with self.progress_bar(total=len(timesteps)) as progress_bar:\n"
+                  "            for t in timesteps:\n"
+                  "                noise = unet(latents, t)\n"
+                  "                latents = scheduler.step(noise, t, latents)\n"
+                  "                progress_bar.update()\n"
+                  "\n"
+                  "        return latents\n")
+    out, findings = convert_text(src)
+    assert "torch_xla.sync()" in out and "progress_bar" not in out, out
+    lines = src.splitlines()
+    block = next(f for f in findings if f.code == "XLA202" and "block" in f.message)
+    loop = next(f for f in findings if f.code == "XLA302")
+    for span in (block, loop):
+        assert (span.end_line, span.end_col) == (11, len(lines[10]) + 1), (span.code, span.end_line, span.end_col)

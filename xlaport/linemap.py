@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 import difflib
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 Pair = Tuple[int, int]  # (index in new, index in old), 0-based
 SMALL = 4096  # gaps with (new x old) lines up to this go to difflib
@@ -27,8 +27,9 @@ class LineMap:
     came from (called as a function), and for a line that is an old one moved
     in or out by a rewrite, how far its columns moved (``indent_delta``)."""
 
-    def __init__(self, table: Dict[int, int], shifts: Dict[int, int], last: int) -> None:
-        self._table, self._shifts, self._last = table, shifts, last
+    def __init__(self, table: Dict[int, int], shifts: Dict[int, int], last: int,
+                 inserted: Dict[int, Tuple[int, int]]) -> None:
+        self._table, self._shifts, self._last, self._inserted = table, shifts, last, inserted
 
     def __call__(self, line: int) -> int:
         return self._table.get(line, min(line, self._last))
@@ -36,6 +37,15 @@ class LineMap:
     def indent_delta(self, line: int) -> int:
         """What to add to a column of new ``line`` to find it in the old text."""
         return self._shifts.get(line, 0)
+
+    def end(self, line: int, col: int) -> Tuple[int, int]:
+        """Where a span that ends at (``line``, ``col``) of the new text ends
+        in the old one.  A span that ends on lines the rewrite only added (a
+        barrier put at the end of a loop) ends where the old text before
+        them ends, not on the line after them."""
+        if line in self._inserted:
+            return self._inserted[line]
+        return self(line), max(1, col + self.indent_delta(line))
 
 
 def line_map(old: str, new: str) -> LineMap:
@@ -52,18 +62,21 @@ def line_map(old: str, new: str) -> LineMap:
     pairs = match_lines([line.strip() for line in new_lines], [line.strip() for line in old_lines])
     table: Dict[int, int] = {}
     shifts: Dict[int, int] = {}
+    inserted: Dict[int, Tuple[int, int]] = {}  # a line only added -> the end of the old line before it
     prev_i, prev_j = -1, -1
     for i, j in pairs + [(len(new_lines), len(old_lines))]:
         i1, j1, j2 = prev_i + 1, prev_j + 1, j
         for k in range(i1, i):  # new lines with no partner: the block they replaced
             table[k + 1] = min(j1 + (k - i1), max(j2 - 1, j1)) + 1
+            if j1 == j2 and prev_j >= 0:  # (nothing replaced: added lines)
+                inserted[k + 1] = (prev_j + 1, len(old_lines[prev_j].rstrip()) + 1)
         if i < len(new_lines):
             table[i + 1] = j + 1
             shift = _indent(old_lines[j]) - _indent(new_lines[i])
             if shift:
                 shifts[i + 1] = shift
         prev_i, prev_j = i, j
-    return LineMap(table, shifts, max(len(old_lines), 1))
+    return LineMap(table, shifts, max(len(old_lines), 1), inserted)
 
 
 def _indent(line: str) -> int:

@@ -15,7 +15,7 @@ from typing import Iterable, List, Optional, Set
 import libcst as cst
 
 from codemods.analysis.bindings import binding_nodes
-from codemods.syntax.tree import TreeCache
+from codemods.syntax.tree import TreeCache, find_all
 
 
 def called_functions(tree: TreeCache, call: cst.Call) -> Optional[List[cst.FunctionDef]]:
@@ -44,8 +44,7 @@ def _function_names(tree: TreeCache) -> Set[str]:
     with: a call spelled otherwise runs none of them."""
     names = tree.memo.get("function_names")
     if names is None:
-        tree.parents  # (builds the type index)
-        names = tree.memo["function_names"] = {fn.name.value for fn in tree.in_walk_order((cst.FunctionDef,))}
+        names = tree.memo["function_names"] = {fn.name.value for fn in find_all(tree.module, cst.FunctionDef)}
     return names  # type: ignore[return-value]
 
 
