@@ -212,9 +212,9 @@ class HostReads(LoopCodemod):
             found = self.per_step().get(id(self.function_nodes[-1]))
             if found is not None:
                 chain, loop = found
-                line = self.user_line(self.tree.start_positions([loop])[id(loop)][0])
                 via = "".join(f"`{name}()`, called from " for name in reversed(chain))
-                return f"runs every step: in `{self.function_stack[-1]}()`, called from {via}the loop at line {line}"
+                return (f"runs every step: in `{self.function_stack[-1]}()`, called from {via}the loop at line "
+                        f"{self.loop_line(loop)}")
         return None
 
     def _report(self, node: cst.CSTNode, rule: Rule, what: str, related: Sequence[cst.CSTNode] = ()) -> None:

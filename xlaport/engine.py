@@ -177,6 +177,11 @@ def transform(source: bytes, settings: Settings, filename: str = "",
             findings.extend(on_tree)
             on_tree.clear()
 
+        def current(tree: cst.Module) -> None:
+            """Make ``tree`` (rewritten) the one the next codemods read."""
+            made.append(TreeCache(tree, source, text, context.scratch.get(imports.NEEDED_KEY) or ()))
+            context.scratch[TREE_KEY] = made[-1]
+
         def checked(tree: cst.Module) -> cst.Module:
             """The rewritten ``tree``, copied whole where a rewrite put one node
             in two places (metadata and the statement index need every node
@@ -186,8 +191,7 @@ def transform(source: bytes, settings: Settings, filename: str = "",
             if context.scratch[TREE_KEY].nodes_unique():  # type: ignore[attr-defined]
                 return tree
             tree = tree.deep_clone()
-            made.append(TreeCache(tree, source, text, context.scratch.get(imports.NEEDED_KEY) or ()))
-            context.scratch[TREE_KEY] = made[-1]
+            current(tree)
             return tree
 
         found = count_references(context.scratch[TREE_KEY]) if CudaCatchAll in codemods else 0  # type: ignore[arg-type]
@@ -219,9 +223,7 @@ def transform(source: bytes, settings: Settings, filename: str = "",
                     maps.append(line_map(text, new_text))
                     text = new_text
                     tree = new_tree
-                    rewritten = TreeCache(tree, source, text, context.scratch.get(imports.NEEDED_KEY) or ())
-                    made.append(rewritten)
-                    context.scratch[TREE_KEY] = rewritten
+                    current(tree)
                     unchecked = True
         flush(context.scratch[TREE_KEY])  # type: ignore[arg-type]
         if unchecked and imports.pending(context):

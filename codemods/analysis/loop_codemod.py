@@ -140,10 +140,14 @@ class LoopCodemod(XlaCodemod):
         """The line of the user's file where the innermost hot loop starts."""
         for loop, step, loader in self.loop_stack:
             if step or loader:
-                lines = self._memo("loop_lines", self.tree.module, lambda: {  # every candidate loop, one pass
-                    k: v[0] for k, v in self.tree.start_positions(module_facts(self.tree).hot_loops).items()})
-                return self.user_line(lines.get(id(loop)) or self.position(loop)[0])  # type: ignore[union-attr]
+                return self.loop_line(loop)
         return 0
+
+    def loop_line(self, loop: cst.CSTNode) -> int:
+        """The line of the user's file where ``loop`` starts."""
+        lines = self._memo("loop_lines", self.tree.module, lambda: {  # every candidate loop, one pass
+            k: v[0] for k, v in self.tree.start_positions(module_facts(self.tree).hot_loops).items()})
+        return self.user_line(lines.get(id(loop)) or self.position(loop)[0])  # type: ignore[union-attr]
 
     def is_step_closure(self, call: cst.Call) -> bool:
         if self.qualnames(call.func) & set(self.target.step_closure_names):
