@@ -81,7 +81,9 @@ CODEMODS: Tuple[CodemodInfo, ...] = _infos()
 
 
 def rules() -> List[RuleInfo]:
-    return [r for c in CODEMODS for r in c.rules]
+    """Every rule, in code order (as ``xlaport rules`` and the docs list
+    them; the codemods run in ``CODEMODS``' order)."""
+    return sorted((r for c in CODEMODS for r in c.rules), key=lambda r: r.code)
 
 
 @lru_cache(maxsize=None)

@@ -184,6 +184,10 @@ def test_notebook_cells(tmp_path):
 def test_rules_and_explain():
     out = run("rules").output
     assert "XLA101" in out and "XLA302" in out
+    # in code order, as Ruff lists its rules (not the order the codemods run in)
+    codes = [line.split()[0] for line in out.splitlines() if line.startswith("XLA")]
+    assert codes == sorted(codes) and codes.index("XLA151") > codes.index("XLA144")
+    assert codes.index("XLA202") < codes.index("XLA301")
     out = run("explain", "xla302").output
     assert "Why it matters" in out and "torch_xla.sync()" in out
     assert run("explain", "XLA999").exit_code == 2

@@ -22,7 +22,7 @@ from codemods.target import DEFAULT_TARGET, TARGETS
 from xlaport import output
 from xlaport.config import load_config
 from xlaport.files import Entry, discover, remove_stale_temps
-from xlaport.runner import ERROR_CODE, FileResult, process
+from xlaport.runner import ERROR_CODE, FILE_ERROR, FileResult, process
 from xlaport.program import leave_alone, nothing_to_port
 from xlaport.settings import Settings
 from xlaport.writes import PlanError, check_output_root, destinations, to_written_lines, write_in_place, write_tree
@@ -415,14 +415,14 @@ def lint(paths, show_diff, include_cold, **kw):
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 def rules(fmt):
     """List every rule code with its one-line summary."""
-    items = registry.rules()
+    code, name, summary, _ = FILE_ERROR
+    items = [(code, name, summary, False)] + [(r.code, r.name, r.summary, r.fix) for r in registry.rules()]
     if fmt == "json":
-        click.echo(json.dumps([{"code": r.code, "name": r.name, "summary": r.summary, "fix": r.fix,
-                                "docs": output.DOCS_PATH.format(code=r.code)} for r in items], indent=2))
+        click.echo(json.dumps([{"code": c, "name": n, "summary": s, "fix": f, "docs": output.DOCS_PATH.format(code=c)}
+                               for c, n, s, f in items], indent=2))
         return
-    for r in items:
-        click.echo(f"{r.code}  {'[*]' if r.fix else '   '}  {r.name:32s} {r.summary}")
-    click.echo(f"{ERROR_CODE}       file-error                       a file could not be read, parsed or written")
+    for c, n, s, f in items:
+        click.echo(f"{c}  {'[*]' if f else '   '}  {n:32s} {s}")
     click.echo("\n[*] = rewritten by `xlaport convert`; the others are reported for review.")
 
 
@@ -436,8 +436,6 @@ def explain(code):
     index = rule_index()
     code = code.upper()
     if code == ERROR_CODE:
-        from xlaport.docs import FILE_ERROR
-
         click.echo(f"{ERROR_CODE} ({FILE_ERROR[1]})\n\nWhat it does: {FILE_ERROR[2]}.\n\n{FILE_ERROR[3]}")
         return
     if code not in index:

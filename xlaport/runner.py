@@ -19,6 +19,10 @@ from xlaport.settings import Settings
 
 # The pseudo-rule for files that could not be processed (like ruff's E902).
 ERROR_CODE = "XLA001"
+# (code, name, summary, why): what `xlaport rules`, `explain` and the docs say of it
+FILE_ERROR = (ERROR_CODE, "file-error", "a file could not be read, decoded, parsed or written",
+              "Reported for the file, with the line and column when the parser gives them; the other files of the "
+              "run go on, and the file is left as it was. Fix the file (or exclude it) and run again.")
 
 
 @dataclass
