@@ -19,6 +19,7 @@ from codemods.analysis import LoopCodemod, hot_methods, is_tensor_expr, loop_ite
 from codemods.analysis.loops import per_step_functions, step_functions
 from codemods.analysis.counters import loop_counters
 from codemods.analysis.placement import DEVICE, HOST, placement
+from codemods.analysis.syncs import false_on_xla
 from codemods.analysis.values import values as dataflow
 from codemods.base import Rule, TreeCache, call_name, find_all
 
@@ -62,11 +63,13 @@ SCALAR = Rule(
 CONDITION = Rule(
     code="XLA404",
     name="tensor-condition",
-    summary="a tensor in an `if`/`while` condition on the hot path",
+    summary="a tensor in an `if`/`while`/`assert` condition on the hot path",
     why=(
         "Python must know the truth value now, so the graph runs and the value is copied "
         "back every step, and the two branches trace different graphs. Use `torch.where` "
-        "to keep both outcomes on the device, or test once outside the loop."
+        "to keep both outcomes on the device, or test once outside the loop. An `assert` on a "
+        "tensor (`assert mask.min() >= 0`) reads it the same way, every step, unless Python runs "
+        "with `-O`: check the data once, before the loop, or on the host side of the loader."
     ),
     before="import torch\n\nfor x in loader:\n    loss = model(x)\n    if torch.isnan(loss).any():\n        break\n",
     after=None,
@@ -296,16 +299,19 @@ class HostReads(LoopCodemod):
     def visit_If(self, node: cst.If) -> None:
         self._condition(node.test)
 
+    def visit_Assert(self, node: cst.Assert) -> None:
+        self._condition(node.test)
+
     def visit_While(self, node: cst.While) -> None:
         super().visit_While(node)
         self._condition(node.test)
 
     def _condition(self, test: cst.BaseExpression) -> None:
-        parts = [test]
-        if isinstance(test, cst.BooleanOperation):
-            parts = [test.left, test.right]
-        for part in parts:
+        for part in _truth_operands(test):
             inner = part.expression if isinstance(part, cst.UnaryOperation) else part
+            if isinstance(inner, cst.Comparison) and all(
+                    isinstance(c.operator, (cst.Is, cst.IsNot)) for c in inner.comparisons):
+                continue  # `x is not None`: identity reads no value
             operands = [inner] if not isinstance(inner, cst.Comparison) else [inner.left] + [c.comparator for c in inner.comparisons]
             for op in operands:
                 if isinstance(op, cst.Call) and call_name(op) in {"item", "len", "isinstance"}:
@@ -423,3 +429,15 @@ class HostReads(LoopCodemod):
 
 def _code(node: cst.CSTNode) -> str:
     return cst.Module([]).code_for_node(node)
+
+
+def _truth_operands(test: cst.BaseExpression) -> List[cst.BaseExpression]:
+    """The operands of ``test`` that Python reads as truth values on XLA, left
+    to right: each side of ``and``/``or``, but none after a side of an ``and``
+    that is false on XLA (``... and not is_torch_xla_available() and
+    torch.isnan(loss)``: transformers' Trainer keeps that read off XLA)."""
+    if not isinstance(test, cst.BooleanOperation):
+        return [test]
+    if isinstance(test.operator, cst.And) and false_on_xla(test.left):
+        return _truth_operands(test.left)
+    return _truth_operands(test.left) + _truth_operands(test.right)

@@ -60,7 +60,7 @@ CODEMODS = (
         ('XLA401', 'host-read-item', '`.item()` on the hot path reads a tensor on the host every step', False),
         ('XLA402', 'host-read-transfer', '`.tolist()` / `.numpy()` / `.cpu()` on the hot path copies a tensor to the host', False),
         ('XLA403', 'host-read-scalar', "`float(t)` / `int(t)` / `bool(t)` of a tensor, or a tensor as `torch.full`'s fill value, on the hot path", False),
-        ('XLA404', 'tensor-condition', 'a tensor in an `if`/`while` condition on the hot path', False),
+        ('XLA404', 'tensor-condition', 'a tensor in an `if`/`while`/`assert` condition on the hot path', False),
         ('XLA405', 'dynamic-shape-op', '`nonzero`, `masked_select`, `unique`, one-argument `where`: data-dependent shapes', False),
         ('XLA406', 'boolean-mask-index', 'indexing with a boolean mask on the hot path (data-dependent shape)', False),
         ('XLA407', 'loop-counter-index', 'a device tensor iterated or indexed with the Python loop counter', False),

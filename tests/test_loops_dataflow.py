@@ -239,3 +239,33 @@ def test_a_loop_around_a_sampler_needs_no_barrier_of_its_own(tmp_path):
     report = verify(unsynced, lengths="--steps=3,6", timeout=300)
     assert report.verdict == "fail"
     assert any("grows with --steps" in f for f in report.failures), report.failures
+
+
+def test_an_assert_on_a_tensor_in_the_loop_is_a_tensor_condition():
+    """Pytorch-UNet's evaluation loop checks every batch's mask on the host
+    (``assert mask.min() >= 0 and ...``): the names come from the batch pair
+    by pair; an assert on shapes or on ``dim()`` reads nothing."""
+    src = ("import torch\n\n\ndef evaluate(net, loader, device):\n    score = 0\n    for batch in loader:\n"
+           "        image, mask = batch['image'], batch['mask']\n        image = image.to(device)\n"
+           "        mask = mask.to(device)\n        assert image.dim() == 4 and image.shape[1] == 3\n"
+           "        pred = net(image)\n        assert n > 0 and mask.min() >= 0 and mask.max() < 2, 'bad mask'\n"
+           "        score += (pred == mask).float().mean()\n    return score\n\n\n"
+           "device = torch.device('cuda')\n")
+    _, findings = convert_text(src, select=["XLA404"])
+    assert [(f.code, f.line, f.hot) for f in findings] == [("XLA404", 12, True)]
+
+
+def test_identity_tests_and_reads_kept_off_xla_are_no_tensor_condition():
+    """``if mask is not None`` reads no value (27 such reports on the corpus
+    were wrong); transformers' Trainer keeps its NaN test off XLA with
+    ``... and not is_torch_xla_available() and torch.isnan(loss)``; a dtype
+    test returns a Python bool.  The NaN test alone still reads the loss."""
+    src = ("import torch\nfrom transformers.utils import is_torch_xla_available\n\n\n"
+           "def train(model, loader, opt, mask=None):\n    for x in loader:\n        loss = model(x)\n"
+           "        if mask is not None:\n            loss = loss * mask\n"
+           "        if filt and not is_torch_xla_available() and (torch.isnan(loss) or torch.isinf(loss)):\n"
+           "            continue\n        if loss.is_floating_point() and loss is not None:\n            pass\n"
+           "        if torch.isnan(loss).any():\n            break\n        loss.backward()\n        opt.step()\n\n\n"
+           "device = torch.device('cuda')\n")
+    _, findings = convert_text(src, select=["XLA404"])
+    assert [(f.code, f.line) for f in findings] == [("XLA404", 14)]

@@ -61,7 +61,7 @@ def syncs_on_every_path(stmts: Sequence[cst.CSTNode], syncs: Callable[[cst.Call]
             if syncs_on_every_path(_block(st.body), syncs):
                 return True
         elif isinstance(st, cst.If):
-            if _tests_xla(st.test) and syncs_on_every_path(_block(st.body), syncs):
+            if tests_xla(st.test) and syncs_on_every_path(_block(st.body), syncs):
                 return True  # `if XLA_AVAILABLE: xm.mark_step()`: on XLA, the path taken
             if st.orelse is not None and syncs_on_every_path(_block(st.body), syncs) and syncs_on_every_path(
                     [st.orelse.body] if isinstance(st.orelse, cst.If) else _block(st.orelse.body), syncs):
@@ -75,7 +75,7 @@ def syncs_on_every_path(stmts: Sequence[cst.CSTNode], syncs: Callable[[cst.Call]
     return False
 
 
-def _tests_xla(test: cst.BaseExpression) -> bool:
+def tests_xla(test: cst.BaseExpression) -> bool:
     """A test that is true on XLA: it names XLA (``XLA_AVAILABLE``,
     ``is_torch_xla_available()``, ``device.type == "xla"``) and negates nothing."""
     if any(isinstance(n.operator, cst.Not) for n in find_all(test, cst.UnaryOperation)) or any(
@@ -84,6 +84,16 @@ def _tests_xla(test: cst.BaseExpression) -> bool:
         return False
     words = [n.value for n in find_all(test, cst.Name)] + [n.value for n in find_all(test, cst.SimpleString)]
     return any("xla" in w.lower() for w in words)
+
+
+def false_on_xla(test: cst.BaseExpression) -> bool:
+    """A test that is false on XLA: ``not`` of one that is true there
+    (``not is_torch_xla_available()``), or an ``and`` with such a side."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return tests_xla(test.expression)
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return false_on_xla(test.left) or false_on_xla(test.right)
+    return False
 
 
 def _block(suite: cst.BaseSuite) -> List[cst.CSTNode]:

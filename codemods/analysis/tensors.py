@@ -20,10 +20,12 @@ _MODEL_RE = re.compile(
 )
 
 _NON_TENSOR_METHODS = {"item", "tolist", "size", "dim", "numel", "nelement", "ndimension", "type",
-                       "data_ptr", "element_size", "is_contiguous", "stride", "get_device", "__len__"}
+                       "data_ptr", "element_size", "is_contiguous", "stride", "get_device", "__len__",
+                       "is_floating_point", "is_complex", "is_signed", "is_pinned", "is_shared"}
 
 _NON_TENSOR_TORCH = ("torch.device", "torch.Size", "torch.dtype", "torch.cuda.", "torch.no_grad",
-                     "torch.manual_seed", "torch.Generator", "torch.is_tensor", "torch.set_",
+                     "torch.manual_seed", "torch.Generator", "torch.is_tensor", "torch.is_floating_point",
+                     "torch.is_complex", "torch.is_storage", "torch.set_",
                      "torch.get_", "torch.utils.", "torch.nn.", "torch.optim.", "torch.save", "torch.load",
                      "torch.backends.", "torch.autocast", "torch.enable_grad", "torch.inference_mode",
                      "torch.distributed.", "torch.compile", "torch.jit.")
@@ -87,6 +89,11 @@ def tensor_names(scope_node: cst.CSTNode, qualnames: QualNames, loader_loops: It
         before = len(tensors)
         for a in assigns:
             value = a.value  # type: ignore[attr-defined]
+            if isinstance(a, cst.Assign):  # `x, y = batch["x"], batch["y"]`: pair by pair
+                for t in a.targets:
+                    for name, item in _pairs(t.target, value):
+                        if is_tensor_expr(item, tensors, qualnames, values):
+                            tensors.add(name)
             if not is_tensor_expr(value, tensors, qualnames, values):
                 continue
             if isinstance(a, cst.AugAssign):
@@ -101,6 +108,17 @@ def tensor_names(scope_node: cst.CSTNode, qualnames: QualNames, loader_loops: It
         if len(tensors) == before:
             break
     return tensors
+
+
+def _pairs(target: cst.BaseExpression, value: cst.BaseExpression):  # type: ignore[no-untyped-def]
+    """``(name, expression)`` for each name a tuple assignment binds from a
+    tuple of the same length (``a, b = x, y``); nothing otherwise."""
+    if not (isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List))):
+        return []
+    names, items = target.elements, value.elements
+    if len(names) != len(items) or any(isinstance(e, (cst.StarredElement)) for e in (*names, *items)):
+        return []
+    return [(n.value.value, v.value) for n, v in zip(names, items) if isinstance(n.value, cst.Name)]
 
 
 def reads_tensor_value(node: cst.CSTNode, tensors: Set[str], qualnames: QualNames) -> Optional[cst.CSTNode]:
