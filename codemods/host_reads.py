@@ -238,12 +238,15 @@ class HostReads(LoopCodemod):
         name = call_name(node)
         is_method = isinstance(node.func, cst.Attribute)
         q = self.qualnames(node.func)
+        if is_method and name in {"item", "tolist", "numpy", "cpu"} and self._on_host(node.func.value):  # type: ignore[attr-defined]
+            return  # a host tensor (`x = out.to("cpu")`, `losses = torch.zeros(n)`): nothing crosses
         if is_method and name == "item" and not node.args:
             self._report(node, ITEM, "`.item()` reads a tensor on the host: accumulate on the device, read once")
         elif is_method and name in {"tolist", "numpy", "cpu"}:
             self._report(node, TRANSFER, f"`.{name}()` copies a tensor to the host: keep it on the device in the loop")
         elif isinstance(node.func, cst.Name) and name in {"float", "int", "bool"} and len(node.args) == 1:
-            if is_tensor_expr(node.args[0].value, self.tensors, self.qualnames):
+            if is_tensor_expr(node.args[0].value, self.tensors, self.qualnames) and not self._on_host(
+                    node.args[0].value):
                 self._report(node, SCALAR, f"`{name}()` of a tensor is a host read")
         elif name in {"nonzero", "masked_select", "unique", "argwhere", "unique_consecutive"} and (
             is_method or any(n.startswith("torch.") for n in q)

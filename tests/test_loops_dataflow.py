@@ -269,3 +269,19 @@ def test_identity_tests_and_reads_kept_off_xla_are_no_tensor_condition():
            "device = torch.device('cuda')\n")
     _, findings = convert_text(src, select=["XLA404"])
     assert [(f.code, f.line) for f in findings] == [("XLA404", 14)]
+
+
+def test_reads_of_host_tensors_are_no_host_reads_and_joins_are_placed_by_their_inputs():
+    """makemore moves its samples to the host before ``.tolist()`` and
+    averages its losses on the host: no device read.  ``torch.cat`` and
+    ``torch.zeros_like`` of device tensors are on the device (they were
+    taken for host factories)."""
+    src = ("import torch\n\n\ndef sample(model, idx, n, num):\n    for _ in range(n):\n"
+           "        logits = model(idx)\n        nxt = torch.multinomial(logits.softmax(-1), 1)\n"
+           "        idx = torch.cat((idx, nxt), dim=1)\n        done = torch.zeros_like(idx)\n"
+           "        print(idx[0, 1:].tolist(), done[0].item())\n    out = idx.to('cpu')\n"
+           "    losses = []\n    for i in range(num):\n        row = out[i, 1:].tolist()\n"
+           "        losses.append(torch.tensor(row).float().mean().item())\n    return losses\n\n\n"
+           "device = torch.device('cuda')\n")
+    _, findings = convert_text(src, select=["XLA401", "XLA402"], options={"include_cold": True})
+    assert sorted((f.code, f.line) for f in findings) == [("XLA401", 10), ("XLA402", 10)]

@@ -8,7 +8,8 @@ dataflow of :mod:`codemods.analysis.values`:
 
 * a torch factory (``torch.zeros``, ``torch.randn``, ``torch.tensor``,
   ``torch.from_numpy``...) with no ``device=`` (or ``device="cpu"``) makes a
-  host tensor; with another ``device=`` a device tensor;
+  host tensor; with another ``device=`` a device tensor; ``torch.*_like(x)``
+  and ``torch.cat``/``torch.stack`` are made where their inputs are;
 * ``.to(x)``/``.cuda()`` moves to the device (``.to("cpu")``/``.cpu()``
   back to the host); other methods and indexing keep the placement;
 * a model's output is on the device, a function of the module's output where
@@ -33,9 +34,11 @@ from codemods.syntax.tree import TreeCache, call_name, find_all, string_value
 
 HOST, DEVICE = "host", "device"
 _FACTORIES = {"zeros", "ones", "empty", "full", "rand", "randn", "randint", "randperm", "arange", "linspace",
-              "logspace", "tensor", "as_tensor", "from_numpy", "eye", "zeros_like", "ones_like", "stack", "cat"}
-_KEEP = {"view", "reshape", "t", "contiguous", "float", "half", "double", "long", "int", "bfloat16", "detach",
-         "clone", "squeeze", "unsqueeze", "permute", "transpose", "flatten", "narrow", "split", "chunk"}
+              "logspace", "tensor", "as_tensor", "from_numpy", "eye"}
+# made where their input is (unless given a device=)
+_LIKE = {"zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like", "randint_like"}
+_JOINS = {"cat", "concat", "concatenate", "stack", "hstack", "vstack"}
+_TO_HOST = {"cpu", "numpy", "tolist"}
 
 
 def placement(tree: TreeCache, node: cst.CSTNode) -> Optional[str]:
@@ -84,9 +87,12 @@ class _Placement:
         func, name = call.func, call_name(call)
         if isinstance(func, cst.Attribute):
             quals = self.tree.import_qualnames(func) or set()
-            if any(q.startswith("torch.") and q.split(".")[-1] in _FACTORIES for q in quals):
+            torch_name = next((q.split(".")[-1] for q in quals if q.startswith("torch.")), None)
+            if torch_name in _FACTORIES:
                 return self._factory(call)
-            if name == "cpu":
+            if torch_name in _LIKE or torch_name in _JOINS:
+                return self._from_inputs(call, torch_name in _JOINS, busy)
+            if name in _TO_HOST:
                 return HOST
             if name == "cuda":
                 return DEVICE
@@ -99,8 +105,6 @@ class _Placement:
                         and self.values.of(target) & {DEVICE_KIND, DEVICE_STR}:
                     return DEVICE
                 return None  # .to(dtype), .to(other)
-            if name in _KEEP:
-                return self.of(func.value, busy)
         local = self.values.local_function(call)
         if isinstance(local, cst.FunctionDef):  # what the module's own function returns
             found = {self.of(r.value, busy) for r in find_all(local.body, cst.Return, stop=(cst.FunctionDef,))
@@ -108,7 +112,29 @@ class _Placement:
             return found.pop() if len(found) == 1 else None
         if self.values.of(func) & {MODULE}:
             return DEVICE  # a model's output
+        if isinstance(func, cst.Attribute):
+            # any other method of a tensor keeps its placement (a view, a
+            # dtype, a reduction: `torch.tensor(losses).mean()` is on the host)
+            return self.of(func.value, busy)
         return None
+
+    def _from_inputs(self, call: cst.Call, join: bool, busy: Set[int]) -> Optional[str]:
+        """``torch.zeros_like(x)`` is made where ``x`` is, ``torch.cat((a, b))``
+        where ``a`` and ``b`` both are (unless a ``device=`` says otherwise)."""
+        for arg in call.args:
+            if arg.keyword is not None and arg.keyword.value == "device":
+                return HOST if string_value(arg.value) == "cpu" else DEVICE
+        first = call.args[0].value if call.args and call.args[0].keyword is None else None
+        if first is None:
+            return None
+        if not join:
+            return self.of(first, busy)
+        if not isinstance(first, (cst.Tuple, cst.List)) or not first.elements:
+            return None
+        if any(isinstance(e, cst.StarredElement) for e in first.elements):
+            return None
+        found = {self.of(e.value, busy) for e in first.elements}
+        return found.pop() if len(found) == 1 else None
 
     def _factory(self, call: cst.Call) -> str:
         for arg in call.args:
