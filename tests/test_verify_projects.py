@@ -428,3 +428,30 @@ def test_a_fixture_run_by_verify_at_two_lengths_grows_where_lint_said(tmp_path):
     full = _line_of_fixture("sampler_traps", "return torch.full(")
     reads = [e for e in report["events"] if e["kind"] == "host_read" and e["original_line"] == full]
     assert reads and reads[0]["predicted"] == f"XLA403 at line {full}", report["events"]
+
+
+def test_a_conversion_that_dies_in_xla_names_the_signal_the_cause_and_the_line(tmp_path):
+    """Pytorch-UNet's first evaluation round made the XLA CPU backend abort
+    (``LLVM ERROR: Unable to allocate section memory!``) in native code: the
+    report said only the first runtime log line.  Now it names the signal,
+    the cause, the progress so far, and the user's line the fault handler
+    shows (the innermost frame: a dump lists the most recent call first)."""
+    dest = tmp_path / "dies"
+    dest.mkdir()
+    (dest / "helpers.py").write_text(
+        "import os\nimport sys\n\n\ndef check(x):\n    if x.device.type == 'xla':\n"
+        "        print('E0000 00:00:1.0 1 execution_engine.cc:54] LLVM compilation error', file=sys.stderr)\n"
+        "        print('LLVM ERROR: Unable to allocate section memory!', file=sys.stderr, flush=True)\n"
+        "        os.abort()\n    return x * 2\n")
+    (dest / "main.py").write_text(
+        "import torch\n\nfrom helpers import check\n\n"
+        "device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\n"
+        "print(check(torch.ones(2).to(device)))\n")
+    result = CliRunner().invoke(main, ["verify", "--json", str(tmp_path / "r.json"), "--reference-runs", "1",
+                                       "--root", str(dest), str(dest / "main.py")])
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert result.exit_code == 1 and report["verdict"] == "fail", result.output
+    said = report["failures"][0]
+    assert said.startswith("the conversion did not run at helpers.py:9: "), said
+    assert "LLVM ERROR: Unable to allocate section memory! (Fatal Python error: Aborted)" in said, said
+    assert "died (killed by SIGABRT" in report["config"]["candidate_error"]

@@ -8,7 +8,7 @@ import importlib.util
 import re
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from codemods.rule import Finding
 from xlaport.engine import Settings, SourceError, transform
@@ -19,6 +19,40 @@ from xlaport.verify.outputs import compare, tolerance
 from xlaport.verify.project import Project, Side, build_side
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+# a log line of XLA's runtime (glog): "E0000 00:00:1795647580.49 8957 file.cc:54] ..."
+_LOG_LINE = re.compile(r"^[EWIF]\d{4} \d\d:\d\d:\d\d")
+
+
+def _innermost(error: str, own: Callable[[str], bool]) -> Optional[Tuple[str, int]]:
+    """The innermost frame in the user's files: the last of a traceback
+    (most recent call last), the first of a thread in a fault handler's
+    dump (most recent call first: a fatal error, an abort in XLA)."""
+    if "(most recent call first)" in error:
+        for block in error.split("(most recent call first)")[1:]:
+            found = [(p, int(n)) for p, n in _FRAME.findall(block) if own(p)]
+            if found:
+                return found[0]
+        return None
+    found = [(p, int(n)) for p, n in _FRAME.findall(error) if own(p)]
+    return found[-1] if found else None
+
+
+def _what_killed(error: str) -> str:
+    """The line that says why the run ended: a fatal error with the line
+    before it that gave its cause (``LLVM ERROR: Unable to allocate section
+    memory!``), else the last line that is not a runtime log line."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    if not lines:
+        return "it crashed"
+    fatal = next((k for k, line in enumerate(lines) if line.startswith("Fatal Python error:")), None)
+    if fatal is not None:
+        cause = next((line for line in reversed(lines[:fatal]) if not _LOG_LINE.match(line)
+                      and not line.startswith(("WARNING: All log messages", "Current thread", "Thread 0x"))), None)
+        return f"{cause} ({lines[fatal]})" if cause else lines[fatal]
+    told = [line for line in lines if not _LOG_LINE.match(line)]
+    return told[-1] if told else lines[-1]
 
 
 class Session:
@@ -164,13 +198,13 @@ class Session:
         every step."""
         side = self._latest["xla"]
         lines = LineMapper(self.project.script, side.script, side.tree, self.project.root)
-        frames = [(p, int(n)) for p, n in _FRAME.findall(error) if lines.resolve(p) is not None]
+        frame = _innermost(error, lambda p: lines.resolve(p) is not None)
         report = Report("fail")
-        last = error.strip().splitlines()[-1] if error.strip() else "it crashed"
-        if frames:
-            event = lines.event("crash", frames[-1], 1, last)
+        last = _what_killed(error)
+        if frame is not None:
+            event = lines.event("crash", frame, 1, last)
             report.events.append(event)
-            where = f" at {Path(str(event['original_path'] or frames[-1][0])).name}:{event['original_line'] or frames[-1][1]}"
+            where = f" at {Path(str(event['original_path'] or frame[0])).name}:{event['original_line'] or frame[1]}"
         else:
             where = ""
         report.failures.append(f"the conversion did not run{where}: {last}")
