@@ -453,5 +453,6 @@ def test_a_conversion_that_dies_in_xla_names_the_signal_the_cause_and_the_line(t
     assert result.exit_code == 1 and report["verdict"] == "fail", result.output
     said = report["failures"][0]
     assert said.startswith("the conversion did not run at helpers.py:9: "), said
-    assert "LLVM ERROR: Unable to allocate section memory! (Fatal Python error: Aborted)" in said, said
+    assert "LLVM ERROR: Unable to allocate section memory! (Fatal Python error: Aborted); it died (killed by " \
+           "SIGABRT)" in said, said
     assert "died (killed by SIGABRT" in report["config"]["candidate_error"]

@@ -23,6 +23,7 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 # a log line of XLA's runtime (glog): "E0000 00:00:1795647580.49 8957 file.cc:54] ..."
 _LOG_LINE = re.compile(r"^[EWIF]\d{4} \d\d:\d\d:\d\d")
+_LOG_SOURCE = re.compile(r"^.*?\.(cc|cpp|h):\d+\]\s*")  # "...execution_engine.cc:54] " before a log message
 
 
 def _innermost(error: str, own: Callable[[str], bool]) -> Optional[Tuple[str, int]]:
@@ -50,6 +51,8 @@ def _what_killed(error: str) -> str:
     if fatal is not None:
         cause = next((line for line in reversed(lines[:fatal]) if not _LOG_LINE.match(line)
                       and not line.startswith(("WARNING: All log messages", "Current thread", "Thread 0x"))), None)
+        if cause:  # (a runtime log line cut in two by another thread's output keeps its message only)
+            cause = _LOG_SOURCE.sub("", cause)
         return f"{cause} ({lines[fatal]})" if cause else lines[fatal]
     told = [line for line in lines if not _LOG_LINE.match(line)]
     return told[-1] if told else lines[-1]
@@ -201,6 +204,9 @@ class Session:
         frame = _innermost(error, lambda p: lines.resolve(p) is not None)
         report = Report("fail")
         last = _what_killed(error)
+        head = error.split("\n", 1)[0]
+        if " died (" in head:  # how it ended and how far it got: "(killed by SIGABRT) (after 92 s: 1 steps, ...)"
+            last += f"; it died {head.split(' died ', 1)[1].rstrip(':')}"
         if frame is not None:
             event = lines.event("crash", frame, 1, last)
             report.events.append(event)
