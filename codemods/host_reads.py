@@ -18,7 +18,7 @@ from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP, STEP_METHOD
 from codemods.analysis import LoopCodemod, hot_methods, is_tensor_expr, loop_iterable, module_facts
 from codemods.analysis.loops import per_step_functions, step_functions
 from codemods.analysis.counters import loop_counters
-from codemods.analysis.placement import DEVICE, HOST, placement
+from codemods.analysis.placement import DEVICE, HOST, TO_HOST, placement
 from codemods.analysis.syncs import false_on_xla
 from codemods.analysis.values import values as dataflow
 from codemods.base import Rule, TreeCache, call_name, find_all
@@ -238,11 +238,11 @@ class HostReads(LoopCodemod):
         name = call_name(node)
         is_method = isinstance(node.func, cst.Attribute)
         q = self.qualnames(node.func)
-        if is_method and name in {"item", "tolist", "numpy", "cpu"} and self._on_host(node.func.value):  # type: ignore[attr-defined]
+        if is_method and (name == "item" or name in TO_HOST) and self._on_host(node.func.value):  # type: ignore[attr-defined]
             return  # a host tensor (`x = out.to("cpu")`, `losses = torch.zeros(n)`): nothing crosses
         if is_method and name == "item" and not node.args:
             self._report(node, ITEM, "`.item()` reads a tensor on the host: accumulate on the device, read once")
-        elif is_method and name in {"tolist", "numpy", "cpu"}:
+        elif is_method and name in TO_HOST:
             self._report(node, TRANSFER, f"`.{name}()` copies a tensor to the host: keep it on the device in the loop")
         elif isinstance(node.func, cst.Name) and name in {"float", "int", "bool"} and len(node.args) == 1:
             if is_tensor_expr(node.args[0].value, self.tensors, self.qualnames) and not self._on_host(

@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Dict, List
 
 from codemods import registry, rule_index
-from xlaport.runner import FILE_ERROR
 from codemods.rule import Rule
+from xlaport.runner import FILE_ERROR
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "rules"
+
+
 def render_rule(rule: Rule, codemod: type) -> str:
     lines = [
         f"{rule.code} ({rule.name})",

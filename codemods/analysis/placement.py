@@ -38,7 +38,7 @@ _FACTORIES = {"zeros", "ones", "empty", "full", "rand", "randn", "randint", "ran
 # made where their input is (unless given a device=)
 _LIKE = {"zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like", "randint_like"}
 _JOINS = {"cat", "concat", "concatenate", "stack", "hstack", "vstack"}
-_TO_HOST = {"cpu", "numpy", "tolist"}
+TO_HOST = frozenset({"cpu", "numpy", "tolist"})  # methods that copy a tensor to the host
 
 
 def placement(tree: TreeCache, node: cst.CSTNode) -> Optional[str]:
@@ -92,7 +92,7 @@ class _Placement:
                 return self._factory(call)
             if torch_name in _LIKE or torch_name in _JOINS:
                 return self._from_inputs(call, torch_name in _JOINS, busy)
-            if name in _TO_HOST:
+            if name in TO_HOST:
                 return HOST
             if name == "cuda":
                 return DEVICE
@@ -121,9 +121,9 @@ class _Placement:
     def _from_inputs(self, call: cst.Call, join: bool, busy: Set[int]) -> Optional[str]:
         """``torch.zeros_like(x)`` is made where ``x`` is, ``torch.cat((a, b))``
         where ``a`` and ``b`` both are (unless a ``device=`` says otherwise)."""
-        for arg in call.args:
-            if arg.keyword is not None and arg.keyword.value == "device":
-                return HOST if string_value(arg.value) == "cpu" else DEVICE
+        given = _device_argument(call)
+        if given is not None:
+            return given
         first = call.args[0].value if call.args and call.args[0].keyword is None else None
         if first is None:
             return None
@@ -137,10 +137,7 @@ class _Placement:
         return found.pop() if len(found) == 1 else None
 
     def _factory(self, call: cst.Call) -> str:
-        for arg in call.args:
-            if arg.keyword is not None and arg.keyword.value == "device":
-                return HOST if string_value(arg.value) == "cpu" else DEVICE
-        return HOST
+        return _device_argument(call) or HOST
 
     def _name(self, name: cst.Name, busy: Set[int]) -> Optional[str]:
         if not binding_nodes(self.tree, name):
@@ -156,3 +153,11 @@ class _Placement:
             found.add(self.of(value, busy) if value is not None and not path and not isinstance(value, cst.For)
                       else None)
         return found.pop() if len(found) == 1 else None
+
+
+def _device_argument(call: cst.Call) -> Optional[str]:
+    """Where a ``device=`` argument puts what ``call`` makes; None without one."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "device":
+            return HOST if string_value(arg.value) == "cpu" else DEVICE
+    return None

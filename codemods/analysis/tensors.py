@@ -116,7 +116,7 @@ def _pairs(target: cst.BaseExpression, value: cst.BaseExpression):  # type: igno
     if not (isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List))):
         return []
     names, items = target.elements, value.elements
-    if len(names) != len(items) or any(isinstance(e, (cst.StarredElement)) for e in (*names, *items)):
+    if len(names) != len(items) or any(isinstance(e, cst.StarredElement) for e in (*names, *items)):
         return []
     return [(n.value.value, v.value) for n, v in zip(names, items) if isinstance(n.value, cst.Name)]
 

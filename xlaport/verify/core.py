@@ -31,9 +31,12 @@ LEFTOVERS = "xlaport-leftovers.pt"
 
 class VerifyError(Exception):
     """The program could not be verified (crash, timeout, missing runtime).
-    ``so_far``: what an XLA run killed at the timeout had done by then."""
+    ``so_far``: what an XLA run killed at the timeout had done by then;
+    ``ended``: how a run that died ended and how far it got
+    (``killed by SIGABRT (after 92 s: 1 steps, ...)``)."""
 
     so_far: Optional[Dict[str, object]] = None
+    ended: str = ""
 
 
 @dataclass
@@ -161,7 +164,7 @@ def run_side(side: Side, mode: str, args: Sequence[str], timeout: float, python:
             else f"exit {code}"
         error = VerifyError(f"{side.project.rel_script} ({mode} run) died ({how}){_progress(so_far)}:\n"
                             f"{stderr[-4000:]}")
-        error.so_far = so_far
+        error.so_far, error.ended = so_far, f"({how}){_progress(so_far)}"
         raise error
     data = json.loads(result_path.read_text())
     if not data["ok"]:

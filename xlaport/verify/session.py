@@ -162,7 +162,7 @@ class Session:
         try:
             cand_side, cand = self.run_once("xla", "xla", self.args, xla_env)
         except VerifyError as exc:  # the original ran: a conversion that cannot is a failed one
-            return self._crashed(str(exc), exc.so_far)
+            return self._crashed(str(exc), exc.so_far, exc.ended)
         fallback_sites: List[Dict[str, object]] = []
         if cand.metrics.get("fallbacks"):  # a second run ties each fallback to the line that called the op
             _, traced = self.run_once("xla", "xla", self.args, {**xla_env, "XLAPORT_TRACE_FALLBACKS": "1",
@@ -193,7 +193,7 @@ class Session:
         report.verdict = "fail" if report.failures else "pass"
         return report
 
-    def _crashed(self, error: str, so_far: Optional[Dict[str, object]] = None) -> Report:
+    def _crashed(self, error: str, so_far: Optional[Dict[str, object]] = None, ended: str = "") -> Report:
         """The candidate crashed (or ran past the timeout) where the reference
         ran: the verdict is fail, with the program's own error and the line of
         the user's file it came from; a run that timed out compiling a new
@@ -203,10 +203,7 @@ class Session:
         lines = LineMapper(self.project.script, side.script, side.tree, self.project.root)
         frame = _innermost(error, lambda p: lines.resolve(p) is not None)
         report = Report("fail")
-        last = _what_killed(error)
-        head = error.split("\n", 1)[0]
-        if " died (" in head:  # how it ended and how far it got: "(killed by SIGABRT) (after 92 s: 1 steps, ...)"
-            last += f"; it died {head.split(' died ', 1)[1].rstrip(':')}"
+        last = _what_killed(error) + (f"; it died {ended}" if ended else "")
         if frame is not None:
             event = lines.event("crash", frame, 1, last)
             report.events.append(event)
