@@ -12,7 +12,7 @@ diffusers >= 0.31) gets no new barrier: its other step loops are reported.
 
 from __future__ import annotations
 
-from typing import List, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 import libcst as cst
 
@@ -24,10 +24,12 @@ from codemods.analysis import (
     is_barrier_call,
     module_facts,
 )
-from codemods.analysis.loops import syncing_functions
+from codemods.analysis.loops import body_statements, last_optimizer_step, loop_step_kind, syncing_functions
+from codemods.analysis.placement import host_read
+from codemods.analysis.values import values as dataflow
 from codemods.analysis.kinds import model_source_triggers
 from codemods.analysis.steps import trigger_words
-from codemods.base import Rule, find_all, statement
+from codemods.base import Rule, call_name, find_all, statement
 
 STEP_BARRIER = Rule(
     code="XLA302",
@@ -44,7 +46,9 @@ STEP_BARRIER = Rule(
         "a step loop there without a barrier is reported for review. Steps are followed through the "
         "module's own calls (functions, `self` methods, closures) to any depth; only a sync on every path "
         "through the body counts as a barrier (not one under a flag); the micro-steps of gradient "
-        "accumulation share the barrier after the optimizer step."
+        "accumulation share the barrier after the optimizer step. When the body reads a tensor on the host after "
+        "its optimizer step (`total += loss.item()`), the barrier goes right after that step, as experts place it: "
+        "the read then finds the step computed instead of running the pending step as a graph of its own."
     ),
     before=(
         "for x, y in batches:\n    loss = loss_fn(model(x), y)\n    loss.backward()\n"
@@ -183,23 +187,52 @@ class StepBarrier(LoopCodemod):
                       "step loop without a barrier in a module that already syncs by hand: "
                       "add one here if this loop runs on the device", fix=False)
             return updated
-        if not self.flag(
-            original,
-            STEP_BARRIER.code,
-            "step loop: `torch_xla.sync()` added as its last statement",
-            fix=True,
-        ):
+        after = self._after_optimizer_step(original, exits)
+        where = ("right after its optimizer step (the host reads after it find the step computed)"
+                 if after is not None else "as its last statement")
+        if not self.flag(original, STEP_BARRIER.code, f"step loop: `torch_xla.sync()` added {where}", fix=True):
             return updated
         self.add_imports(self.target.sync_imports)
-        new_body = self._before_exits(list(body.body), exits)
+        stmts = list(body.body)
+        if after is not None:
+            stmts.insert(after, self._barrier())
+        new_body = self._before_exits(stmts, exits)
         last = new_body[-1]
-        if _is_exit(last, exits):
+        if after is not None:
+            pass  # the barrier follows the optimizer step
+        elif _is_exit(last, exits):
             pass  # the barrier before it is already there
         elif _ends_flow(last):
             new_body.insert(len(new_body) - 1, self._barrier())
         else:
             new_body.append(self._barrier())
         return updated.with_changes(body=body.with_changes(body=new_body))
+
+    def _after_optimizer_step(self, loop: Loop, exits: Tuple[type, ...]) -> Optional[int]:
+        """Where the barrier goes when the loop reads a tensor on the host
+        after its optimizer step (``print(loss.item())``, a histogram of
+        the weights): right after that step -- and the LR scheduler's
+        ``step()`` and ``zero_grad()`` that follow it -- as experts place
+        it, so that the reads find the step computed instead of each running
+        the step's pending graph (or a part of it) on its own.  None (the
+        end of the body) when nothing after the step reads the host, when
+        a step closure is registered after it (it would run a step late),
+        or when the body can end early after it."""
+        stmts = body_statements(loop)
+        k = last_optimizer_step(loop, self.steps, self.qualnames, dataflow(self.tree))
+        if k is None or loop_step_kind(self.tree, loop, self.steps) != "step":
+            return None
+        k += 1
+        while k < len(stmts) and _host_step(stmts[k]):
+            k += 1  # `lr_scheduler.step()`, `optimizer.zero_grad()`
+        tail = stmts[k:]
+        calls = [c for s in tail for c in find_all(s, cst.Call, stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda))]
+        if not tail or _has_exit(tail, exits) or any(self.is_step_closure(c) for c in calls):  # type: ignore[arg-type]
+            return None
+        tensors = self.tensors
+        if not any(host_read(self.tree, c, tensors, self.qualnames) for c in calls):  # type: ignore[arg-type]
+            return None
+        return k
 
     def _syncs_by_hand(self) -> bool:
         """The module already calls a barrier somewhere (``xm.mark_step()``,
@@ -259,6 +292,14 @@ class StepBarrier(LoopCodemod):
             else:
                 fixed.append(s.visit(_Continue()))  # type: ignore[arg-type]
         return fixed
+
+
+def _host_step(stmt: cst.CSTNode) -> bool:
+    """``lr_scheduler.step()`` / ``optimizer.zero_grad()``: bookkeeping on the
+    host that belongs with the optimizer step (no argument: no value read)."""
+    return isinstance(stmt, cst.SimpleStatementLine) and all(
+        isinstance(s, cst.Expr) and isinstance(s.value, cst.Call) and not s.value.args
+        and call_name(s.value) in ("step", "zero_grad") for s in stmt.body)
 
 
 def _is_exit(stmt: cst.CSTNode, kinds: Tuple[type, ...]) -> bool:

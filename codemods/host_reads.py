@@ -18,7 +18,7 @@ from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP, STEP_METHOD
 from codemods.analysis import LoopCodemod, hot_methods, is_tensor_expr, loop_iterable, module_facts
 from codemods.analysis.loops import per_step_functions, step_functions
 from codemods.analysis.counters import loop_counters
-from codemods.analysis.placement import DEVICE, HOST, TO_HOST, placement
+from codemods.analysis.placement import DEVICE, HOST, TO_HOST, host_read, placement
 from codemods.analysis.syncs import false_on_xla
 from codemods.analysis.values import values as dataflow
 from codemods.base import Rule, TreeCache, call_name, find_all
@@ -238,16 +238,16 @@ class HostReads(LoopCodemod):
         name = call_name(node)
         is_method = isinstance(node.func, cst.Attribute)
         q = self.qualnames(node.func)
-        if is_method and (name == "item" or name in TO_HOST) and self._on_host(node.func.value):  # type: ignore[attr-defined]
-            return  # a host tensor (`x = out.to("cpu")`, `losses = torch.zeros(n)`): nothing crosses
-        if is_method and name == "item" and not node.args:
+        # (a host tensor -- `x = out.to("cpu")`, `losses = torch.zeros(n)` -- crosses nothing)
+        read = host_read(self.tree, node, self.tensors, self.qualnames)
+        if read == "item":
             self._report(node, ITEM, "`.item()` reads a tensor on the host: accumulate on the device, read once")
-        elif is_method and name in TO_HOST:
+        elif read in TO_HOST:
             self._report(node, TRANSFER, f"`.{name}()` copies a tensor to the host: keep it on the device in the loop")
-        elif isinstance(node.func, cst.Name) and name in {"float", "int", "bool"} and len(node.args) == 1:
-            if is_tensor_expr(node.args[0].value, self.tensors, self.qualnames) and not self._on_host(
-                    node.args[0].value):
-                self._report(node, SCALAR, f"`{name}()` of a tensor is a host read")
+        elif read is not None:
+            self._report(node, SCALAR, f"`{name}()` of a tensor is a host read")
+        elif is_method and (name == "item" or name in TO_HOST) or name in {"float", "int", "bool"}:
+            return
         elif name in {"nonzero", "masked_select", "unique", "argwhere", "unique_consecutive"} and (
             is_method or any(n.startswith("torch.") for n in q)
         ):

@@ -87,6 +87,47 @@ def test_gradient_accumulation_compiles_one_graph_per_optimizer_step(tmp_path):
     assert b["executions"] - a["executions"] == 2, (a, b)
 
 
+_READ_AFTER_STEP = ("import torch\n\ndef train(model, opt, sched, batches):\n    total = 0.0\n"
+                    "    for x in batches:\n        loss = model(x.cuda()).sum()\n        opt.zero_grad()\n"
+                    "        loss.backward()\n        opt.step()\n        sched.step()\n"
+                    "        total += loss.item()\n    return total\n")
+
+
+def test_a_host_read_after_the_optimizer_step_gets_the_barrier_before_it():
+    out = transform(_READ_AFTER_STEP.encode(), Settings())
+    assert "opt.step()\n        sched.step()\n        torch_xla.sync()\n        total += loss.item()\n" in \
+        out.code.decode(), out.code.decode()
+    assert [f.message for f in out.findings if f.code == "XLA302"] == [
+        "step loop: `torch_xla.sync()` added right after its optimizer step (the host reads after it find the step "
+        "computed)"]
+    # nothing read after the step, or a read before it: the end of the body, as before
+    for src in (_READ_AFTER_STEP.replace("        total += loss.item()\n", "        total += loss\n"),
+                _READ_AFTER_STEP.replace("        total += loss.item()\n", "").replace(
+                    "        opt.zero_grad()\n", "        total += loss.item()\n        opt.zero_grad()\n")):
+        code = transform(src.encode(), Settings()).code.decode()
+        assert code.endswith("\n        torch_xla.sync()\n    return total\n") and code.count("sync()") == 1, code
+    # a step under a condition (accumulation), a `continue` after the step, a
+    # print deferred to a step closure (it would run a step late): the end
+    for old, new in (("        opt.step()\n", "        if x.sum() > 0:\n            opt.step()\n"),
+                     ("        total += loss.item()\n", "        total += loss.item()\n        if total > 9:\n"
+                                                        "            continue\n        total -= 1\n"),
+                     ("        total += loss.item()\n", "        print(loss.item())\n")):
+        code = transform(_READ_AFTER_STEP.replace(old, new).encode(), Settings()).code.decode()
+        assert "sched.step()\n        torch_xla.sync()\n" not in code, code
+
+
+@pytest.mark.xla
+@needs_xla
+def test_a_read_after_the_step_finds_it_computed_on_xla(tmp_path):
+    """fixtures/read_after_step: one graph and one execution per step (with
+    the barrier at the end of the body: two of each -- the loss read runs
+    the forward pass as a graph of its own; docs/internals.md)."""
+    a, out3, b, _ = at_two_lengths("read_after_step", tmp_path, "--steps", 3, 6)
+    assert a["compiles"] == b["compiles"] == 1, (a, b)
+    assert b["executions"] - a["executions"] == 3, (a, b)
+    assert "mean loss" in out3
+
+
 def test_traps_through_calls_are_reported_on_their_line_with_the_callee():
     src = (FIXTURES / "traps_through_calls" / "input.py").read_text()
     lines = src.splitlines()

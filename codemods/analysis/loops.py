@@ -258,6 +258,29 @@ def accumulates_gradients(loop: Loop, steps: Set[str]) -> bool:
         n in ("step", "optimizer_step") or (n in steps and n != "backward") for n in names)
 
 
+def last_optimizer_step(loop: Loop, steps: Set[str], qualnames: QualNames,
+                        values: Optional[Values] = None) -> Optional[int]:
+    """The index, in the loop's body, of the statement that takes its
+    optimizer step: the last statement of the body's own level (not nested
+    in an ``if``/``with``/loop) whose own calls take a training step other
+    than ``.backward()`` (``optimizer.step()``, ``xm.optimizer_step(opt)``,
+    ``loss = train_step(batch)``), with no step of any kind after it.  None
+    when there is none (a sampling loop, a step taken under a condition)."""
+    stmts = list(body_statements(loop))
+    found: Optional[int] = None
+    for i, stmt in enumerate(stmts):
+        calls = [c for c in own_nodes(stmt, cst.Call)
+                 if is_step_call(c, steps, qualnames, values)]  # type: ignore[arg-type]
+        if not calls:
+            continue
+        if not isinstance(stmt, cst.SimpleStatementLine) or any(
+                call_name(c) == "backward" or _is_sampler_step(c, values) for c in calls):  # type: ignore[arg-type]
+            found = None  # a step after the candidate, or one nested or sampling
+            continue
+        found = i
+    return found
+
+
 def _is_sampler_step(call: cst.Call, values: Optional[Values]) -> bool:
     """``scheduler.step(x, t, ...)``: a sampler's step, not an optimizer's."""
     func = call.func

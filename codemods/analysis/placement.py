@@ -24,11 +24,12 @@ Anything else is unknown (None): the rules treat it as they did before.
 
 from __future__ import annotations
 
-from typing import Optional, Set
+from typing import Callable, Iterable, Optional, Set
 
 import libcst as cst
 
 from codemods.analysis.bindings import binding_nodes
+from codemods.analysis.tensors import is_tensor_expr
 from codemods.analysis.values import DEVICE as DEVICE_KIND, DEVICE_STR, MODULE, Values, values as values_of
 from codemods.syntax.tree import TreeCache, call_name, find_all, string_value
 
@@ -44,6 +45,24 @@ TO_HOST = frozenset({"cpu", "numpy", "tolist"})  # methods that copy a tensor to
 def placement(tree: TreeCache, node: cst.CSTNode) -> Optional[str]:
     """``"host"``, ``"device"`` or None (cannot tell) for the tensor ``node``."""
     return _Placement(tree).of(node, set())
+
+
+def host_read(tree: TreeCache, call: cst.Call, tensors: Set[str],
+              qualnames: Callable[[cst.CSTNode], Iterable[str]]) -> Optional[str]:
+    """How ``call`` copies a tensor's value to the host -- ``"item"``, one of
+    ``TO_HOST`` (``.cpu()``, ``.numpy()``, ``.tolist()``), or ``"float"``/
+    ``"int"``/``"bool"`` of a tensor -- or None: no such call, or the tensor
+    is on the host already (nothing crosses).  The one definition the host
+    read rules (XLA401-403) and the barrier's placement read."""
+    name = call_name(call)
+    func = call.func
+    if isinstance(func, cst.Attribute) and (name == "item" and not call.args or name in TO_HOST):
+        return None if placement(tree, func.value) == HOST else name
+    if isinstance(func, cst.Name) and name in {"float", "int", "bool"} and len(call.args) == 1:
+        arg = call.args[0].value
+        if is_tensor_expr(arg, tensors, qualnames) and placement(tree, arg) != HOST:  # type: ignore[arg-type]
+            return name
+    return None
 
 
 class _Placement:
