@@ -33,6 +33,7 @@ ORDER: Tuple[Tuple[str, str], ...] = (
     # after the loop rules: they read the loops where the user wrote them, and on most files the
     # dedent is the last rewrite, so nothing analyses the tree again
     ("codemods.progress", "BarBlocks"),
+    ("codemods.tied_weights", "TiedWeights"),
     ("codemods.runtime", "XlaRuntime"),  # late: it asks whether the rules before it import torch_xla
     ("codemods.coverage", "CudaCatchAll"),
     ("codemods.suppressions", "UnusedSuppressions"),  # last: it reads what the others silenced

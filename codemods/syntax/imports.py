@@ -88,7 +88,7 @@ def _add(needed: List[Request], tree: cst.Module) -> cst.Module:
         AddImportsVisitor.add_needed_import(ctx, module, obj, asname)
     roots = {module.split(".")[0] for module, _, _ in needed}
     body = list(tree.body)
-    k = _head_length(tree)
+    k = head_length(tree)
     originals: Dict[str, cst.CSTNode] = {}
     for i, stmt in enumerate(body[: k + 1]):
         stand_in = _stand_in(stmt, roots, len(originals), i == k)
@@ -175,7 +175,7 @@ def _removable(unused: List[Request], tree: cst.Module) -> Optional[int]:
     when it must see the whole module."""
     bound: List[Tuple[str, str, bool]] = []  # (what an import names, the local name it binds, in the head?)
     used: Set[str] = set()
-    head = _head_length(tree)
+    head = head_length(tree)
     in_head = {id(n) for stmt in tree.body[:head] for n in walk(stmt, stop=(cst.Import, cst.ImportFrom))}
     for node in walk(tree, stop=(cst.Import, cst.ImportFrom)):
         if isinstance(node, cst.Name):
@@ -213,7 +213,7 @@ def _in_strings(tree: cst.Module, names: Set[str]) -> bool:
     return False
 
 
-def _head_length(tree: cst.Module) -> int:
+def head_length(tree: cst.Module) -> int:
     """The docstring and the import lines at the top of the module."""
     body = tree.body
     k = 0

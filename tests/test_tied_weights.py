@@ -1,0 +1,42 @@
+"""XLA157: weights tied between modules stay tied on the XLA device (the
+rule's own examples run in test_rules; the golden is fixtures/tied_weights)."""
+
+import pytest
+
+from xlaport.engine import Settings, transform
+
+from test_runnable_ports import needs_xla, run_on_xla
+
+SWAP = "torch.__future__.set_swap_module_params_on_conversion(True)"
+
+LM = ('"""A model."""\n\nimport torch.nn as nn\n\nVOCAB = 16\n\n\nclass LM(nn.Module):\n    def __init__(self, tie):\n'
+      "        super().__init__()\n        self.wte = nn.Embedding(VOCAB, 4)\n"
+      "        self.lm_head = nn.Linear(4, VOCAB, bias=False)\n        if tie:\n"
+      "            self.lm_head.weight = self.wte.weight\n")
+
+
+def test_a_tie_in_a_class_turns_on_swapping_once_after_the_imports():
+    out = transform(LM.encode(), Settings())
+    code = out.code.decode()
+    # `torch` itself is imported for it; the switch follows the imports, before any model is made
+    assert code.startswith('"""A model."""\n\nimport torch.nn as nn\nimport torch\n\n' + SWAP + "\n\nVOCAB = 16\n"), code
+    assert [(f.code, f.line) for f in out.findings] == [("XLA157", 14)]
+    again = transform(out.code, Settings())
+    assert again.code == out.code and not again.findings
+    # a module's own parameter, a tie outside a class, the same name twice: no tie rewritten
+    for other in ("self.lm_head.weight = nn.Parameter(self.wte.weight.clone())",
+                  "self.lm_head.weight = self.lm_head.weight", "self.lm_head.weight = self.wte.bias"):
+        assert "XLA157" not in [f.code for f in transform(LM.replace(
+            "self.lm_head.weight = self.wte.weight", other).encode(), Settings()).findings], other
+    # a bias shared with the head's own parameter (BERT's prediction head) is a tie too
+    bias = LM.replace("self.lm_head.weight = self.wte.weight", "self.lm_head.bias = self.bias")
+    assert [f.code for f in transform(bias.encode(), Settings()).findings] == ["XLA157"]
+
+
+@pytest.mark.xla
+@needs_xla
+def test_the_converted_model_keeps_one_weight_on_xla(tmp_path):
+    """Without the switch `.to(xla)` gives the head a weight of its own:
+    4 parameters, untied (measured: 'parameters 4 tied False')."""
+    _, out, _, _ = run_on_xla("tied_weights", tmp_path, "--steps", "2")
+    assert "parameters 3 tied True" in out, out
