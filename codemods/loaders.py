@@ -15,6 +15,7 @@ import libcst as cst
 
 from codemods.analysis.prefilter import LOADER_LOOP
 from codemods.analysis import LoopCodemod, is_device_loader_expr, loop_iterable, module_facts
+from codemods.analysis.placement import batches_stay_on_host
 from codemods.analysis.values import values as dataflow
 from codemods.base import Rule, call_name, find_all
 
@@ -56,6 +57,9 @@ DEVICE_LOADER = Rule(
         "    model, dl = accelerator.prepare(model, dl)\n    return model, dl\n\n"
         "model, dl = setup(accelerator)\nfor batch in dl:\n    train(batch)\n",
         # the device is the caller's (timm's PrefetchLoader): reported, not rewritten -> not in `valid`
+        # host code: batches reduced on the CPU, never moved nor handed on (pytorch-cifar's mean and std)
+        "import torch\nfrom torch.utils.data import DataLoader\n\nmean = torch.zeros(3)\n"
+        "for x, _ in DataLoader(ds):\n    mean += x.mean((0, 2, 3))\n",
         # a list of loaders (accelerate's checkpointing): iterating it walks loaders, not batches
         "for i, dl in enumerate(dataloaders):\n    save_sampler_state(dl, i)\n",
     ),
@@ -137,8 +141,8 @@ class DeviceLoader(LoopCodemod):
         if is_device_loader_expr(original.iter, self.target.loader_names, self.qualnames):
             return updated
         inner = loop_iterable(original)
-        if not self.is_data_loader_expr(inner):
-            return updated
+        if not self.is_data_loader_expr(inner) or batches_stay_on_host(original):
+            return updated  # (host code: its batches are never moved nor handed on)
         host_model = self._model_on_host(original)
         if host_model:
             self.flag(inner, DEVICE_LOADER.code, f"DataLoader loop whose model `{host_model}` is never moved to a "

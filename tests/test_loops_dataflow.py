@@ -285,3 +285,25 @@ def test_reads_of_host_tensors_are_no_host_reads_and_joins_are_placed_by_their_i
            "device = torch.device('cuda')\n")
     _, findings = convert_text(src, select=["XLA401", "XLA402"], options={"include_cold": True})
     assert sorted((f.code, f.line) for f in findings) == [("XLA401", 10), ("XLA402", 10)]
+
+
+def test_a_loader_loop_whose_batches_stay_on_the_host_is_host_code():
+    """pytorch-cifar's get_mean_and_std: the batches are reduced into host
+    tensors, never moved nor handed on -- the loader is not wrapped (that
+    would move the CPU work to the device) and slicing them is no trap; a
+    loop that hands its batch to a model is wrapped and its slices reported."""
+    from xlaport.engine import Settings, transform
+
+    src = ("import torch\n\n\ndef stats(dataset):\n    dataloader = torch.utils.data.DataLoader(dataset, batch_size=1)\n"
+           "    mean = torch.zeros(3)\n    for inputs, targets in dataloader:\n        for i in range(3):\n"
+           "            mean[i] += inputs[:, i, :, :].mean()\n    return mean\n\n\n"
+           "def train(model, opt, dataset):\n    loader = torch.utils.data.DataLoader(dataset)\n"
+           "    for x, y in loader:\n        for t in range(3):\n            model(x[:, t].cuda()).sum().backward()\n"
+           "            opt.step()\n")
+    found = [(f.code, f.line) for f in transform(src.encode(), Settings()).findings]
+    assert not [f for f in found if f[1] < 12], found
+    assert ("XLA301", 15) in found and ("XLA407", 17) in found, found
+    # handing the batch on (to a helper) or moving it makes it device work again
+    for body in ("            mean[i] += helper(inputs)\n", "            mean[i] += inputs.to('cuda')[0, i].mean()\n"):
+        moved = src.replace("            mean[i] += inputs[:, i, :, :].mean()\n", body)
+        assert ("XLA301", 7) in [(f.code, f.line) for f in transform(moved.encode(), Settings()).findings], body

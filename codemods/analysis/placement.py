@@ -30,7 +30,8 @@ import libcst as cst
 
 from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.tensors import is_tensor_expr
-from codemods.analysis.values import DEVICE as DEVICE_KIND, DEVICE_STR, MODULE, Values, values as values_of
+from codemods.analysis.values import DEVICE as DEVICE_KIND, DEVICE_LOADER, DEVICE_STR, LOADER, MODULE, Values, \
+    values as values_of
 from codemods.syntax.tree import TreeCache, call_name, find_all, string_value
 
 HOST, DEVICE = "host", "device"
@@ -169,9 +170,42 @@ class _Placement:
                 found |= {self.of(a, busy) for a in args} if args else {None}
                 continue
             value, path = self.values.source(binding)
-            found.add(self.of(value, busy) if value is not None and not path and not isinstance(value, cst.For)
-                      else None)
+            if isinstance(value, cst.For):
+                found.add(self._batch(value))
+                continue
+            found.add(self.of(value, busy) if value is not None and not path else None)
         return found.pop() if len(found) == 1 else None
+
+    def _batch(self, loop: cst.For) -> Optional[str]:
+        """What a loop over a loader binds: on the device from a device
+        loader, on the host from a DataLoader whose batches stay there."""
+        it = loop.iter
+        if isinstance(it, cst.Call) and call_name(it) == "enumerate" and it.args:
+            it = it.args[0].value
+        kinds = self.values.of(it)
+        if DEVICE_LOADER in kinds:
+            return DEVICE
+        return HOST if kinds == {LOADER} and batches_stay_on_host(loop) else None
+
+
+_MOVES = frozenset({"to", "cuda", "xpu", "to_empty"})
+
+
+def batches_stay_on_host(loop: cst.For) -> bool:
+    """The loop's body never moves what it iterates to a device nor hands it
+    on: no ``.to()``/``.cuda()`` in it, and no name the loop binds in a
+    call's arguments (a model, a step or a helper could move it) or in a
+    ``return``/``yield`` -- host code, such as a dataset's mean and std.
+    Wrapping its loader would move work the program does on the CPU to the
+    device (the loader rule leaves it), and its batches are host tensors."""
+    names = {n.value for n in find_all(loop.target, cst.Name)}
+    for call in find_all(loop.body, cst.Call):
+        if call_name(call) in _MOVES:  # type: ignore[arg-type]
+            return False
+        if any(n.value in names for a in call.args for n in find_all(a.value, cst.Name)):  # type: ignore[attr-defined]
+            return False
+    return not any(n.value in names for out in find_all(loop.body, (cst.Return, cst.Yield))
+                   for n in find_all(out, cst.Name))
 
 
 def _device_argument(call: cst.Call) -> Optional[str]:
