@@ -456,3 +456,33 @@ def test_a_conversion_that_dies_in_xla_names_the_signal_the_cause_and_the_line(t
     assert "LLVM ERROR: Unable to allocate section memory! (Fatal Python error: Aborted); it died (killed by " \
            "SIGABRT)" in said, said
     assert "died (killed by SIGABRT" in report["config"]["candidate_error"]
+
+
+def test_a_device_named_on_the_command_line_gets_the_conversions_own_arguments(tmp_path):
+    """makemore-style: the original takes its device as an argument (`--device
+    cpu` for a reference on the CPU, `cuda` on a GPU); the conversion runs with
+    `--device xla` (`--converted-args`), and the two agree.  Given the
+    reference's arguments, the conversion does nothing on XLA: the failure
+    says so and points at the option."""
+    dest = tmp_path / "cli_device"
+    dest.mkdir()
+    (dest / "main.py").write_text(
+        "import argparse\n\nimport torch\n\nparser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--device', default='cpu')\nparser.add_argument('--steps', type=int, default=3)\n"
+        "args = parser.parse_args()\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(4, 2).to(args.device)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nx = torch.randn(8, 4).to(args.device)\n"
+        "for _ in range(args.steps):\n    loss = model(x).pow(2).mean()\n    opt.zero_grad()\n    loss.backward()\n"
+        "    opt.step()\nprint(f'loss {loss.item():.5f}')\n")
+    base = ["verify", "--reference", "cpu", "--reference-runs", "1", "--root", str(dest)]
+    result = CliRunner().invoke(main, [*base, "--json", str(tmp_path / "ok.json"), "--converted-args",
+                                       "--device xla --steps 3", str(dest / "main.py"), "--", "--device", "cpu"])
+    report = json.loads((tmp_path / "ok.json").read_text())
+    assert result.exit_code == 0 and report["verdict"] == "pass", result.output
+    assert report["config"]["converted_args"] == ["--device", "xla", "--steps", "3"]
+    assert any(o["name"].startswith("stdout") and o["ok"] for o in report["outputs"]), report["outputs"]
+    same = CliRunner().invoke(main, [*base, "--json", str(tmp_path / "same.json"), str(dest / "main.py"), "--",
+                                     "--device", "cpu"])
+    said = json.loads((tmp_path / "same.json").read_text())["failures"]
+    assert same.exit_code == 1 and any(f.startswith("the conversion did no work on XLA (0 executions)") and
+                                       "the device is an argument (cpu): give the conversion its own, "
+                                       "`--converted-args`" in f for f in said), said

@@ -45,6 +45,10 @@ RUNS_THE_PROGRAM = ("verify runs your program, unsandboxed and with your rights,
               help="Also run the conversion with the script argument ARG at each length (--steps=4,8; @0=4,8 for "
                    "the first positional argument; a third length is added to two): compilations and the "
                    "largest graph must not keep growing.")
+@click.option("--converted-args", default=None, metavar="ARGS",
+              help="Run the conversion with these arguments (shell words) instead of SCRIPT_ARGS: for a device "
+                   "named on the command line (`-- --device cuda` for the original, `--converted-args "
+                   "'--device xla'`).")
 @click.option("--device-rng", is_flag=True,
               help="Leave random numbers drawn on the device to XLA's generator (default: draw them from the CPU "
                    "generator, as the reference does, so that a correct port agrees value for value).")
@@ -60,8 +64,8 @@ RUNS_THE_PROGRAM = ("verify runs your program, unsandboxed and with your rights,
 @click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
 @click.option("-v", "--verbose", is_flag=True, help="Also print the whole report as JSON (on stderr).")
 def verify(script, script_args, root, converted, device, reference, rtol, atol, warmup_steps, max_host_reads_per_step,
-           timeout, json_out, html_out, reference_runs, lengths, device_rng, record_to, against, keep, torchrun, plot,
-           quiet, verbose):
+           timeout, json_out, html_out, reference_runs, lengths, converted_args, device_rng, record_to, against, keep,
+           torchrun, plot, quiet, verbose):
     """Run SCRIPT as the reference and its XLA conversion; compare outputs and compile behaviour.
 
     The program is run as you run it: its whole project tree, from your
@@ -86,6 +90,13 @@ def verify(script, script_args, root, converted, device, reference, rtol, atol, 
             parse_lengths(lengths)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--lengths") from None
+    if converted_args is not None:
+        import shlex
+
+        try:
+            converted_args = shlex.split(converted_args)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--converted-args") from None
     if torchrun:
         os.environ["XLAPORT_TORCHRUN"] = "1"
     if not quiet:
@@ -96,7 +107,7 @@ def verify(script, script_args, root, converted, device, reference, rtol, atol, 
                             reference_runs=reference_runs, lengths=lengths, keep=keep,
                             record_to=Path(record_to) if record_to else None,
                             against=Path(against) if against else None, root=Path(root) if root else None,
-                            device_rng=device_rng)
+                            device_rng=device_rng, converted_args=converted_args)
     if json_out:
         _write(Path(json_out), json.dumps(report.as_dict(), indent=2))
     if html_out:

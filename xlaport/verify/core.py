@@ -250,6 +250,8 @@ class Options:
     against: Optional[Path] = None
     root: Optional[Path] = None
     device_rng: bool = False  # True: leave the device's random numbers to XLA's generator
+    # the conversion's own arguments, where they differ from the reference's (a device named on the command line)
+    converted_args: Optional[List[str]] = None
 
 
 def verify(script: Path, converted: Optional[Path] = None, args: Sequence[str] = (), rtol: Optional[float] = None,
@@ -257,7 +259,8 @@ def verify(script: Path, converted: Optional[Path] = None, args: Sequence[str] =
            python: str = sys.executable, warmup_steps: int = 2, reference: str = "auto", device: str = "cpu",
            reference_runs: int = 2, lengths: Optional[str] = None, keep: bool = False,
            record_to: Optional[Path] = None, against: Optional[Path] = None, root: Optional[Path] = None,
-           device_rng: bool = False, cwd: Optional[Path] = None) -> Report:
+           device_rng: bool = False, cwd: Optional[Path] = None,
+           converted_args: Optional[Sequence[str]] = None) -> Report:
     """Run the reference and the candidate, compare, and judge (see the README).
 
     ``record_to``: run only the reference and store it there; ``against``:
@@ -265,7 +268,8 @@ def verify(script: Path, converted: Optional[Path] = None, args: Sequence[str] =
     directories are removed unless ``keep`` -- also when the verification is
     interrupted (KeyboardInterrupt goes on to the caller)."""
     opts = Options(rtol, atol, timeout, max_host_reads_per_step, python, warmup_steps, reference, device,
-                   max(1, reference_runs), lengths, keep, record_to, against, root, device_rng)
+                   max(1, reference_runs), lengths, keep, record_to, against, root, device_rng,
+                   list(converted_args) if converted_args is not None else None)
     try:
         project = Project.of(Path(script), root, cwd)
     except ProjectError as exc:
@@ -275,6 +279,7 @@ def verify(script: Path, converted: Optional[Path] = None, args: Sequence[str] =
         "converted": str(converted) if converted else None, "args": list(args), "rtol": rtol, "atol": atol,
         "warmup_steps": warmup_steps, "reference": reference, "device": device, "reference_runs": reference_runs,
         "lengths": lengths, "against": str(against) if against else None, "device_rng": device_rng,
+        "converted_args": list(converted_args) if converted_args is not None else None,
         "environment": record.environment(python),
     }
     scratch = Path(tempfile.mkdtemp(prefix="xlaport-verify-", dir=_scratch_base(project.root)))

@@ -62,6 +62,8 @@ class Session:
     def __init__(self, project: Project, converted: Optional[Path], args: List[str], opts: Options,
                  scratch: Path) -> None:
         self.project, self.converted, self.args, self.opts, self.scratch = project, converted, args, opts, scratch
+        # the conversion runs with its own arguments where the user gave them (`--device xla` for `--device cuda`)
+        self.cand_args = list(opts.converted_args) if opts.converted_args is not None else args
         self._count = 0
         self._sources: Dict[str, Tuple[Dict[str, bytes], Optional[Path], List[str]]] = {}
         self._latest: Dict[str, Side] = {}  # the last copy made for each side
@@ -160,12 +162,12 @@ class Session:
         xla_env = {"PJRT_DEVICE": opts.device.upper(), "XLA_IR_DEBUG": "1", "XLA_SAVE_TENSORS_FILE": str(graphs),
                    "XLA_SAVE_TENSORS_FMT": "text", **({"XLAPORT_DEVICE_RNG": "1"} if opts.device_rng else {})}
         try:
-            cand_side, cand = self.run_once("xla", "xla", self.args, xla_env)
+            cand_side, cand = self.run_once("xla", "xla", self.cand_args, xla_env)
         except VerifyError as exc:  # the original ran: a conversion that cannot is a failed one
             return self._crashed(str(exc), exc.so_far, exc.ended)
         fallback_sites: List[Dict[str, object]] = []
         if cand.metrics.get("fallbacks"):  # a second run ties each fallback to the line that called the op
-            _, traced = self.run_once("xla", "xla", self.args, {**xla_env, "XLAPORT_TRACE_FALLBACKS": "1",
+            _, traced = self.run_once("xla", "xla", self.cand_args, {**xla_env, "XLAPORT_TRACE_FALLBACKS": "1",
                                                                  "XLA_SAVE_TENSORS_FILE": ""})
             fallback_sites = list(traced.data.get("fallback_sites", []))  # type: ignore[arg-type]
         lines = LineMapper(self.project.script, cand_side.script, cand_side.tree, self.project.root, self._shown())
@@ -243,7 +245,7 @@ class Session:
             dump = self.scratch / f"graphs-{k}" / "graphs.txt"
             dump.parent.mkdir()
             try:
-                args = growth.with_length(self.args, name, value)
+                args = growth.with_length(self.cand_args, name, value)
             except ValueError as exc:
                 raise VerifyError(str(exc)) from None
             _, run = self.run_once("xla", "xla", args, {**xla_env, "XLA_SAVE_TENSORS_FILE": str(dump)})
@@ -271,8 +273,11 @@ class Session:
 
         executions = int(report.metrics.get("executions", 0) or 0)  # type: ignore[call-overload]
         if executions == 0:
+            named = [a for a in self.cand_args if a.split("=")[-1].split(":")[0] in ("cpu", "cuda", "mps")]
+            hint = (f"; the device is an argument ({named[0]}): give the conversion its own, "
+                    f"`--converted-args` with `xla` in its place") if named and self.opts.converted_args is None else ""
             report.failures.append("the conversion did no work on XLA (0 executions): its model and data stayed "
-                                   "on the CPU")
+                                   f"on the CPU{hint}")
         own = (cand.data.get("imported") or {}).get("own", [])  # type: ignore[union-attr]
         modules = [side.tree / rel for rel in own_files(own, side)] or [side.script]
         used_cuda = False
@@ -332,7 +337,7 @@ class Session:
         try:
             self.run_once("cuda" if use_cuda else "ref", "cuda" if use_cuda else "cpu", self.args,
                           {"XLAPORT_TRACE_MODULES": str(trace_ref)})
-            self.run_once("xla", "xla", self.args, {**xla_env, "XLA_SAVE_TENSORS_FILE": "",
+            self.run_once("xla", "xla", self.cand_args, {**xla_env, "XLA_SAVE_TENSORS_FILE": "",
                                                      "XLAPORT_TRACE_MODULES": str(trace_cand)})
         except VerifyError as exc:
             report.not_compared.append(f"divergence trace: could not run ({str(exc)[:200]})")
