@@ -295,11 +295,13 @@ class StepBarrier(LoopCodemod):
 
 
 def _host_step(stmt: cst.CSTNode) -> bool:
-    """``lr_scheduler.step()`` / ``optimizer.zero_grad()``: bookkeeping on the
-    host that belongs with the optimizer step (no argument: no value read)."""
+    """``lr_scheduler.step()`` / ``optimizer.zero_grad(set_to_none=True)``:
+    bookkeeping on the host that belongs with the optimizer step (a ``step``
+    with no argument: ``ReduceLROnPlateau.step(loss)`` reads a value)."""
     return isinstance(stmt, cst.SimpleStatementLine) and all(
-        isinstance(s, cst.Expr) and isinstance(s.value, cst.Call) and not s.value.args
-        and call_name(s.value) in ("step", "zero_grad") for s in stmt.body)
+        isinstance(s, cst.Expr) and isinstance(s.value, cst.Call)
+        and (call_name(s.value) == "zero_grad" or call_name(s.value) == "step" and not s.value.args)
+        for s in stmt.body)
 
 
 def _is_exit(stmt: cst.CSTNode, kinds: Tuple[type, ...]) -> bool:

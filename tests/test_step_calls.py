@@ -88,14 +88,15 @@ def test_gradient_accumulation_compiles_one_graph_per_optimizer_step(tmp_path):
 
 
 _READ_AFTER_STEP = ("import torch\n\ndef train(model, opt, sched, batches):\n    total = 0.0\n"
-                    "    for x in batches:\n        loss = model(x.cuda()).sum()\n        opt.zero_grad()\n"
+                    "    for x in batches:\n        loss = model(x.cuda()).sum()\n"
                     "        loss.backward()\n        opt.step()\n        sched.step()\n"
+                    "        opt.zero_grad(set_to_none=True)\n"
                     "        total += loss.item()\n    return total\n")
 
 
 def test_a_host_read_after_the_optimizer_step_gets_the_barrier_before_it():
     out = transform(_READ_AFTER_STEP.encode(), Settings())
-    assert "opt.step()\n        sched.step()\n        torch_xla.sync()\n        total += loss.item()\n" in \
+    assert "sched.step()\n        opt.zero_grad(set_to_none=True)\n        torch_xla.sync()\n        total += loss.item()\n" in \
         out.code.decode(), out.code.decode()
     assert [f.message for f in out.findings if f.code == "XLA302"] == [
         "step loop: `torch_xla.sync()` added right after its optimizer step (the host reads after it find the step "
@@ -103,7 +104,7 @@ def test_a_host_read_after_the_optimizer_step_gets_the_barrier_before_it():
     # nothing read after the step, or a read before it: the end of the body, as before
     for src in (_READ_AFTER_STEP.replace("        total += loss.item()\n", "        total += loss\n"),
                 _READ_AFTER_STEP.replace("        total += loss.item()\n", "").replace(
-                    "        opt.zero_grad()\n", "        total += loss.item()\n        opt.zero_grad()\n")):
+                    "        loss.backward()\n", "        total += loss.item()\n        loss.backward()\n")):
         code = transform(src.encode(), Settings()).code.decode()
         assert code.endswith("\n        torch_xla.sync()\n    return total\n") and code.count("sync()") == 1, code
     # a step under a condition (accumulation), a `continue` after the step, a
@@ -113,7 +114,7 @@ def test_a_host_read_after_the_optimizer_step_gets_the_barrier_before_it():
                                                         "            continue\n        total -= 1\n"),
                      ("        total += loss.item()\n", "        print(loss.item())\n")):
         code = transform(_READ_AFTER_STEP.replace(old, new).encode(), Settings()).code.decode()
-        assert "sched.step()\n        torch_xla.sync()\n" not in code, code
+        assert "set_to_none=True)\n        torch_xla.sync()\n" not in code, code
 
 
 @pytest.mark.xla
