@@ -486,3 +486,25 @@ def test_a_device_named_on_the_command_line_gets_the_conversions_own_arguments(t
     assert same.exit_code == 1 and any(f.startswith("the conversion did no work on XLA (0 executions)") and
                                        "the device is an argument (cpu): give the conversion its own, "
                                        "`--converted-args`" in f for f in said), said
+
+
+def test_outputs_off_by_the_originals_float_order_noise_pass_and_more_fail(tmp_path):
+    """A program whose printed number moves with the CPU thread count (as a
+    GAN's weights do: pytorch/examples' dcgan moved by 1e-3 between 1 and 2
+    threads): a conversion off by less than ten times that passes, saying
+    so; one off by far more fails."""
+    dest = tmp_path / "noisy"
+    dest.mkdir()
+    program = ("import torch\n\nx = torch.ones(2).to('cuda' if torch.cuda.is_available() else 'cpu')\n"
+               "noise = 1e-4 * torch.get_num_threads() + (OFF if x.device.type == 'xla' else 0.0)\n"
+               "print(f'value {1e-3 + noise:.7f} sum {(x * 2).sum().item()}')\n")
+    for off, code in (("5e-5", 0), ("5e-3", 1)):
+        (dest / "main.py").write_text(program.replace("OFF", off))
+        out = tmp_path / f"{off}.json"
+        result = CliRunner().invoke(main, ["verify", "--reference", "cpu", "--json", str(out), "--root", str(dest),
+                                           str(dest / "main.py")])
+        report = json.loads(out.read_text())
+        assert result.exit_code == code, result.output
+        noted = report["within_float_order_noise"]
+        assert (len(noted) == 1 and noted[0].startswith("stdout line 1") and "CPU thread(s) instead of" in noted[0]) \
+            if code == 0 else not noted, noted

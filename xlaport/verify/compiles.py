@@ -93,6 +93,7 @@ def judge(cand: "Run", compared, lines: "LineMapper", graphs: Path, warmup_steps
     report.failures = failures
     report.varies = compared.varies
     report.not_compared = compared.not_compared
+    report.float_order = compared.float_order
     return report
 
 

@@ -60,6 +60,7 @@ class Report:
     failures: List[str] = field(default_factory=list)
     varies: List[str] = field(default_factory=list)
     not_compared: List[str] = field(default_factory=list)
+    float_order: List[str] = field(default_factory=list)  # compared, within the original's float-order noise
     config: Dict[str, object] = field(default_factory=dict)
     random: List[str] = field(default_factory=list)  # random, not compared: op and line
     imported: Dict[str, Dict[str, List[str]]] = field(default_factory=dict)  # side -> tree -> modules
@@ -72,6 +73,7 @@ class Report:
             "outputs": [o.__dict__ for o in self.outputs],
             "varies_between_runs": self.varies,
             "not_compared": self.not_compared,
+            "within_float_order_noise": self.float_order,
             "random_not_compared": self.random,
             "divergence": self.divergence,
             "imported": self.imported,

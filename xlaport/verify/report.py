@@ -54,6 +54,10 @@ def render(report: Report) -> None:
                       + (f" (+{len(report.varies) - 8} more)" if len(report.varies) > 8 else ""))
     for item in report.not_compared:
         console.print(f"[yellow]not compared[/]: {escape(item)}")
+    if report.float_order:
+        console.print(f"within the original's own float-order noise ({len(report.float_order)}): "
+                      f"{escape('; '.join(report.float_order[:3]))}"
+                      + (f" (+{len(report.float_order) - 3} more)" if len(report.float_order) > 3 else ""))
     for f in report.failures:
         console.print(f"[red]fail:[/] {escape(f)}")
     console.print(f"verdict: [bold]{report.verdict}[/]")
