@@ -71,3 +71,27 @@ def test_an_output_off_by_the_originals_own_float_order_noise_is_accepted_and_sa
     within_float_order(compared, {"w.pth[a]": 1e-4, "w.pth[b]": 1e-4, "w.pth[c]": 0.0}, "with 1 thread instead of 2")
     assert [o.ok for o in compared.outputs] == [True, False, False, True]  # 4x the noise; 40x; no noise at all
     assert compared.float_order == ["w.pth[a]: off by 0.0004; the original moved by 0.0001 with 1 thread instead of 2"]
+
+
+def test_files_named_by_the_time_or_the_process_are_not_missing(tmp_path):
+    """makemore's TensorBoard event file (events.out.tfevents.<time>.<host>.<pid>.0)
+    has another name in every run: not a file one side failed to write."""
+    from xlaport.verify.outputs import compare_files
+
+    def files(*names):
+        made = {}
+        for n in names:
+            (tmp_path / n).write_text("1.0\n")
+            made[n] = tmp_path / n
+        return made
+
+    refs = [files("log.txt", "events.out.tfevents.17956.vm.4491.0"), files("log.txt", "events.out.tfevents.17957.vm.4503.0")]
+    out = Comparison()
+    compare_files(refs, files("log.txt", "events.out.tfevents.17958.vm.4537.0"), 1e-3, 1e-5, out)
+    assert all(o.ok for o in out.outputs) and [o.name.split(":")[0] for o in out.outputs] == ["log.txt line 1"]
+    assert out.varies == ["events.out.tfevents.17956.vm.4491.0 (written under another name by each run)"]
+    # a file of a stable name that the conversion does not write still fails; so does an extra one
+    out = Comparison()
+    compare_files(refs, files("events.out.tfevents.17958.vm.4537.0", "other.txt"), 1e-3, 1e-5, out)
+    assert sorted(o.name for o in out.outputs if not o.ok) == ["log.txt (not written by the conversion)",
+                                                                "other.txt (not written by the reference)"]

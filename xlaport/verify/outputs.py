@@ -199,9 +199,24 @@ def _errors(x, y) -> Tuple[float, float, bool]:
     return float(diff.max()), float((diff / x.abs().clamp_min(1e-12)).max()), True
 
 
+_DIGITS = re.compile(r"\d+")
+
+
+def _renamed(refs: Sequence[Dict[str, Path]], cand: Dict[str, Path]) -> Set[str]:
+    """Files written under another name by each run (a TensorBoard event
+    file is named by the time and the process id): the names of the first
+    reference run that another did not write, and the conversion's names
+    that differ from one of those only in their numbers."""
+    unstable = {n for n in refs[0] if any(n not in other for other in refs[1:])}
+    shapes = {_DIGITS.sub("#", n) for n in unstable}
+    return unstable | {n for n in cand if n not in refs[0] and _DIGITS.sub("#", n) in shapes}
+
+
 def compare_files(refs: Sequence[Dict[str, Path]], cand: Dict[str, Path], rtol: float, atol: float,
                   out: Comparison, follow: bool = False) -> None:
-    names = sorted(set(refs[0]) | set(cand))
+    renamed = _renamed(refs, cand)
+    out.varies += [f"{n} (written under another name by each run)" for n in sorted(renamed) if n in refs[0]]
+    names = sorted((set(refs[0]) | set(cand)) - renamed)
     for name in names:
         if name not in refs[0] or name not in cand:
             side = "the reference" if name not in refs[0] else "the conversion"
