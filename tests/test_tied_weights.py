@@ -40,3 +40,31 @@ def test_the_converted_model_keeps_one_weight_on_xla(tmp_path):
     4 parameters, untied (measured: 'parameters 4 tied False')."""
     _, out, _, _ = run_on_xla("tied_weights", tmp_path, "--steps", "2")
     assert "parameters 3 tied True" in out, out
+
+
+HF = ("import torch\nfrom transformers import AutoModelForCausalLM\n\n\ndef load(device):\n"
+      "    model = AutoModelForCausalLM.from_pretrained('gpt2')\n    model.to(device)\n    return model\n\n\n"
+      "class Runner:\n    def __init__(self):\n        self.model = AutoModelForCausalLM.from_pretrained('gpt2')\n\n"
+      "    def place(self):\n        self.model = self.model.to(torch.device('cuda'))\n")
+
+
+def test_a_transformers_model_moved_to_the_device_is_re_tied_after_the_move():
+    out = transform(HF.replace("model.to(device)", "model.to('cuda')").encode(), Settings())
+    code = out.code.decode()
+    assert "    model.to(torch_xla.device())\n    model.tie_weights()\n    return model\n" in code, code
+    assert "        self.model = self.model.to(torch_xla.device())\n        self.model.tie_weights()\n" in code, code
+    assert [(f.code, f.line) for f in out.findings if f.code == "XLA157"] == [("XLA157", 7), ("XLA157", 16)]
+    assert transform(out.code, Settings()).code == out.code  # re-tied once
+    # a move to a dtype, or of a model the program builds itself: nothing
+    dtype = transform(HF.replace("model.to(device)", "model.to(torch.float16)").encode(), Settings()).code.decode()
+    assert "    model.to(torch.float16)\n    return model\n" in dtype and dtype.count("tie_weights") == 1, dtype
+    own = HF.replace("AutoModelForCausalLM.from_pretrained('gpt2')", "torch.nn.Linear(2, 2)")
+    assert "tie_weights" not in transform(own.encode(), Settings()).code.decode()
+
+
+@pytest.mark.xla
+@needs_xla
+def test_the_library_model_stays_tied_on_xla(tmp_path):
+    """fixtures/tied_library_model: without the re-tie, 'parameters 17 tied False'."""
+    _, out, _, _ = run_on_xla("tied_library_model", tmp_path, "--steps", "2")
+    assert "parameters 16 tied True" in out, out
