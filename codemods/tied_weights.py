@@ -24,13 +24,13 @@ from typing import List, Optional
 
 import libcst as cst
 
+from codemods.analysis.prefilter import CALLS_LIBRARY, LIBRARY, TIE_ATTRS, TIED_WEIGHTS as TIED, is_tie
 from codemods.analysis.values import DEVICE, DEVICE_STR, values as dataflow
 from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all, statement
 from codemods.syntax.imports import head_length
 
 SWAP = "torch.__future__.set_swap_module_params_on_conversion"
-_SHARED = ("weight", "bias")
-_LIBRARY = "transformers."  # whose models tie their embeddings, and re-tie them with tie_weights()
+_LIBRARY = LIBRARY + "."
 
 TIED_WEIGHTS = Rule(
     code="XLA157",
@@ -74,7 +74,8 @@ class TiedWeights(XlaCodemod):
     DESCRIPTION = "Keep weights tied between modules shared when the model moves to the XLA device."
     RESPECTS_HAND_PORTS = True  # a module that supports XLA already may re-tie by hand (transformers does)
     RULES = (TIED_WEIGHTS,)
-    TRIGGERS = (*(f"{name} = self.".encode() for name in _SHARED), b"transformers")
+    TRIGGERS = (*(f"{name} = self.".encode() for name in TIE_ATTRS), LIBRARY.encode())
+    NEEDS = (TIED, f"{CALLS_LIBRARY}&name:to")
 
     @classmethod
     def wanted(cls, tree, options):
@@ -224,11 +225,7 @@ def _tie(line: cst.CSTNode) -> Optional[cst.Assign]:
     if len(body) != 1 or not isinstance(body[0], cst.Assign) or len(body[0].targets) != 1:
         return None
     target, value = body[0].targets[0].target, body[0].value
-    if not (isinstance(target, cst.Attribute) and isinstance(value, cst.Attribute)):
-        return None
-    left, right = dotted(target) or "", dotted(value) or ""
-    if target.attr.value in _SHARED and value.attr.value == target.attr.value and left != right and \
-            left.startswith("self.") and right.startswith("self."):
+    if isinstance(target, cst.Attribute) and is_tie(dotted(target) or "", dotted(value) or ""):
         return body[0]
     return None
 

@@ -27,6 +27,10 @@ from one ``ast`` walk, which of the facts the loop codemods need can hold:
   CUDA rules read -- a device (``"cuda:0"``, ``f"cuda:{rank}"``), a backend
   (``"nccl"``), a key (``"pin_memory"``), a start method (``"spawn"``) -- is
   one word;
+* ``tied_weights`` -- a class statement gives one module's weight to another
+  (``self.a.weight = self.b.weight``: :func:`is_tie`, the one definition);
+* ``calls:transformers`` -- something imported from transformers is called
+  (``GPT2LMHeadModel(config)``, ``AutoModel.from_pretrained(...)``);
 * ``imports:torch`` -- the file imports ``torch`` (or a submodule):
   without it no name resolves to ``torch.load`` or ``torch.compile``;
   ``torch:X`` -- ``X`` is imported from torch, or read along an attribute
@@ -73,6 +77,29 @@ LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "critical"
 WRITER_METHODS = frozenset({"add_scalar", "add_scalars", "add_histogram", "add_image"})
 _OUTPUT_CALLS = LOG_METHODS | WRITER_METHODS | {"print"}
 IMPORTS_TORCH = "imports:torch"
+TIED_WEIGHTS = "tied_weights"
+TIE_ATTRS = ("weight", "bias")  # what modules share
+LIBRARY = "transformers"  # whose models tie weights inside the library (and re-tie with tie_weights())
+CALLS_LIBRARY = f"calls:{LIBRARY}"
+
+
+def is_tie(left: str, right: str) -> bool:
+    """``self.<left> = self.<right>`` (dotted) gives one module's weight or
+    bias to another: the same last name, both on ``self``, not the same."""
+    last = left.rpartition(".")[2]
+    return (last in TIE_ATTRS and right.rpartition(".")[2] == last and left != right
+            and left.startswith("self.") and right.startswith("self."))
+
+
+def _dotted(node: ast.AST) -> str:
+    parts: List[str] = []
+    while type(node) is ast.Attribute:
+        parts.append(node.attr)  # type: ignore[attr-defined]
+        node = node.value  # type: ignore[attr-defined]
+    if type(node) is not ast.Name:
+        return ""
+    parts.append(node.id)  # type: ignore[attr-defined]
+    return ".".join(reversed(parts))
 # words whose presence in code (an identifier or a string that is not a
 # docstring) the prefilter reports as ``code~WORD``
 CODE_WORDS = ("cuda", "cudnn", "accelerator", "pin_memory", "nccl", "map_location", "device_ids", "output_device",
@@ -133,6 +160,8 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
     torch_roots: Set[str] = set()  # names bound to torch or a torch module (`import torch.nn as nn`)
     torch_names: Set[str] = set()  # what is imported from torch (`from torch import load`)
     attrs_of: Dict[str, Set[str]] = {}  # name -> the attributes read along chains rooted at it
+    library_roots: Set[str] = set()  # names an import of LIBRARY binds
+    called_roots: Set[str] = set()  # the root names of every called chain
     while stack:
         node, in_loop, funcs, in_model = stack.pop()
         kind = type(node)
@@ -155,6 +184,11 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
                 if type(root) is ast.Name:
                     attrs_of.setdefault(root.id, set()).add(node.attr)  # type: ignore[attr-defined]
         if kind is ast.Call:
+            root = node.func  # type: ignore[attr-defined]
+            while type(root) is ast.Attribute:
+                root = root.value  # type: ignore[attr-defined]
+            if type(root) is ast.Name:
+                called_roots.add(root.id)  # type: ignore[attr-defined]
             name = _last_name(node.func)  # type: ignore[attr-defined]
             if name is not None:
                 if in_loop and not in_model:
@@ -168,6 +202,9 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
         elif kind in _ASSIGNS:
             for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
                 variables.update(_target_names(target))
+            if kind is ast.Assign and len(node.targets) == 1 and type(node.targets[0]) is ast.Attribute \
+                    and is_tie(_dotted(node.targets[0]), _dotted(node.value)):  # type: ignore[attr-defined]
+                facts.add(TIED_WEIGHTS)
         elif kind is ast.arg:
             variables.add(node.arg)  # type: ignore[attr-defined]
             ann = node.annotation  # type: ignore[attr-defined]
@@ -175,6 +212,9 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
                 model_source = True
         elif kind is ast.Import or kind is ast.ImportFrom:
             model_source = model_source or _imports_models(node)
+            if (node.module or "").split(".")[0] == LIBRARY if kind is ast.ImportFrom and not node.level else \
+                    any(a.name.split(".")[0] == LIBRARY for a in node.names):  # type: ignore[attr-defined]
+                library_roots.update(a.asname or a.name.split(".")[0] for a in node.names)  # type: ignore[attr-defined]
             if _imports_torch(node):
                 for alias in node.names:  # type: ignore[attr-defined]
                     if isinstance(node, ast.ImportFrom):
@@ -235,6 +275,8 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
         if any(_may_step(loop, steps, modelish) for loop in loops):
             facts.add(STEP_LOOP)
     facts.update(f"name:{n}" for n in names)
+    if library_roots & called_roots:
+        facts.add(CALLS_LIBRARY)
     if torch_roots:  # (every import of torch binds at least one name)
         facts.add(IMPORTS_TORCH)
         # torch:X -- X is imported from torch or read as an attribute along a
