@@ -101,7 +101,7 @@ class TiedWeights(XlaCodemod):
             return updated_node
         self.add_imports((("torch", None, None),))
         body = list(updated_node.body)
-        at = head_length(updated_node)
+        at = _after_imports(updated_node)
         call = statement(cst.Call(func=cst.parse_expression(SWAP), args=[cst.Arg(cst.Name("True"))]))
         body.insert(at, call.with_changes(leading_lines=[cst.EmptyLine()] if at else []))
         return updated_node.with_changes(body=body)
@@ -122,6 +122,21 @@ class TiedWeights(XlaCodemod):
                          f"re-tied after the move (`{name}.tie_weights()`)", fix=True):
                 out.append(statement(cst.Call(func=cst.parse_expression(f"{name}.tie_weights"))))
         return out
+
+
+def _after_imports(module: cst.Module) -> int:
+    """Where a statement goes that must run on import, before any model is
+    made, without putting an import after it (E402): after the last
+    statement before the first ``def``/``class`` that imports something
+    (an import line, or a ``try``/``if`` around imports); after the
+    docstring and the imports at the top when there is none."""
+    last = head_length(module)
+    for i, stmt in enumerate(module.body):
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            break
+        if find_all(stmt, (cst.Import, cst.ImportFrom), stop=(cst.FunctionDef, cst.ClassDef)):
+            last = max(last, i + 1)
+    return last
 
 
 def _ties_here(tree) -> List[cst.SimpleStatementLine]:
