@@ -304,6 +304,7 @@ def test_a_loader_loop_whose_batches_stay_on_the_host_is_host_code():
     assert not [f for f in found if f[1] < 12], found
     assert ("XLA301", 15) in found and ("XLA407", 17) in found, found
     # handing the batch on (to a helper) or moving it makes it device work again
-    for body in ("            mean[i] += helper(inputs)\n", "            mean[i] += inputs.to('cuda')[0, i].mean()\n"):
+    for body in ("            mean[i] += helper(inputs)\n", "            mean[i] += inputs.to('cuda')[0, i].mean()\n",
+                 "            x = inputs[:, i]\n            mean[i] += net(x)\n"):
         moved = src.replace("            mean[i] += inputs[:, i, :, :].mean()\n", body)
         assert ("XLA301", 7) in [(f.code, f.line) for f in transform(moved.encode(), Settings()).findings], body

@@ -193,12 +193,26 @@ _MOVES = frozenset({"to", "cuda", "xpu", "to_empty"})
 
 def batches_stay_on_host(loop: cst.For) -> bool:
     """The loop's body never moves what it iterates to a device nor hands it
-    on: no ``.to()``/``.cuda()`` in it, and no name the loop binds in a
-    call's arguments (a model, a step or a helper could move it) or in a
+    on: no ``.to()``/``.cuda()`` in it, and no name the loop binds (or a
+    name assigned from one, ``ids = batch["ids"]``) in a call's arguments (a model, a step or a helper could move it) or in a
     ``return``/``yield`` -- host code, such as a dataset's mean and std.
     Wrapping its loader would move work the program does on the CPU to the
     device (the loader rule leaves it), and its batches are host tensors."""
     names = {n.value for n in find_all(loop.target, cst.Name)}
+    assigns = find_all(loop.body, (cst.Assign, cst.AugAssign, cst.AnnAssign))
+    grown = True
+    while grown:  # names given a batch's value (`ids = batch["ids"]`) carry it on
+        grown = False
+        for a in assigns:
+            value = getattr(a, "value", None)
+            if value is None or not any(n.value in names for n in find_all(value, cst.Name)):
+                continue
+            targets = [t.target for t in a.targets] if isinstance(a, cst.Assign) else [a.target]  # type: ignore[attr-defined]
+            new = {n.value for t in targets if isinstance(t, (cst.Name, cst.Tuple, cst.List))
+                   for n in find_all(t, cst.Name)} - names
+            if new:
+                names |= new
+                grown = True
     for call in find_all(loop.body, cst.Call):
         if call_name(call) in _MOVES:  # type: ignore[arg-type]
             return False
