@@ -314,8 +314,14 @@ class HostReads(LoopCodemod):
             inner = part.expression if isinstance(part, cst.UnaryOperation) else part
             if isinstance(inner, cst.Comparison) and all(
                     isinstance(c.operator, (cst.Is, cst.IsNot)) for c in inner.comparisons):
-                continue  # `x is not None`: identity reads no value
-            operands = [inner] if not isinstance(inner, cst.Comparison) else [inner.left] + [c.comparator for c in inner.comparisons]
+                # `x is not None`: identity reads no value -- but what it compares may have read
+                # one to make a Python bool (`torch.allclose(a, b) is False`)
+                operands = [o for o in [inner.left] + [c.comparator for c in inner.comparisons]
+                            if isinstance(o, cst.Call) and call_name(o) in _BOOL_OF_TENSORS]
+            elif isinstance(inner, cst.Comparison):
+                operands = [inner.left] + [c.comparator for c in inner.comparisons]
+            else:
+                operands = [inner]
             for op in operands:
                 if isinstance(op, cst.Call) and call_name(op) in {"item", "len", "isinstance"}:
                     continue
@@ -428,6 +434,10 @@ class HostReads(LoopCodemod):
         if isinstance(it, cst.Name) and it.value in self.tensors and self.loop_stack[-1][1] and not self._on_host(it):
             self._report(node.iter, COUNTER_INDEX, f"iterating device tensor `{it.value}` indexes it with a constant per "
                                                    "step: a new graph every step; iterate a host copy")
+
+
+# tensor ops that give a Python bool: each reads its tensors on the host
+_BOOL_OF_TENSORS = frozenset({"allclose", "equal", "is_nonzero"})
 
 
 def _code(node: cst.CSTNode) -> str:

@@ -308,3 +308,15 @@ def test_a_loader_loop_whose_batches_stay_on_the_host_is_host_code():
                  "            x = inputs[:, i]\n            mean[i] += net(x)\n"):
         moved = src.replace("            mean[i] += inputs[:, i, :, :].mean()\n", body)
         assert ("XLA301", 7) in [(f.code, f.line) for f in transform(moved.encode(), Settings()).findings], body
+
+
+def test_a_bool_made_from_tensors_compared_by_identity_is_still_a_host_read():
+    """`torch.allclose(y, ref) is False`: the identity reads nothing, but
+    allclose reads both tensors to make its Python bool (every step)."""
+    from xlaport.engine import Settings, transform
+
+    src = ("import torch\n\ndef run(model, opt, xs, ref):\n    for x in xs:\n        y = model(x.cuda())\n"
+           "        y.sum().backward()\n        opt.step()\n        if torch.allclose(y, ref) is False:\n"
+           "            print('drift')\n        if y is None:\n            pass\n")
+    found = [(f.code, f.line) for f in transform(src.encode(), Settings(select=["XLA4"])).findings]
+    assert found == [("XLA404", 8)], found
