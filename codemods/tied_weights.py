@@ -24,7 +24,9 @@ from typing import List, Optional
 
 import libcst as cst
 
-from codemods.analysis.prefilter import CALLS_LIBRARY, LIBRARY, TIE_ATTRS, TIED_WEIGHTS as TIED, is_tie
+from codemods.analysis.prefilter import (
+    CALLS_LIBRARY, LIBRARY, RETIE_METHODS, TIE_ATTRS, TIED_WEIGHTS as TIED, is_library_model, is_tie,
+)
 from codemods.analysis.values import DEVICE, DEVICE_STR, values as dataflow
 from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all, statement
 from codemods.syntax.imports import head_length
@@ -195,7 +197,8 @@ def _from_library(node: cst.CSTNode, flow, tree, seen: frozenset = frozenset()) 
     if isinstance(node, cst.Call):
         if isinstance(node.func, cst.Attribute) and call_name(node) in ("to", "eval", "train", "float", "half"):
             return _from_library(node.func.value, flow, tree, seen)
-        return any(q.startswith(_LIBRARY) for q in tree.import_qualnames(node.func) or ())
+        return any(q.startswith(_LIBRARY) and is_library_model(q[len(_LIBRARY):])
+                   for q in tree.import_qualnames(node.func) or ())
     if isinstance(node, cst.Name):
         values = [flow.source(b)[0] for b in flow.reaching(node)]
     elif isinstance(node, cst.Attribute) and dotted(node.value) == "self":
@@ -224,10 +227,14 @@ def _retie_of(stmt: cst.CSTNode) -> Optional[str]:
 
 def ties(module: cst.Module) -> List[cst.SimpleStatementLine]:
     """The statements of the module's classes that give one module's weight
-    (or bias) to another: ``self.a.weight = self.b.weight``."""
+    (or bias) to another: ``self.a.weight = self.b.weight`` -- in classes
+    without a re-tie method of their own (``RETIE_METHODS``)."""
     found: List[cst.SimpleStatementLine] = []
     seen = set()
     for cls in find_all(module, cst.ClassDef):
+        body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()  # type: ignore[attr-defined]
+        if any(isinstance(m, cst.FunctionDef) and m.name.value in RETIE_METHODS for m in body):
+            continue  # it re-ties them itself when asked (transformers' `_tie_weights`, called by tie_weights())
         for line in find_all(cls, cst.SimpleStatementLine):
             if id(line) not in seen and _tie(line) is not None:
                 seen.add(id(line))

@@ -27,10 +27,12 @@ from one ``ast`` walk, which of the facts the loop codemods need can hold:
   CUDA rules read -- a device (``"cuda:0"``, ``f"cuda:{rank}"``), a backend
   (``"nccl"``), a key (``"pin_memory"``), a start method (``"spawn"``) -- is
   one word;
-* ``tied_weights`` -- a class statement gives one module's weight to another
-  (``self.a.weight = self.b.weight``: :func:`is_tie`, the one definition);
-* ``calls:transformers`` -- something imported from transformers is called
-  (``GPT2LMHeadModel(config)``, ``AutoModel.from_pretrained(...)``);
+* ``tied_weights`` -- a statement of a class that has no re-tie method of its
+  own gives one module's weight to another (``self.a.weight =
+  self.b.weight``: :func:`is_tie`, the one definition);
+* ``calls:transformers`` -- a model class imported from transformers is made
+  (``GPT2LMHeadModel(config)``, ``AutoModel.from_pretrained(...)``:
+  :func:`is_library_model`);
 * ``imports:torch`` -- the file imports ``torch`` (or a submodule):
   without it no name resolves to ``torch.load`` or ``torch.compile``;
   ``torch:X`` -- ``X`` is imported from torch, or read along an attribute
@@ -81,6 +83,19 @@ TIED_WEIGHTS = "tied_weights"
 TIE_ATTRS = ("weight", "bias")  # what modules share
 LIBRARY = "transformers"  # whose models tie weights inside the library (and re-tie with tie_weights())
 CALLS_LIBRARY = f"calls:{LIBRARY}"
+# a class with one of these methods re-ties its own weights when asked (transformers' convention)
+RETIE_METHODS = ("_tie_weights", "tie_weights")
+_MODEL_CLASS = re.compile(r"^[A-Z]\w*(Model|For[A-Z]\w*)$")
+
+
+def is_library_model(chain: str) -> bool:
+    """A dotted call (``GPT2LMHeadModel``, ``AutoModelForCausalLM.from_pretrained``)
+    that makes a model of LIBRARY, by its naming: a class ``*Model`` or
+    ``*For*``, called or asked ``from_pretrained``/``from_config``."""
+    parts = chain.split(".")
+    if len(parts) > 1 and parts[-1] in ("from_pretrained", "from_config", "_from_config"):
+        parts = parts[:-1]
+    return bool(_MODEL_CLASS.match(parts[-1]))
 
 
 def is_tie(left: str, right: str) -> bool:
@@ -152,6 +167,8 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
     # something here can make a model (see kinds.library_kinds): torch.nn, an unpickled object
     model_source = b"torch.nn" in source or b"load(" in source or b"jit." in source
     any_loader = b"DataLoader" in source
+    may_tie = any(f"{a} = self.".encode() in source for a in TIE_ATTRS)
+    may_call_library = LIBRARY.encode() in source
     # (node, inside a loop?, enclosing function names)
     # (node, inside a loop?, enclosing function names, inside a model's own
     # forward/backward/__init__ -- where no loop is a step loop)
@@ -161,7 +178,7 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
     torch_names: Set[str] = set()  # what is imported from torch (`from torch import load`)
     attrs_of: Dict[str, Set[str]] = {}  # name -> the attributes read along chains rooted at it
     library_roots: Set[str] = set()  # names an import of LIBRARY binds
-    called_roots: Set[str] = set()  # the root names of every called chain
+    called_chains: Set[Tuple[str, str]] = set()  # (root name, dotted chain) of every call that may make a model
     while stack:
         node, in_loop, funcs, in_model = stack.pop()
         kind = type(node)
@@ -187,8 +204,10 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
             root = node.func  # type: ignore[attr-defined]
             while type(root) is ast.Attribute:
                 root = root.value  # type: ignore[attr-defined]
-            if type(root) is ast.Name:
-                called_roots.add(root.id)  # type: ignore[attr-defined]
+            if may_call_library and type(root) is ast.Name:
+                chain = _dotted(node.func)  # type: ignore[attr-defined]
+                if chain and is_library_model(chain):
+                    called_chains.add((root.id, chain))  # type: ignore[attr-defined]
             name = _last_name(node.func)  # type: ignore[attr-defined]
             if name is not None:
                 if in_loop and not in_model:
@@ -202,9 +221,6 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
         elif kind in _ASSIGNS:
             for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
                 variables.update(_target_names(target))
-            if kind is ast.Assign and len(node.targets) == 1 and type(node.targets[0]) is ast.Attribute \
-                    and is_tie(_dotted(node.targets[0]), _dotted(node.value)):  # type: ignore[attr-defined]
-                facts.add(TIED_WEIGHTS)
         elif kind is ast.arg:
             variables.add(node.arg)  # type: ignore[attr-defined]
             ann = node.annotation  # type: ignore[attr-defined]
@@ -231,6 +247,11 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
             if not in_model:
                 loops.append(node)
         elif kind is ast.ClassDef:
+            if may_tie and TIED_WEIGHTS not in facts and not any(
+                    isinstance(m, _FUNCS) and m.name in RETIE_METHODS for m in node.body):  # type: ignore[attr-defined]
+                if any(type(n) is ast.Assign and len(n.targets) == 1 and type(n.targets[0]) is ast.Attribute
+                       and is_tie(_dotted(n.targets[0]), _dotted(n.value)) for n in ast.walk(node)):
+                    facts.add(TIED_WEIGHTS)
             for stmt in node.body:
                 if isinstance(stmt, _FUNCS) and (
                         stmt.name == "step" or (stmt.name.endswith("_step") and not stmt.name.startswith("set_"))):
@@ -275,7 +296,7 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
         if any(_may_step(loop, steps, modelish) for loop in loops):
             facts.add(STEP_LOOP)
     facts.update(f"name:{n}" for n in names)
-    if library_roots & called_roots:
+    if any(root in library_roots for root, _ in called_chains):
         facts.add(CALLS_LIBRARY)
     if torch_roots:  # (every import of torch binds at least one name)
         facts.add(IMPORTS_TORCH)
