@@ -53,3 +53,25 @@ def test_valid_python_that_libcsts_check_rejects_is_converted():
     assert code == source.replace("import torch\n", "import torch\nimport torch_xla\n").replace(
         ".cuda()", ".to(torch_xla.device())")
     assert [f.code for f in findings] == ["XLA101"]
+
+
+def test_every_class_the_parser_makes_gets_the_unchecked_constructor_and_its_own_back():
+    # the parse's speed-up: a class left out would silently cost the slow
+    # constructor again; a constructor left swapped would skip the checks
+    from codemods.syntax.nodes import walk
+
+    source = (ROOT / "fixtures" / "traps_through_calls" / "input.py").read_bytes()
+    inits = parsing._fast_inits()
+    tree = parsing.parse_module(source)
+    made = {type(n) for n in walk(tree)}
+    assert len(made) > 30
+    assert made <= set(inits)
+    assert all(kind.__dict__["__init__"] is own for kind, (_, own) in inits.items())
+
+
+def test_the_unchecked_constructor_sets_every_field_and_default():
+    fast, _ = parsing._fast_inits()[cst.FunctionDef]
+    node = cst.FunctionDef.__new__(cst.FunctionDef)
+    fast(node, cst.Name("f"), cst.Parameters(), cst.IndentedBlock(body=[]))
+    assert node.deep_equals(cst.FunctionDef(cst.Name("f"), cst.Parameters(), cst.IndentedBlock(body=[])))
+    assert node.whitespace_after_def is not None and node.decorators == ()
