@@ -198,10 +198,8 @@ class StepBarrier(LoopCodemod):
             stmts.insert(after, self._barrier())
         new_body = self._before_exits(stmts, exits)
         last = new_body[-1]
-        if after is not None:
-            pass  # the barrier follows the optimizer step
-        elif _is_exit(last, exits):
-            pass  # the barrier before it is already there
+        if after is not None or _is_exit(last, exits):
+            pass  # the barrier follows the optimizer step, or the one before the exit is there
         elif _ends_flow(last):
             new_body.insert(len(new_body) - 1, self._barrier())
         else:

@@ -15,7 +15,7 @@ import libcst as cst
 
 from codemods.analysis.prefilter import LOADER_LOOP
 from codemods.analysis import LoopCodemod, is_device_loader_expr, loop_iterable, module_facts
-from codemods.analysis.placement import batches_stay_on_host
+from codemods.analysis.placement import MOVES, batches_stay_on_host
 from codemods.analysis.values import values as dataflow
 from codemods.base import Rule, call_name, find_all
 
@@ -129,7 +129,7 @@ class DeviceLoader(LoopCodemod):
         for call in find_all(scope, cst.Call):
             func = call.func  # type: ignore[attr-defined]
             if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == name:
-                if func.attr.value in ("to", "cuda", "xpu", "to_empty", "apply", "share_memory"):
+                if func.attr.value in MOVES or func.attr.value in ("apply", "share_memory"):
                     return True
             if any(isinstance(a.value, cst.Name) and a.value.value == name for a in call.args):  # type: ignore[attr-defined]
                 return True  # handed to something that may move it

@@ -29,6 +29,7 @@ from typing import Callable, Iterable, Optional, Set
 import libcst as cst
 
 from codemods.analysis.bindings import binding_nodes
+from codemods.analysis.loops import loop_iterable
 from codemods.analysis.tensors import is_tensor_expr
 from codemods.analysis.values import DEVICE as DEVICE_KIND, DEVICE_LOADER, DEVICE_STR, LOADER, MODULE, Values, \
     values as values_of
@@ -179,23 +180,22 @@ class _Placement:
     def _batch(self, loop: cst.For) -> Optional[str]:
         """What a loop over a loader binds: on the device from a device
         loader, on the host from a DataLoader whose batches stay there."""
-        it = loop.iter
-        if isinstance(it, cst.Call) and call_name(it) == "enumerate" and it.args:
-            it = it.args[0].value
-        kinds = self.values.of(it)
+        kinds = self.values.of(loop_iterable(loop))
         if DEVICE_LOADER in kinds:
             return DEVICE
         return HOST if kinds == {LOADER} and batches_stay_on_host(loop) else None
 
 
-_MOVES = frozenset({"to", "cuda", "xpu", "to_empty"})
+# the methods that move a tensor or a module to a device (in place for a module)
+MOVES = frozenset({"to", "cuda", "xpu", "to_empty"})
 
 
 def batches_stay_on_host(loop: cst.For) -> bool:
     """The loop's body never moves what it iterates to a device nor hands it
     on: no ``.to()``/``.cuda()`` in it, and no name the loop binds (or a
-    name assigned from one, ``ids = batch["ids"]``) in a call's arguments (a model, a step or a helper could move it) or in a
-    ``return``/``yield`` -- host code, such as a dataset's mean and std.
+    name assigned from one, ``ids = batch["ids"]``) in a call's arguments
+    (a model, a step or a helper could move it) or in a ``return``/``yield``
+    -- host code, such as a dataset's mean and std.
     Wrapping its loader would move work the program does on the CPU to the
     device (the loader rule leaves it), and its batches are host tensors."""
     names = {n.value for n in find_all(loop.target, cst.Name)}
@@ -207,14 +207,15 @@ def batches_stay_on_host(loop: cst.For) -> bool:
             value = getattr(a, "value", None)
             if value is None or not any(n.value in names for n in find_all(value, cst.Name)):
                 continue
-            targets = [t.target for t in a.targets] if isinstance(a, cst.Assign) else [a.target]  # type: ignore[attr-defined]
+            targets = ([t.target for t in a.targets] if isinstance(a, cst.Assign)  # type: ignore[attr-defined]
+                       else [a.target])  # type: ignore[attr-defined]
             new = {n.value for t in targets if isinstance(t, (cst.Name, cst.Tuple, cst.List))
                    for n in find_all(t, cst.Name)} - names
             if new:
                 names |= new
                 grown = True
     for call in find_all(loop.body, cst.Call):
-        if call_name(call) in _MOVES:  # type: ignore[arg-type]
+        if call_name(call) in MOVES:  # type: ignore[arg-type]
             return False
         if any(n.value in names for a in call.args for n in find_all(a.value, cst.Name)):  # type: ignore[attr-defined]
             return False
