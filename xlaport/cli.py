@@ -66,7 +66,7 @@ def common_options(fn):
         click.option("--stdin-filename", default=None,
                      help="The path to report (and match config against) for source read from `-`."),
         click.option("--port-cpu", is_flag=True, default=None,
-                     help="Also convert a program with no CUDA or accelerator code (moves a CPU-only program to XLA)."),
+                     help="Also convert a program with no CUDA or accelerator code (the XLA rules apply; the program's tensors stay on the device it names)."),
         click.option("--keep-progress", is_flag=True, default=None,
                      help="Keep progress bars; only drop their tensor-reading postfixes."),
         click.option("--prints", type=click.Choice(["defer", "delete", "keep"]), default=None,

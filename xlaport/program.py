@@ -5,8 +5,11 @@ code at all (a CPU-only script, a library of pure functions) has nothing to
 port: giving it torch_xla imports, step barriers and step closures would
 change a program that still runs on the CPU.  So when none of the files of a
 run holds such code, every file is left byte for byte as it is and the run
-says so in one line.  Moving a CPU-only program to XLA is a choice of its
-own: ``--port-cpu`` (or ``port-cpu = true`` in ``[tool.xlaport]``).
+says so in one line.  Converting it anyway is a choice of its own:
+``--port-cpu`` (or ``port-cpu = true`` in ``[tool.xlaport]``).  The XLA
+rules then apply (barriers, step closures, device loaders), but no device is
+chosen for the program: a tensor made on the host, or on
+``torch.device("cpu")``, stays there (moving it is the user's decision).
 
 The decision is the run's, not each file's: in a CUDA project a module with
 no CUDA of its own (the training loop, handed the device) is still ported.
@@ -45,4 +48,4 @@ def leave_alone(results: Sequence[FileResult]) -> str:
             r.cuda = (0, 0)  # (a file that could not be read or parsed keeps its error)
     n = sum(1 for r in results if r.original is not None)
     return (f"nothing to port: no CUDA or accelerator code in the {n} file(s) seen; left as they are "
-            "(`--port-cpu` moves a CPU-only program to XLA)")
+            "(`--port-cpu` converts it anyway; its tensors stay on the device it names)")
