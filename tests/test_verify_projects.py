@@ -508,3 +508,26 @@ def test_outputs_off_by_the_originals_float_order_noise_pass_and_more_fail(tmp_p
         noted = report["within_float_order_noise"]
         assert (len(noted) == 1 and noted[0].startswith("stdout line 1") and "CPU thread(s) instead of" in noted[0]) \
             if code == 0 else not noted, noted
+
+
+def test_linked_data_folders_reach_the_copies(tmp_path):
+    """``data -> ../datasets`` (a data set kept outside the project, or in a
+    folder the copy leaves out) and ``cache -> data`` (inside it): the
+    copies read the same files the program reads in place; os.walk lists a
+    linked folder among the folders and never walks it."""
+    from xlaport.verify.project import Project, build_side
+
+    root, outside = tmp_path / "proj", tmp_path / "datasets"
+    (root / ".hidden_sets").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "train.txt").write_text("kept outside\n")
+    (root / ".hidden_sets" / "val.txt").write_text("kept hidden\n")
+    (root / "train.py").write_text("print(open('data/train.txt').read())\n")
+    (root / "data").symlink_to("../datasets")
+    (root / "val").symlink_to(".hidden_sets")
+    (root / "mirror").symlink_to("val")
+    side = build_side(Project.of(root / "train.py", root, root), "xla", tmp_path / "side", {})
+    assert (side.tree / "data" / "train.txt").read_text() == "kept outside\n"
+    assert (side.tree / "val" / "val.txt").read_text() == "kept hidden\n"
+    assert (side.tree / "mirror" / "val.txt").read_text() == "kept hidden\n"
+    assert os.readlink(side.tree / "mirror") == "val"  # inside the copy: the copy's own link

@@ -179,7 +179,11 @@ def build_side(project: Project, name: str, dest: Path, sources: Dict[str, bytes
     side = Side(name, dest, project)
     for dirpath, dirnames, _ in os.walk(origin, followlinks=False):  # every folder, empty ones too
         dirnames[:] = [d for d in dirnames if not _skipped(d)]
-        (dest / Path(dirpath).relative_to(origin)).mkdir(parents=True, exist_ok=True)
+        here = dest / Path(dirpath).relative_to(origin)
+        here.mkdir(parents=True, exist_ok=True)
+        for d in dirnames:  # a linked folder (`data -> ../datasets/mnist`): not walked, linked
+            if os.path.islink(os.path.join(dirpath, d)):
+                _link(Path(dirpath) / d, here / d, origin)
     for path in Project(origin, origin, origin).walk():
         rel = path.relative_to(origin).as_posix()
         target = dest / rel
@@ -187,7 +191,7 @@ def build_side(project: Project, name: str, dest: Path, sources: Dict[str, bytes
         if rel in sources:
             target.write_bytes(sources[rel])
         elif path.is_symlink():
-            os.symlink(os.readlink(path), target)
+            _link(path, target, origin)
         elif path.is_file():
             if path.stat().st_size > COPY_LIMIT:
                 os.symlink(path.resolve(), target)
@@ -205,6 +209,24 @@ def build_side(project: Project, name: str, dest: Path, sources: Dict[str, bytes
     for rel in side.linked:
         side.before[rel] = (0, 0)
     return side
+
+
+def _link(path: Path, target: Path, origin: Path) -> None:
+    """A link of the project as the same link in a side's copy: as it is
+    where it points into what the copy holds (the copy's own file or
+    folder is read), to the absolute place where a relative link leaves
+    the project or points into a folder the copy leaves out (from the copy
+    it would point at nothing)."""
+    held = os.readlink(path)
+    if not os.path.isabs(held):
+        place = Path(os.path.normpath(path.parent / held))  # (as written: a link to a link stays one)
+        try:
+            inside = place.relative_to(origin)
+        except ValueError:
+            inside = None
+        if inside is None or any(_skipped(part) for part in inside.parts):  # (a folder the copy leaves out)
+            held = str(place)
+    os.symlink(held, target)
 
 
 def changed_files(before: Dict[str, Stamp], after: Dict[str, Stamp]) -> List[str]:
