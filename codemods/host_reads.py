@@ -3,7 +3,10 @@
 These need a person: the fix depends on what the value is for.  Each finding
 says what to do instead.  "Hot" means it runs every step: inside a step loop
 or a loader loop, or in a method reached from a ``step()`` method of the same
-class (a scheduler's ``step`` runs once per denoising step).  With the option
+class (a scheduler's ``step`` runs once per denoising step) -- or once per
+element: inside a loop that walks a device tensor (``for i, y_i in
+enumerate(y)``), where each element is a graph of its own, wherever the loop
+runs (in a module that has step or loader loops: the others are not read).  With the option
 ``include_cold`` the same patterns are also reported where they run once per
 call (``hot`` is then false).
 """
@@ -162,7 +165,8 @@ class HostReads(LoopCodemod):
         if self.include_cold:
             return None
         per_step = self.per_step()
-        return self.hot_regions(tree) + [fn for fn in tree.nodes((cst.FunctionDef,)) if id(fn) in per_step]
+        return (self.hot_regions(tree) + [fn for fn in tree.nodes((cst.FunctionDef,)) if id(fn) in per_step]
+                + self.element_loops(tree))
 
     def per_step(self) -> Dict[int, Tuple[List[str], cst.CSTNode]]:
         """The module's functions run once per step, from the loops that really
@@ -218,7 +222,33 @@ class HostReads(LoopCodemod):
                 via = "".join(f"`{name}()`, called from " for name in reversed(chain))
                 return (f"runs every step: in `{self.function_stack[-1]}()`, called from {via}the loop at line "
                         f"{self.loop_line(loop)}")
+        walked = self._element_loop()
+        if walked is not None:
+            return (f"runs once per element of device tensor `{_code(loop_iterable(walked))}` (the loop at line "
+                    f"{self.loop_line(walked)})")
         return None
+
+    def _element_loop(self) -> Optional[cst.For]:
+        """The innermost enclosing loop that walks a device tensor element by
+        element (``for i, y_i in enumerate(y)``, ``y`` on the device): its
+        body runs once per element, and each element is a graph of its own."""
+        walking = {id(lp) for lp in self.element_loops(self.tree)}
+        for loop, _, _ in reversed(self.loop_stack):
+            if id(loop) in walking:
+                return loop  # type: ignore[no-any-return]
+        return None
+
+    @staticmethod
+    def element_loops(tree: TreeCache) -> List[cst.For]:
+        """The module's loops over a device tensor, by name or attribute
+        (``for y_i in y``, ``enumerate(self.table)``), once per tree."""
+        found = tree.memo.get("element_loops")
+        if found is None:
+            found = tree.memo["element_loops"] = [
+                lp for lp in tree.nodes((cst.For,))
+                if isinstance(loop_iterable(lp), (cst.Name, cst.Attribute))  # type: ignore[arg-type]
+                and placement(tree, loop_iterable(lp)) == DEVICE]  # type: ignore[arg-type]
+        return found  # type: ignore[return-value]
 
     def _report(self, node: cst.CSTNode, rule: Rule, what: str, related: Sequence[cst.CSTNode] = ()) -> None:
         where = self._where()
@@ -372,7 +402,7 @@ class HostReads(LoopCodemod):
             return False
         what = "slices" if any(isinstance(e.slice, cst.Slice) for e in node.slice) else "indexes"
         self._report(node, COUNTER_INDEX, f"`{_code(node.value)}[...]` {what} a device tensor with the loop "
-                     f"counter `{sorted(hit)[0]}`: a new graph every step")
+                     f"counter `{sorted(hit)[0]}`: a new graph for each of its values")
         return True
 
     def _counters(self) -> Set[str]:
@@ -434,6 +464,10 @@ class HostReads(LoopCodemod):
         if isinstance(it, cst.Name) and it.value in self.tensors and self.loop_stack[-1][1] and not self._on_host(it):
             self._report(node.iter, COUNTER_INDEX, f"iterating device tensor `{it.value}` indexes it with a constant per "
                                                    "step: a new graph every step; iterate a host copy")
+        elif self._element_loop() is node:
+            self._report(node.iter, COUNTER_INDEX, f"iterating device tensor `{_code(it)}` takes each element as a "
+                                                   "graph of its own (a new one per index): iterate a host copy, "
+                                                   "read once (`.tolist()`), or use tensor ops")
 
 
 # tensor ops that give a Python bool: each reads its tensors on the host

@@ -291,3 +291,32 @@ def test_the_loop_a_chain_names_is_the_users_line_after_an_earlier_rewrite():
     found = next(f for f in findings if f.code == "XLA405")
     assert src.splitlines()[12].strip() == "for _ in range(n):"
     assert "in `inner()`, called from the loop at line 13" in found.message, found.message
+
+
+def test_a_loop_over_a_device_tensor_is_hot_where_it_runs():
+    """fixtures/element_loop: the loop walks a device tensor in a helper
+    called once: the loop, the read and the indexed write are reported with
+    the loop's line; a loop over a host copy is not."""
+    src = (FIXTURES / "element_loop" / "input.py").read_text()
+    lines = src.splitlines()
+    found = {(f.code, f.line): f.message for f in transform(src.encode(), Settings()).findings}
+    loop = lines.index("    for idx, y_samp in enumerate(y):") + 1
+    read = lines.index("        allowed = [c for c in range(classes) if c != y_samp.item()]") + 1
+    write = lines.index("        y_neg[idx] = allowed[idx % len(allowed)]") + 1
+    per_element = f"runs once per element of device tensor `y` (the loop at line {loop})"
+    assert {k for k in found if k[0].startswith("XLA4")} == {("XLA407", loop), ("XLA401", read), ("XLA407", write)}
+    assert all(found[k].endswith(per_element) for k in (("XLA407", loop), ("XLA401", read), ("XLA407", write)))
+    # the same loop over a host copy (`y.cpu()`): nothing crosses, nothing is reported
+    host = src.replace("    y_neg = y.clone()\n", "    y = y.cpu()\n    y_neg = y.clone()\n")
+    assert not [c for c, _ in lint_codes(host) if c.startswith("XLA4")]
+
+
+@pytest.mark.xla
+@needs_xla
+def test_a_loop_over_a_device_tensor_compiles_per_element_on_xla(tmp_path):
+    """What lint predicts for fixtures/element_loop: the compiles grow with
+    the number of elements walked (each element, and each write at a
+    Python index, is a graph of its own)."""
+    a, _, b, out = at_two_lengths("element_loop", tmp_path, "--batch", 4, 8)
+    assert b["compiles"] - a["compiles"] >= 4, (a, b)
+    assert "loss" in out

@@ -24,7 +24,7 @@ Anything else is unknown (None): the rules treat it as they did before.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional, Set
+from typing import Callable, Iterable, List, Optional, Set
 
 import libcst as cst
 
@@ -174,7 +174,7 @@ class _Placement:
             if isinstance(value, cst.For):
                 found.add(self._batch(value))
                 continue
-            found.add(self.of(value, busy) if value is not None and not path else None)
+            found.add(self.of(_element(value, path), busy) if value is not None else None)
         return found.pop() if len(found) == 1 else None
 
     def _batch(self, loop: cst.For) -> Optional[str]:
@@ -184,6 +184,19 @@ class _Placement:
         if DEVICE_LOADER in kinds:
             return DEVICE
         return HOST if kinds == {LOADER} and batches_stay_on_host(loop) else None
+
+
+def _element(value: cst.CSTNode, path: List[int]) -> Optional[cst.CSTNode]:
+    """What a tuple target's name at ``path`` is given: ``value`` itself
+    for a plain name, the element of a tuple written out (``x, y =
+    x.to(device), y.to(device)``); None where it cannot be told (a call
+    that returns a tuple, a starred element)."""
+    for k in path:
+        if not isinstance(value, (cst.Tuple, cst.List)) or k >= len(value.elements) or any(
+                isinstance(e, cst.StarredElement) for e in value.elements):
+            return None
+        value = value.elements[k].value
+    return value
 
 
 # the methods that move a tensor or a module to a device (in place for a module)
