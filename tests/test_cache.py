@@ -103,3 +103,28 @@ def test_parallel_runs_share_one_cache(cached, tmp_path):
     assert not list(cached.rglob("*.tmp"))
     again = subprocess.run(cmd, env=env, capture_output=True)
     assert again.stdout == outs[0]
+
+
+def test_lint_leaves_the_imports_pass_to_the_convert_that_reads_its_entry(cached, tmp_path, monkeypatch):
+    """A plain `lint` shows no output, so it runs no imports pass (LibCST's
+    AddImportsVisitor: a tenth of a cold lint on diffusers); its entry says
+    which imports the output lacks, and `convert` adds them on reading it --
+    the same bytes as a convert with no cache -- and keeps the entry complete."""
+    from codemods.syntax import imports
+
+    src = _tree(tmp_path)
+    expected = tmp_path / "expected"
+    CliRunner().invoke(main, ["convert", "--no-cache", "-j", "1", str(src), "-o", str(expected)])
+    applied = []
+    real = imports.apply
+    monkeypatch.setattr(imports, "apply", lambda *a: applied.append(1) or real(*a))
+    code, out = _lint(src)
+    assert code == 1 and out["findings"] and not applied
+    entries = [json.loads(p.read_text()) for p in cached.rglob("*.json")]
+    assert any("imports" in e for e in entries)
+    _no_work(monkeypatch)
+    done = CliRunner().invoke(main, ["convert", "-j", "1", str(src)])
+    assert done.exit_code == 0, done.output
+    for name in ("train.py", "gpu.py"):
+        assert (src / name).read_bytes() == (expected / name).read_bytes()
+    assert not any("imports" in json.loads(p.read_text()) for p in cached.rglob("*.json"))

@@ -257,3 +257,32 @@ def test_a_converted_file_leaves_no_tree_for_the_cycle_collector():
         gc.enable()
     assert out.findings and out.code != source  # the analyses did run
     assert after == before
+
+
+def _golden_inputs():
+    return sorted(ROOT.glob("fixtures/*/input.py")) + sorted(ROOT.glob("fixtures/projects/*/*.py"))
+
+
+@pytest.mark.parametrize("path", _golden_inputs(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_left_for_later_give_the_same_output_and_findings(path):
+    """`lint` leaves the imports pass out (engine.transform(imports_later=True));
+    finish_imports then gives the very bytes a full transform gives, and the
+    findings do not depend on it."""
+    from xlaport.engine import Settings, finish_imports, transform
+
+    source = path.read_bytes()
+    full = transform(source, Settings(), str(path))
+    later = transform(source, Settings(), str(path), imports_later=True)
+    assert [(f.code, f.line, f.col, f.message) for f in later.findings] == \
+        [(f.code, f.line, f.col, f.message) for f in full.findings]
+    assert full.imports is None
+    done = finish_imports(later.code, later.imports) if later.imports is not None else later.code
+    assert done == full.code
+
+
+def test_some_golden_input_leaves_imports_for_later():
+    # (the test above compares something: most fixtures ask for torch_xla imports)
+    from xlaport.engine import Settings, transform
+
+    left = [p for p in _golden_inputs() if transform(p.read_bytes(), Settings(), str(p), imports_later=True).imports]
+    assert len(left) > 10

@@ -54,7 +54,9 @@ def settings_fingerprint(settings: Settings) -> str:
         "target": settings.target,
         # (restyle: `convert` writes Ruff's style of the same output; an entry
         # holds both, so that lint and convert share it -- see styled_output)
-        "options": {k: settings.options[k] for k in sorted(settings.options) if k != "restyle"},
+        # (findings_only: `lint` leaves the imports pass to the next run that
+        # needs the output -- see pending_imports)
+        "options": {k: settings.options[k] for k in sorted(settings.options) if k not in ("restyle", "findings_only")},
         "per_file_ignores": {k: list(v) for k, v in sorted(settings.per_file_ignores.items())},
     }
 
@@ -119,14 +121,16 @@ def _sha(data: bytes) -> str:
 
 
 def encode(output: Optional[bytes], original: bytes, findings: List[Finding], problem, cuda,
-           styled: Optional[bytes] = None, restyled: bool = False) -> Dict[str, object]:
+           styled: Optional[bytes] = None, restyled: bool = False, imports=None) -> Dict[str, object]:  # type: ignore[no-untyped-def]
     """An entry, tied to the input it answers for and to its own output by
     their digests (checked on read: see :func:`decode`).  ``restyled``: the
     entry also holds ``styled``, the output as `convert` writes it (None:
-    the same)."""
+    the same).  ``imports``: the import requests the output still lacks
+    (``engine.finish_imports``; an entry `lint` made)."""
     changed = output is not None and output != original
     return {
         **(encode_style(styled) if restyled else {}),
+        **({"imports": [[list(r) for r in imports[0]], [list(r) for r in imports[1]]]} if imports else {}),
         "input": _sha(original),
         "output": base64.b64encode(output).decode() if changed else None,  # type: ignore[arg-type]
         "output_sha": _sha(output) if changed else None,  # type: ignore[arg-type]
@@ -191,6 +195,24 @@ def decode(entry: Dict[str, object], original: bytes, path: str):
                         related=tuple((a, b) for a, b in related))
                 for c, m, line, col, fix, hot, cell, end_line, end_col, related in rows]
     return out, findings, tuple(problem) if problem is not None else None, tuple(cuda)
+
+
+def pending_imports(entry: Dict[str, object]):  # type: ignore[no-untyped-def]
+    """The import requests an entry's output still lacks, as
+    ``engine.finish_imports`` takes them; None when it lacks none.  A field
+    of another shape raises ValueError (a miss)."""
+    held = entry.get("imports")
+    if held is None:
+        return None
+
+    def request(r: object) -> bool:
+        return (isinstance(r, list) and len(r) == 3 and isinstance(r[0], str)
+                and all(v is None or isinstance(v, str) for v in r[1:]))
+
+    if not (isinstance(held, list) and len(held) == 2 and all(
+            isinstance(part, list) and all(request(r) for r in part) for part in held)):
+        raise ValueError("import requests of the wrong shape")
+    return [tuple(r) for r in held[0]], [tuple(r) for r in held[1]]
 
 
 def encode_style(styled: Optional[bytes]) -> Dict[str, object]:

@@ -22,7 +22,7 @@ from codemods.target import DEFAULT_TARGET, TARGETS
 from xlaport import output
 from xlaport.config import load_config
 from xlaport.files import Entry, discover, remove_stale_temps
-from xlaport.runner import ERROR_CODE, FILE_ERROR, FileResult, process
+from xlaport.runner import ERROR_CODE, FILE_ERROR, FINDINGS_ONLY, FileResult, process
 from xlaport.program import leave_alone, nothing_to_port
 from xlaport.settings import Settings
 from xlaport.writes import PlanError, check_output_root, destinations, to_written_lines, write_in_place, write_tree
@@ -384,6 +384,8 @@ def lint(paths, show_diff, include_cold, **kw):
         run.settings.options = {**run.settings.options, "include_cold": True}
     if show_diff:  # the diff `convert` would apply
         run.settings.options = {**run.settings.options, "restyle": True}
+    else:  # no output is shown: the imports pass is left to a run that needs it (xlaport.runner)
+        run.settings.options = {**run.settings.options, FINDINGS_ONLY: True}
     if not paths:
         _nothing_to_do(run)
     results = run.process()

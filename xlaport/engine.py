@@ -55,6 +55,9 @@ class Outcome:
     code: bytes  # the converted source (== input when nothing changed)
     findings: List[Finding]
     cuda: Tuple[int, int] = (0, 0)  # CUDA references (in the input, left in the output)
+    # with ``imports_later``: the import requests not yet applied to ``code``
+    # (needed, unused; see :func:`finish_imports`), None when none are left
+    imports: Optional[Tuple[List[imports.Request], List[imports.Request]]] = None
 
     def changed(self, original: bytes) -> bool:
         return self.code != original
@@ -122,10 +125,13 @@ def _text_of(source: bytes, tree: cst.Module) -> str:
 
 
 def transform(source: bytes, settings: Settings, filename: str = "",
-              triggered: Optional[Sequence[registry.CodemodInfo]] = None) -> Outcome:
+              triggered: Optional[Sequence[registry.CodemodInfo]] = None, imports_later: bool = False) -> Outcome:
     """Convert one source text. Raises SourceError for code it cannot parse.
     ``triggered``: ``registry.applicable(source, ..., prefilter=False)`` for
-    ``settings``' codes, where the caller has it."""
+    ``settings``' codes, where the caller has it.  ``imports_later``: leave
+    the imports the rules asked for out of ``code`` and hand them back in
+    ``Outcome.imports`` (what `lint` does: no finding depends on them, and
+    the output is only shown or written after :func:`finish_imports`)."""
     settings = settings.for_file(filename, source)
     codes = settings.selected_codes()
     codemods = applicable(source, settings, codes, triggered)
@@ -226,23 +232,47 @@ def transform(source: bytes, settings: Settings, filename: str = "",
                     current(tree)
                     unchecked = True
         flush(context.scratch[TREE_KEY])  # type: ignore[arg-type]
-        if unchecked and imports.pending(context):
-            tree = checked(tree)
-        before = tree
-        tree, with_imports = imports.apply(context, tree)
-        if with_imports:
-            last: TreeCache = context.scratch[TREE_KEY]  # type: ignore[assignment]
-            spliced = spliced_code(before, text, tree, last.statement_starts())
-            text = spliced if spliced is not None else tree.code
+        later = None
+        if imports_later and imports.pending(context) and text != original_text:
+            later = (list(context.scratch.get(imports.NEEDED_KEY) or []),
+                     list(context.scratch.get(imports.UNUSED_KEY) or []))
+        elif imports.pending(context):
+            if unchecked:
+                tree = checked(tree)
+            text = _with_imports(context, tree, text, context.scratch[TREE_KEY])  # type: ignore[arg-type]
         out = source if text == original_text else text.encode(tree.encoding)
         findings = _without_repeats(findings)
         findings.sort(key=lambda f: (f.line, f.col, f.code))
         left = int(context.scratch.get(COVERAGE_KEY, 0))  # type: ignore[call-overload]
-        return Outcome(out, findings, (found, left))
+        return Outcome(out, findings, (found, left), later)
     finally:
         for cache in made:
             cache.release()
         context.scratch.clear()
+
+
+def _with_imports(context: Context, tree: cst.Module, text: str, cache: TreeCache) -> str:
+    """``text`` (the code of ``tree``) with the imports the rules asked for
+    in ``context`` added and removed: only the statements that change are
+    generated again."""
+    new_tree, changed = imports.apply(context, tree)
+    if not changed:
+        return text
+    spliced = spliced_code(tree, text, new_tree, cache.statement_starts())
+    return spliced if spliced is not None else new_tree.code
+
+
+def finish_imports(code: bytes, pending: Tuple[List[imports.Request], List[imports.Request]]) -> bytes:
+    """``code`` from ``transform(..., imports_later=True)`` with the imports
+    it left out (``Outcome.imports``): the bytes ``transform`` gives."""
+    tree = parse(code)
+    text = _text_of(code, tree)
+    context = Context(scratch={imports.NEEDED_KEY: list(pending[0]), imports.UNUSED_KEY: list(pending[1])})
+    cache = TreeCache(tree, code, text)
+    try:
+        return _with_imports(context, tree, text, cache).encode(tree.encoding)
+    finally:
+        cache.release()
 
 
 def _back_through(maps: List[Callable[[int], int]]) -> Callable[[int], int]:

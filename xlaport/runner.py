@@ -13,7 +13,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from codemods import registry
 from codemods.rule import Finding
-from xlaport.cache import Cache, decode, encode, encode_style, nothing
+from xlaport.cache import Cache, decode, encode, encode_style, nothing, pending_imports
 from xlaport.files import Entry, FileProblem, read_bytes
 from xlaport.settings import Settings
 
@@ -62,24 +62,31 @@ class FileResult:
         )
 
 
-def _convert_bytes(path: str, data: bytes, settings: Settings,
-                   triggered: List[registry.CodemodInfo]) -> Tuple[bytes, List[Finding], List[str], Tuple[int, int]]:
+def _convert_bytes(path: str, data: bytes, settings: Settings, triggered: List[registry.CodemodInfo]
+                   ) -> Tuple[bytes, List[Finding], List[str], Tuple[int, int], Optional[Pending]]:
     if path.endswith(".ipynb"):
         from xlaport.notebook import transform_notebook
 
-        return transform_notebook(data, settings, path)
+        return (*transform_notebook(data, settings, path), None)
     from xlaport.engine import transform  # LibCST: only for files that need it
 
-    outcome = transform(data, settings, path, triggered)
-    return outcome.code, outcome.findings, [], outcome.cuda
+    # `lint` without --diff shows and writes no output: the imports pass is
+    # left for whoever needs the output (a later `convert` reading the cache)
+    outcome = transform(data, settings, path, triggered, imports_later=bool(settings.options.get(FINDINGS_ONLY)))
+    return outcome.code, outcome.findings, [], outcome.cuda, outcome.imports
 
 
 Problem = Optional[Tuple[str, Optional[int], Optional[int]]]
 
 
+# import requests an output still lacks (needed, unused): see engine.finish_imports
+Pending = Tuple[list, list]
+# the option `lint` sets when it needs findings alone (the cache key leaves it out)
+FINDINGS_ONLY = "findings_only"
+
 # (output, findings, problem, CUDA counts, the output as `convert` writes it when
-# that differs: see xlaport.style)
-Outcome = Tuple[Optional[bytes], List[Finding], Problem, Tuple[int, int], Optional[bytes]]
+# that differs: see xlaport.style, the imports the output still lacks)
+Outcome = Tuple[Optional[bytes], List[Finding], Problem, Tuple[int, int], Optional[bytes], Optional[Pending]]
 
 
 def _work(args: Tuple[str, bytes, Settings]) -> Optional[Outcome]:
@@ -92,19 +99,19 @@ def _work(args: Tuple[str, bytes, Settings]) -> Optional[Outcome]:
     from xlaport.engine import SourceError
 
     try:
-        out, findings, problems, cuda = _convert_bytes(path, data, settings, triggered)
+        out, findings, problems, cuda, pending = _convert_bytes(path, data, settings, triggered)
     except SourceError as exc:
-        return None, [], (exc.message, exc.line, exc.col), (0, 0), None
+        return None, [], (exc.message, exc.line, exc.col), (0, 0), None, None
     except RecursionError:
-        return None, [], ("too deeply nested for the parser", None, None), (0, 0), None
+        return None, [], ("too deeply nested for the parser", None, None), (0, 0), None, None
     except Exception as exc:  # an xlaport bug must not abort the run
-        return None, [], (f"internal error in xlaport: {type(exc).__name__}: {exc}", None, None), (0, 0), None
+        return None, [], (f"internal error in xlaport: {type(exc).__name__}: {exc}", None, None), (0, 0), None, None
     for f in findings:
         f.path = path
     styled = _styled(path, data, out) if settings.options.get("restyle") and not problems else None
     if problems:
-        return out, findings, ("; ".join(problems), None, None), cuda, styled
-    return out, findings, None, cuda, styled
+        return out, findings, ("; ".join(problems), None, None), cuda, styled, pending
+    return out, findings, None, cuda, styled, pending
 
 
 def _styled(path: str, data: bytes, out: Optional[bytes]) -> Optional[bytes]:
@@ -150,7 +157,9 @@ def process(entries: Sequence[Entry], settings: Settings, jobs: int = 0, cache: 
                 try:
                     outcome = decode(hit, data, str(entry.path))
                     if outcome is not None:
-                        outcome = (*outcome, None)
+                        outcome = (*outcome, None, pending_imports(hit))
+                    if outcome is not None and outcome[5] is not None and not settings.options.get(FINDINGS_ONLY):
+                        hit, outcome = _with_imports(cache, key, hit, outcome, data)
                     if outcome is not None and settings.options.get("restyle"):
                         outcome = _with_style(cache, key, hit, outcome, str(entry.path), data)
                     if outcome is not None:
@@ -172,8 +181,24 @@ def process(entries: Sequence[Entry], settings: Settings, jobs: int = 0, cache: 
             _fill(result, outcome)
         if cache is not None and not (outcome is not None and outcome[2] is not None and outcome[2][0] == DIED):
             cache.put(key, nothing(job[1]) if outcome is None else encode(
-                outcome[0], job[1], *outcome[1:4], styled=outcome[4], restyled=bool(job[2].options.get("restyle"))))
+                outcome[0], job[1], *outcome[1:4], styled=outcome[4], restyled=bool(job[2].options.get("restyle")),
+                imports=outcome[5]))
     return results
+
+
+def _with_imports(cache: Cache, key: str, entry, outcome, data: bytes):  # type: ignore[no-untyped-def]
+    """(the entry, the outcome) with the imports an entry `lint` made left
+    out added to its output now, as `convert` needs it; the entry is kept
+    so completed.  An output that no longer parses is a miss (ValueError)."""
+    from xlaport.engine import SourceError, finish_imports
+
+    try:
+        out = finish_imports(outcome[0], outcome[5])
+    except SourceError as exc:
+        raise ValueError(exc.message) from None
+    entry = encode(out, data, *outcome[1:4])
+    cache.put(key, entry)
+    return entry, (out, *outcome[1:5], None)
 
 
 def _with_style(cache: Cache, key: str, entry, outcome, path: str, data: bytes):  # type: ignore[no-untyped-def]
@@ -185,11 +210,11 @@ def _with_style(cache: Cache, key: str, entry, outcome, path: str, data: bytes):
     if not known and outcome[2] is None:
         styled = _styled(path, data, outcome[0])
         cache.put(key, {**entry, **encode_style(styled)})
-    return (*outcome[:4], styled)
+    return (*outcome[:4], styled, outcome[5])
 
 
 def _fill(result: FileResult, outcome) -> None:
-    out, findings, error, cuda, styled = outcome
+    out, findings, error, cuda, styled, _ = outcome
     if styled is not None:
         out = styled
     result.parsed = True
@@ -309,7 +334,7 @@ def _recover(lost: List[int], jobs_in: List[Tuple[str, bytes, Settings]], jobs: 
                 try:
                     yield i, solo.submit(_work_chunk, [jobs_in[i]]).result()[0]
                 except BrokenProcessPool:
-                    yield i, (None, [], (DIED, None, None), (0, 0), None)
+                    yield i, (None, [], (DIED, None, None), (0, 0), None, None)
                 finally:
                     solo.shutdown(wait=False, cancel_futures=True)
     finally:
