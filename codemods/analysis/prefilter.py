@@ -224,7 +224,7 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
         elif kind is ast.arg:
             variables.add(node.arg)  # type: ignore[attr-defined]
             ann = node.annotation  # type: ignore[attr-defined]
-            if ann is not None and any(_last_name(n) == "Module" for n in ast.walk(ann)):
+            if not model_source and ann is not None and any(_last_name(n) == "Module" for n in ast.walk(ann)):
                 model_source = True
         elif kind is ast.Import or kind is ast.ImportFrom:
             model_source = model_source or _imports_models(node)
