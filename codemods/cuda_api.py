@@ -203,17 +203,21 @@ class CudaApi(DropsStatements, XlaCodemod):
                       "left as it is (False on XLA); convert the guarded code by hand", fix=False)
             return updated
         scope = scope_of(original, self.tree)
-        if code == DEVICE_QUERY.code and "xr." in move.code and isinstance(scope, cst.Module) \
-                and not is_script(self.tree, self.qualnames):
-            self.flag(original, DEVICE_QUERY.code, f"`{short}()` at import time (a module-level value or a "
-                      "decorator): the XLA runtime must not start on import; count devices inside a function "
-                      "(`xr.world_size()`)", fix=False)
-            return updated
+        # (the launcher first: a module that spawns its processes at its top
+        # level, `world_size = torch.cuda.device_count()` then `mp.spawn(...)`
+        # under `if __name__ == "__main__":`, counts them before the launch,
+        # not at import time)
         if code == DEVICE_QUERY.code and "xr." in move.code and id(scope) in \
                 cuda_facts(self.tree, self.qualnames).launchers:
             self.flag(original, DEVICE_QUERY.code, f"`{short}()` before the processes are launched: the XLA "
                       "runtime must not start here; `torch_xla.launch` picks the process count "
                       "(use `xr.world_size()` inside the launched function)", fix=False)
+            return updated
+        if code == DEVICE_QUERY.code and "xr." in move.code and isinstance(scope, cst.Module) \
+                and not is_script(self.tree, self.qualnames):
+            self.flag(original, DEVICE_QUERY.code, f"`{short}()` at import time (a module-level value or a "
+                      "decorator): the XLA runtime must not start on import; count devices inside a function "
+                      "(`xr.world_size()`)", fix=False)
             return updated
         if move.kind == "drop":
             if not self.flag(original, code, f"`{short}()` removed: {move.why}", fix=True):

@@ -238,3 +238,18 @@ def test_state_of_an_object_only_named_like_a_scaler_is_kept():
            "    loss_scaler.load_state_dict(checkpoint['scaler'])\n    return loss_scaler.state_dict()\n")
     out, _ = convert_text(src)
     assert out == src
+
+
+def test_a_device_count_before_a_spawn_in_the_main_block_is_not_at_import_time():
+    """ddp-tutorial-series' multigpu.py: `world_size = torch.cuda.device_count()`
+    then `mp.spawn(...)` under `if __name__ == "__main__":` runs before the
+    processes are launched, never on import; a module-level count in a
+    library module is still at import time."""
+    main = ("import torch\nimport torch.multiprocessing as mp\n\n\ndef main(rank, world_size):\n"
+            "    print(rank, world_size)\n\n\nif __name__ == \"__main__\":\n"
+            "    world_size = torch.cuda.device_count()\n    mp.spawn(main, args=(world_size,), nprocs=world_size)\n")
+    found = [f.message for f in transform(main.encode(), Settings()).findings if f.code == "XLA114"]
+    assert len(found) == 1 and "before the processes are launched" in found[0], found
+    library = "import torch\n\nN_GPUS = torch.cuda.device_count()\n"
+    found = [f.message for f in transform(library.encode(), Settings()).findings if f.code == "XLA114"]
+    assert len(found) == 1 and "at import time" in found[0], found
