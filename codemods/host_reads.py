@@ -232,7 +232,8 @@ class HostReads(LoopCodemod):
         """The innermost enclosing loop that walks a device tensor element by
         element (``for i, y_i in enumerate(y)``, ``y`` on the device): its
         body runs once per element, and each element is a graph of its own."""
-        walking = {id(lp) for lp in self.element_loops(self.tree)}
+        walking = self._memo("element_loop_ids", self.tree.module,
+                             lambda: {id(lp) for lp in self.element_loops(self.tree)})
         for loop, _, _ in reversed(self.loop_stack):
             if id(loop) in walking:
                 return loop  # type: ignore[no-any-return]

@@ -47,6 +47,10 @@ def code_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
+# the option `lint` sets when it needs findings alone (xlaport.runner); the key leaves it out
+FINDINGS_ONLY = "findings_only"
+
+
 def settings_fingerprint(settings: Settings) -> str:
     data = {
         "select": list(settings.select) if settings.select is not None else None,
@@ -56,7 +60,7 @@ def settings_fingerprint(settings: Settings) -> str:
         # holds both, so that lint and convert share it -- see styled_output)
         # (findings_only: `lint` leaves the imports pass to the next run that
         # needs the output -- see pending_imports)
-        "options": {k: settings.options[k] for k in sorted(settings.options) if k not in ("restyle", "findings_only")},
+        "options": {k: settings.options[k] for k in sorted(settings.options) if k not in ("restyle", FINDINGS_ONLY)},
         "per_file_ignores": {k: list(v) for k, v in sorted(settings.per_file_ignores.items())},
     }
 

@@ -13,7 +13,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from codemods import registry
 from codemods.rule import Finding
-from xlaport.cache import Cache, decode, encode, encode_style, nothing, pending_imports
+from xlaport.cache import FINDINGS_ONLY, Cache, decode, encode, encode_style, nothing, pending_imports
 from xlaport.files import Entry, FileProblem, read_bytes
 from xlaport.settings import Settings
 
@@ -81,8 +81,6 @@ Problem = Optional[Tuple[str, Optional[int], Optional[int]]]
 
 # import requests an output still lacks (needed, unused): see engine.finish_imports
 Pending = Tuple[list, list]
-# the option `lint` sets when it needs findings alone (the cache key leaves it out)
-FINDINGS_ONLY = "findings_only"
 
 # (output, findings, problem, CUDA counts, the output as `convert` writes it when
 # that differs: see xlaport.style, the imports the output still lacks)
