@@ -173,7 +173,7 @@ class HostReads(LoopCodemod):
         are step or loader loops (judged as the walk judges them)."""
         def compute() -> Dict[int, str]:
             module = self.tree.module
-            self.steps = self._memo("steps", module, lambda: step_functions(module, self.qualnames))
+            self.steps = self._memo("steps", module, lambda: step_functions(module))
             loops = [lp for lp in module_facts(self.tree).hot_loops
                      if self.is_step_loop(lp) or (isinstance(lp, cst.For) and self.is_loader_loop(lp))]  # type: ignore[arg-type]
             return per_step_functions(module, loops)

@@ -220,3 +220,68 @@ def test_statement_anchored_positions_equal_libcst_positions(seed):
         anchored = TreeCache(module, b"", text).start_positions(pick)
         assert {id(n): (full[n].start.line, full[n].start.column + 1, full[n].end.line, full[n].end.column + 1)
                 for n in pick if n in full} == anchored
+
+
+STATEMENTS = '''# -*- coding: utf-8 -*-
+x = "é"; y = 2
+if x: z = "ü"
+for i in range(3):
+    s = "naïve"  # ü
+    if i:
+        pass
+    elif s:
+        t = 1
+    else:
+        t = "ß" + \\
+            "é"
+else:
+    u = 1
+while x:
+    with open(f) as h, open(g):
+        break
+try:
+    v = 1
+except ValueError as e:
+    v = "è"
+except Exception:
+    pass
+else:
+    w = 1
+finally:
+    w = 2
+match x:
+    case 1:
+        y = 3
+def f():
+    x = 1;
+    return "ö"
+'''
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_statement_positions_from_ast_equal_libcst_positions(seed):
+    """Statements are placed from Python's ast, not generated: at every
+    depth, with non-ASCII text before a statement's end (ast counts bytes),
+    after an elif, a one-line suite and a semicolon (left to the generator)."""
+    import ast
+
+    from codemods.syntax.positions import statement_positions
+
+    rng = random.Random(seed)
+    sources = [STATEMENTS, TRICKY] + [p.read_text() for p in rng.sample(REAL, min(4, len(REAL)))]
+    for text in sources:
+        module = cst.parse_module(text)
+        full = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+        known = statement_positions(module, text, ast.parse(text))
+        statements = [n for n in walk(module) if isinstance(n, (cst.BaseCompoundStatement, cst.SimpleStatementLine))]
+        assert len(known) > len(statements) // 2
+        by_id = {id(n): n for n in statements}
+        assert set(known) <= set(by_id)
+        assert {i: known[i] for i in known} == {
+            i: (full[by_id[i]].start.line, full[by_id[i]].start.column + 1, full[by_id[i]].end.line,
+                full[by_id[i]].end.column + 1) for i in known}
+    # the statements after a semicolon and in a one-line suite are not read from ast; those around them are
+    module = cst.parse_module(STATEMENTS)
+    known = statement_positions(module, STATEMENTS, ast.parse(STATEMENTS))
+    assert id(module.body[0]) in known and id(module.body[1]) in known
+    assert id(module.body[1].body) not in known

@@ -55,7 +55,7 @@ class LoopCodemod(XlaCodemod):
 
     # -- walking state -------------------------------------------------------
     def visit_Module(self, node: cst.Module) -> None:
-        self.steps = self._memo("steps", node, lambda: step_functions(node, self.qualnames))
+        self.steps = self._memo("steps", node, lambda: step_functions(node))
         self.tensor_stack.append(self._tensor_names(node))
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:

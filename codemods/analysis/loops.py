@@ -168,13 +168,23 @@ def in_model_code(node: cst.CSTNode, parents: Dict[int, cst.CSTNode], called_by_
     return False
 
 
-def step_functions(module: cst.Module, qualnames: QualNames) -> FunctionSet:
+def step_functions(module: cst.Module) -> FunctionSet:
     """The functions, methods and closures of this module that take a step
     -- their own body calls backward or an optimizer step, or calls another
     such function (``f()`` through the scopes, ``self.m()`` in the class;
     ``analysis.calls``), to any depth -- so that a loop calling one is a
-    step loop too."""
+    step loop too.  Computed once per tree (what a call's receiver holds
+    comes from the dataflow, never from qualified names: the pre-check and
+    every loop codemod get the same answer)."""
     tree = tree_of(module)
+    found = tree.memo.get("step_functions")
+    if not isinstance(found, FunctionSet):
+        found = tree.memo["step_functions"] = _step_functions(tree)
+    return found
+
+
+def _step_functions(tree: TreeCache) -> FunctionSet:
+    module = tree.module
     parents = tree.parents
     direct: Set[int] = set()
     calls_of: Dict[int, Set[int]] = {}
@@ -184,7 +194,7 @@ def step_functions(module: cst.Module, qualnames: QualNames) -> FunctionSet:
         # for a loop's own calls (an optimizer however it is named; an LR
         # scheduler's step is none)
         stepping = call_name(call) in STEP_CALLS and is_step_call(
-            call, set(), qualnames, values_of(tree))  # type: ignore[arg-type]
+            call, set(), lambda n: set(), values_of(tree))  # type: ignore[arg-type]
         callees = None if stepping else called_functions(tree, call)  # type: ignore[arg-type]
         if not stepping and not callees:
             continue
@@ -334,7 +344,7 @@ class ModuleFacts:
 
     def __init__(self, tree: TreeCache) -> None:
         module, source = tree.module, tree.source
-        steps = step_functions(module, lambda n: set())
+        steps = step_functions(module)
         loops = find_all(module, (cst.For, cst.While))
         self.step_loops: List[cst.CSTNode] = [
             lp for lp in loops if loop_step_kind(tree, lp, steps) is not None  # type: ignore[arg-type]

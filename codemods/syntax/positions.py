@@ -23,8 +23,9 @@ a public class in a private module), as LibCST's own providers do.
 from __future__ import annotations
 
 import ast
+import re
 from contextlib import contextmanager, nullcontext
-from typing import ContextManager, Dict, Iterable, Iterator, List, Optional, Set, Tuple
+from typing import ContextManager, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 from libcst._position import CodePosition, CodeRange
@@ -169,3 +170,78 @@ def _align(stmts: List[cst.CSTNode], body: List[ast.stmt], starts: Dict[int, int
                 return False
         i += len(stmt.body) if isinstance(stmt, cst.SimpleStatementLine) else 1
     return i == len(body)
+
+
+# ------------------------------------------------------------ statements, from ast
+
+# compound statements whose ast node has the same blocks (``body``, and an
+# ``else`` that is a block of its own, not an ``elif``)
+_COMPOUND = {cst.For: (ast.For, ast.AsyncFor), cst.While: (ast.While,), cst.With: (ast.With, ast.AsyncWith),
+             cst.If: (ast.If,), cst.Try: (ast.Try,), cst.FunctionDef: (ast.FunctionDef, ast.AsyncFunctionDef),
+             cst.ClassDef: (ast.ClassDef,)}
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+def statement_positions(module: cst.Module, text: str, parsed: ast.Module) -> Dict[int, Position]:
+    """``id(statement) -> (line, column, end line, end column)``, as
+    :func:`start_positions` gives them, for the statements of ``module`` in
+    indented blocks at any depth, read from Python's ``ast`` parse of the
+    same ``text`` instead of generated: ``ast`` knows where each statement
+    starts and ends (in bytes of UTF-8, turned into characters here).  A
+    block whose statements do not line up with ``ast``'s is left out (and
+    so is every statement in it): those are generated as before."""
+    out: Dict[int, Position] = {}
+    lines: List[str] = []
+
+    def column(line: int, offset: int) -> int:
+        if not lines:
+            lines.extend(_LINE_BREAK.split(text))
+        code = lines[line - 1] if 0 < line <= len(lines) else ""
+        if code.isascii():
+            return offset + 1
+        return len(code.encode("utf-8")[:offset].decode("utf-8", "replace")) + 1
+
+    def block(stmts: Sequence[cst.CSTNode], body: List[ast.stmt]) -> None:
+        pairs: List[Tuple[cst.CSTNode, ast.stmt, ast.stmt]] = []
+        i = 0
+        for stmt in stmts:
+            if isinstance(stmt, cst.SimpleStatementLine):
+                n = len(stmt.body)
+                if n == 0 or i + n > len(body) or not isinstance(stmt.body[-1].semicolon, cst.MaybeSentinel):
+                    return
+                pairs.append((stmt, body[i], body[i + n - 1]))
+                i += n
+                continue
+            kinds = _COMPOUND.get(type(stmt))
+            if i >= len(body) or not (isinstance(body[i], kinds) if kinds else
+                                      type(body[i]).__name__ == type(stmt).__name__):  # Match, TryStar: not entered
+                return
+            pairs.append((stmt, body[i], body[i]))
+            i += 1
+        if i != len(body):
+            return
+        for stmt, first, last in pairs:
+            if last.end_lineno is None or last.end_col_offset is None:
+                continue
+            out[id(stmt)] = (first.lineno, column(first.lineno, first.col_offset), last.end_lineno,
+                             column(last.end_lineno, last.end_col_offset))
+            if type(stmt) in _COMPOUND:
+                _inner(stmt, first)
+
+    def inner_block(node: cst.CSTNode, body: List[ast.stmt]) -> None:
+        if isinstance(node, cst.IndentedBlock):
+            block(node.body, body)
+
+    def _inner(stmt: cst.CSTNode, node: ast.stmt) -> None:
+        inner_block(stmt.body, node.body)  # type: ignore[attr-defined]
+        orelse = getattr(stmt, "orelse", None)
+        if isinstance(orelse, cst.Else):  # (an elif is an If of its own: left out)
+            inner_block(orelse.body, node.orelse)  # type: ignore[attr-defined]
+        if isinstance(stmt, cst.Try) and len(stmt.handlers) == len(node.handlers):  # type: ignore[attr-defined]
+            for handler, h in zip(stmt.handlers, node.handlers):  # type: ignore[attr-defined]
+                inner_block(handler.body, h.body)
+            if stmt.finalbody is not None:
+                inner_block(stmt.finalbody.body, node.finalbody)  # type: ignore[attr-defined]
+
+    block(module.body, parsed.body)
+    return out

@@ -8,6 +8,7 @@ analyses' memo).
 
 from __future__ import annotations
 
+import ast
 from bisect import bisect_left
 import weakref
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
@@ -350,8 +351,14 @@ class TreeCache:
 
         if self.text is None:
             return start_positions(self.module, nodes)
-        # only the statements that hold the nodes are generated: statements
-        # of the module, or of the bodies of its classes and functions
+        # a statement's position is read from ast; only the statements that
+        # hold the other nodes are generated: statements of the module, or
+        # of the bodies of its classes and functions
+        known = self.statement_positions()
+        found = {id(n): known[id(n)] for n in nodes if id(n) in known}
+        nodes = [n for n in nodes if id(n) not in found]
+        if not nodes:
+            return found
         parents = self.parents
         anchors: Dict[int, Tuple[cst.CSTNode, Tuple[str, ...], List[cst.CSTNode]]] = {}
         for n in nodes:
@@ -361,7 +368,7 @@ class TreeCache:
                 chain.append(up)
                 up = parents.get(id(up))
             if up is None:  # the module itself, or a node not in this tree
-                return start_positions(self.module, nodes)
+                return {**found, **start_positions(self.module, nodes)}
             chain.reverse()
             k, indents = 0, ()  # type: Tuple[int, Tuple[str, ...]]
             while (type(chain[k]) in (cst.FunctionDef, cst.ClassDef) and k + 2 < len(chain)
@@ -372,7 +379,7 @@ class TreeCache:
                 k += 2
             anchor = chain[k]
             anchors.setdefault(id(anchor), (anchor, indents, []))[2].append(n)
-        return start_positions(self.module, nodes, anchors, self.text, self.statement_starts())
+        return {**found, **start_positions(self.module, nodes, anchors, self.text, self.statement_starts())}
 
     def statement_starts(self) -> Optional[Dict[int, int]]:
         """``positions.statement_starts`` of this tree's text (computed once),
@@ -380,9 +387,32 @@ class TreeCache:
         if "statement_starts" not in self.memo:
             from codemods.syntax.positions import statement_starts
 
-            self.memo["statement_starts"] = None if self.text is None else statement_starts(
-                self.module, self.text, self.memo.get("ast"))  # type: ignore[arg-type]
+            parsed = self._ast()
+            self.memo["statement_starts"] = None if parsed is None else statement_starts(
+                self.module, self.text, parsed)  # type: ignore[arg-type]
         return self.memo["statement_starts"]  # type: ignore[return-value]
+
+    def statement_positions(self) -> Dict[int, Tuple[int, int, int, int]]:
+        """``positions.statement_positions`` of this tree (computed once;
+        empty where the text is unknown or ast cannot read it)."""
+        if "statement_positions" not in self.memo:
+            from codemods.syntax.positions import statement_positions
+
+            parsed = self._ast()
+            self.memo["statement_positions"] = {} if parsed is None else statement_positions(
+                self.module, self.text, parsed)  # type: ignore[arg-type]
+        return self.memo["statement_positions"]  # type: ignore[return-value]
+
+    def _ast(self) -> Optional[ast.Module]:
+        """Python's ``ast`` parse of this tree's text (the prefilter's, where
+        the engine hands it over), once; None where there is no text or ast
+        refuses it."""
+        if self.memo.get("ast") is None and self.text is not None and "ast_failed" not in self.memo:
+            try:
+                self.memo["ast"] = ast.parse(self.text)
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                self.memo["ast_failed"] = True
+        return self.memo.get("ast")  # type: ignore[return-value]
 
     def metadata(self, context: Any, provider: type) -> Mapping[cst.CSTNode, object]:
         found = self._metadata.get(provider)
