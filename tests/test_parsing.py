@@ -75,3 +75,20 @@ def test_the_unchecked_constructor_sets_every_field_and_default():
     fast(node, cst.Name("f"), cst.Parameters(), cst.IndentedBlock(body=[]))
     assert node.deep_equals(cst.FunctionDef(cst.Name("f"), cst.Parameters(), cst.IndentedBlock(body=[])))
     assert node.whitespace_after_def is not None and node.decorators == ()
+
+
+def test_plain_whitespace_is_shared_and_the_classes_are_libcsts_again():
+    source = b"if x: y = 1  # c\nz = f(a, b)\nw = [\n    1,\n]\n"
+    tree = parsing.parse_module(source)
+    assert tree.deep_equals(cst.parse_module(source)) and tree.code == source.decode()
+    first, second = tree.body[1].body[0], tree.body[2].body[0]
+    assert first.targets[0].whitespace_before_equal is second.targets[0].whitespace_before_equal  # " "
+    assert tree.body[1].trailing_whitespace is tree.body[2].trailing_whitespace  # no comment, "\n"
+    assert tree.body[0].body.trailing_whitespace.comment.value == "# c"  # a comment: a node of its own
+    assert (cst.SimpleWhitespace, cst.Newline, cst.TrailingWhitespace) == (
+        cst.SimpleWhitespace(" ").__class__, type(cst.Newline()), type(cst.TrailingWhitespace()))
+    assert isinstance(cst.SimpleWhitespace, type) and isinstance(cst.TrailingWhitespace, type)
+    # no walker meets a shared node: every node it indexes is there once
+    from codemods.syntax.tree import TreeCache
+
+    assert TreeCache(tree).nodes_unique()

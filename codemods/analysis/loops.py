@@ -34,7 +34,7 @@ from codemods.analysis.values import (
 from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.calls import FunctionSet, called_functions
 from codemods.analysis.state import _carries_model_state, _root
-from codemods.analysis.steps import LOADER_NAME_RE, STEP_CALLS, callers_closure
+from codemods.analysis.steps import LOADER_NAME_RE, STEP_CALLS
 from codemods.analysis.syncs import (  # noqa: F401 -- part of this module's API
     _NESTED, Loop, QualNames, body_statements, has_barrier, is_barrier_call, syncing_functions,
 )
@@ -186,32 +186,51 @@ def step_functions(module: cst.Module) -> FunctionSet:
 def _step_functions(tree: TreeCache) -> FunctionSet:
     module = tree.module
     parents = tree.parents
-    direct: Set[int] = set()
-    calls_of: Dict[int, Set[int]] = {}
-    owners: Dict[int, cst.FunctionDef] = {}
-    for call in find_all(module, cst.Call):
-        # what the receiver of `x.step()` holds is read from the dataflow, as
-        # for a loop's own calls (an optimizer however it is named; an LR
-        # scheduler's step is none)
-        stepping = call_name(call) in STEP_CALLS and is_step_call(
-            call, set(), lambda n: set(), values_of(tree))  # type: ignore[arg-type]
-        callees = None if stepping else called_functions(tree, call)  # type: ignore[arg-type]
-        if not stepping and not callees:
-            continue
-        # the function whose own body holds the call: its nearest enclosing
-        # function, loop, class or lambda must be that function, via its body
-        # (a function whose loop takes steps is a training run, not a step)
+
+    def owner(call: cst.Call) -> Optional[cst.FunctionDef]:
+        """The function whose own body holds the call: its nearest enclosing
+        function, loop, class or lambda must be that function, via its body
+        (a function whose loop takes steps is a training run, not a step)."""
         child, cur = call, parents.get(id(call))
         while cur is not None and type(cur) not in _NESTED_TYPES:
             child, cur = cur, parents.get(id(cur))
         if type(cur) is not cst.FunctionDef or child is not cur.body:  # type: ignore[union-attr]
+            return None
+        return cur  # type: ignore[return-value]
+
+    found: Dict[int, cst.FunctionDef] = {}
+    by_name: Dict[str, List[cst.Call]] = {}  # the calls that may run a function of that name
+    for call in find_all(module, cst.Call):
+        # what the receiver of `x.step()` holds is read from the dataflow, as
+        # for a loop's own calls (an optimizer however it is named; an LR
+        # scheduler's step is none)
+        if call_name(call) in STEP_CALLS and is_step_call(
+                call, set(), lambda n: set(), values_of(tree)):  # type: ignore[arg-type]
+            fn = owner(call)  # type: ignore[arg-type]
+            if fn is not None:
+                found[id(fn)] = fn
             continue
-        owners[id(cur)] = cur  # type: ignore[assignment]
-        if stepping:
-            direct.add(id(cur))
-        else:
-            calls_of.setdefault(id(cur), set()).update(id(fn) for fn in callees if fn is not cur)  # type: ignore[union-attr]
-    return FunctionSet(tree, (owners[i] for i in callers_closure(direct, calls_of)))  # type: ignore[arg-type]
+        func = call.func  # type: ignore[attr-defined]
+        if type(func) is cst.Name:
+            by_name.setdefault(func.value, []).append(call)  # type: ignore[arg-type]
+        elif type(func) is cst.Attribute and type(func.value) is cst.Name and func.value.value == "self":
+            by_name.setdefault(func.attr.value, []).append(call)  # type: ignore[arg-type]
+    # the callers of those, to any depth: only a call spelled with the name
+    # of a function found so far can run it (``analysis.calls``), so only
+    # those are resolved, each once
+    callees: Dict[int, List[cst.FunctionDef]] = {}
+    todo = [fn.name.value for fn in found.values()]
+    while todo:
+        for call in by_name.get(todo.pop(), ()):
+            fn = owner(call)
+            if fn is None or id(fn) in found:
+                continue
+            if id(call) not in callees:
+                callees[id(call)] = called_functions(tree, call) or []
+            if any(id(c) in found for c in callees[id(call)] if c is not fn):
+                found[id(fn)] = fn
+                todo.append(fn.name.value)
+    return FunctionSet(tree, found.values())
 
 
 def _state_moves_to_host(loop: Loop) -> bool:

@@ -56,7 +56,7 @@ def dotted(node: cst.CSTNode) -> Optional[str]:
 # Fields that only ever hold whitespace, comments or punctuation: the fast
 # walker below never needs to look inside them.
 _SKIP_FIELDS = re.compile(
-    r"^(whitespace.*|lpar|rpar|leading_lines|lines_after_decorators|header|footer|comma|semicolon|"
+    r"^(whitespace.*|leading_whitespace|lpar|rpar|leading_lines|lines_after_decorators|header|footer|comma|semicolon|"
     r"newline|trailing_whitespace|equal|colon|dot|star|lbracket|rbracket|lbrace|rbrace|"
     r"first_line_comment|empty_lines|indent|operator)$"
 )

@@ -18,7 +18,15 @@ and checks nothing (``_fast_inits``): the same fields, defaults and default
 factories, built from the dataclass's own field list.  Together that is
 about a tenth of the parse.
 
-``parse_module`` switches both off for the parse alone; every node a rule
+A third of the nodes a parse makes are plain whitespace: ``" "`` around
+an operator, a bare newline, the end of a line without a comment.  LibCST's
+native parser makes each node by calling the class of its name in the
+``libcst`` package, so during the parse those three names stand for makers
+that give back one node for equal whitespace (``_shared_whitespace``).
+The nodes are immutable, and they sit only in the fields that no walker
+here enters (``nodes._SKIP_FIELDS``): nothing tells two of them apart.
+
+``parse_module`` switches all this off again after the parse alone; every node a rule
 builds afterwards is made and checked as usual.  Where the installed LibCST
 checks nodes some other way than this one call, or a class is not the
 plain frozen, slotted dataclass this expects, that class (or everything)
@@ -32,6 +40,7 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 import libcst as cst
 from libcst._nodes.base import CSTNode
+from libcst._nodes.whitespace import Newline, SimpleWhitespace, TrailingWhitespace
 
 from codemods.syntax.nodes import _NODE_TYPES
 
@@ -110,17 +119,60 @@ def _fast_inits() -> Dict[type, Tuple[Callable[..., None], Callable[..., None]]]
     return _INITS
 
 
+def _shared_whitespace() -> Dict[str, Callable[..., CSTNode]]:
+    """Makers of the commonest whitespace nodes that give back one node for
+    equal whitespace (``" "``, a bare newline, the end of a line without a
+    comment) instead of a new one each time: a third of a parse's nodes.
+    The nodes are immutable and no reader of the tree tells them apart (they
+    sit only in the fields the walkers skip, ``nodes._SKIP_FIELDS``)."""
+    simple: Dict[str, CSTNode] = {}
+    ends: Dict[str, CSTNode] = {}
+    bare = Newline()
+
+    def simple_whitespace(value: str) -> CSTNode:
+        node = simple.get(value)
+        if node is None:
+            node = simple[value] = SimpleWhitespace(value)
+        return node
+
+    def newline(value: Optional[str] = None) -> CSTNode:
+        return bare if value is None else Newline(value)
+
+    def trailing_whitespace(whitespace: Optional[SimpleWhitespace] = None, comment: Optional[CSTNode] = None,
+                            newline: Newline = bare) -> CSTNode:
+        if whitespace is None:
+            whitespace = simple_whitespace("")  # type: ignore[assignment]
+        if comment is not None or newline is not bare or simple.get(whitespace.value) is not whitespace:  # type: ignore[union-attr]
+            return TrailingWhitespace(whitespace, comment, newline)  # type: ignore[arg-type]
+        node = ends.get(whitespace.value)  # type: ignore[union-attr]
+        if node is None:
+            node = ends[whitespace.value] = TrailingWhitespace(whitespace, None, bare)  # type: ignore[union-attr, arg-type]
+        return node
+
+    return {"SimpleWhitespace": simple_whitespace, "Newline": newline, "TrailingWhitespace": trailing_whitespace}
+
+
 def parse_module(source: Union[str, bytes]) -> cst.Module:
-    """``libcst.parse_module(source)``, its nodes unchecked (see above)."""
+    """``libcst.parse_module(source)``, its nodes unchecked and its plain
+    whitespace shared (see above)."""
     if not SKIPS_CHECKS:
         return cst.parse_module(source)
     inits = _fast_inits()
     CSTNode.__post_init__ = _made  # type: ignore[method-assign]
     for kind, (fast, _) in inits.items():
         type.__setattr__(kind, "__init__", fast)
+    # LibCST's native parser makes each node by calling the class of that
+    # name in the ``libcst`` package: the whitespace makers stand in for
+    # those classes during the parse (the classes themselves make them)
+    makers = _shared_whitespace()
+    classes = {name: getattr(cst, name) for name in makers}
+    for name, maker in makers.items():
+        setattr(cst, name, maker)
     try:
         return cst.parse_module(source)
     finally:
+        for name, kind in classes.items():
+            setattr(cst, name, kind)
         for kind, (_, own) in inits.items():
             type.__setattr__(kind, "__init__", own)
         CSTNode.__post_init__ = _CHECK  # type: ignore[method-assign]
