@@ -208,13 +208,17 @@ class XlaCodemod(cst.CSTTransformer):
             elif id(node) not in self._keep_ids:
                 self._pruned = node
                 return False
-        return super().on_visit(node)
+        # (LibCST's on_visit/on_leave, with the visit_X/leave_X of each
+        # class found once, not by name at every node)
+        visit = _handler(type(self), "visit_", type(node))
+        return visit is None or visit(self, node) is not False
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[override]
         if self._pruned is original_node:
             self._pruned = None
             return updated_node
-        result = super().on_leave(original_node, updated_node)
+        leave = _handler(type(self), "leave_", type(original_node))
+        result = updated_node if leave is None else leave(self, original_node, updated_node)
         if self._in_region is original_node:
             self._in_region = None
         return result
@@ -348,6 +352,20 @@ class XlaCodemod(cst.CSTTransformer):
 # there, let ``libcst.tool list`` count the codemods among its commands.
 if "libcst.codemod" in sys.modules:
     sys.modules["libcst.codemod"].CodemodCommand.register(XlaCodemod)
+
+
+_HANDLERS: Dict[Tuple[type, str, type], Any] = {}
+
+
+def _handler(codemod: type, prefix: str, kind: type) -> Any:
+    """The ``visit_X``/``leave_X`` function of ``codemod`` for nodes of
+    ``kind``, or None (found by name once per class and kind)."""
+    key = (codemod, prefix, kind)
+    try:
+        return _HANDLERS[key]
+    except KeyError:
+        found = _HANDLERS[key] = getattr(codemod, prefix + kind.__name__, None)
+        return found
 
 
 def place(tree: TreeCache, unplaced: List[Unplaced]) -> None:

@@ -80,13 +80,18 @@ def children(node: cst.CSTNode) -> List[cst.CSTNode]:
     """``node.children`` without LibCST's visitor machinery (and without
     whitespace): an order of magnitude cheaper; source order."""
     out: List[cst.CSTNode] = []
+    add = out.append
     nodes = _NODE_TYPES
-    for name in _child_fields(type(node)):
+    kind = type(node)
+    for name in _CHILD_FIELDS.get(kind) or _child_fields(kind):
         value = getattr(node, name)
-        if type(value) in nodes:
-            out.append(value)
-        elif type(value) in _LISTS:
-            out.extend(v for v in value if type(v) in nodes)
+        vkind = type(value)
+        if vkind in nodes:
+            add(value)
+        elif vkind is tuple or vkind is list:
+            for v in value:
+                if type(v) in nodes:
+                    add(v)
     return out
 
 
@@ -129,16 +134,19 @@ def walk(node: cst.CSTNode, stop: Tuple[type, ...] = ()) -> Iterator[cst.CSTNode
     stops = node_types(stop) if stop else frozenset()
     nodes = _NODE_TYPES
     stack = [node]
+    pop, push = stack.pop, stack.append
     while stack:
-        n = stack.pop()
+        n = pop()
         yield n
         kind = type(n)
         if kind in stops and n is not node:
             continue
-        for name in _child_fields(kind):
+        for name in _CHILD_FIELDS.get(kind) or _child_fields(kind):
             value = getattr(n, name)
             vkind = type(value)
             if vkind in nodes:
-                stack.append(value)
-            elif vkind in _LISTS:
-                stack.extend(v for v in value if type(v) in nodes)
+                push(value)
+            elif vkind is tuple or vkind is list:
+                for v in value:
+                    if type(v) in nodes:
+                        push(v)

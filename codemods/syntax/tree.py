@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Opti
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from codemods.syntax.nodes import (_LISTS, _NODE_TYPES, _child_fields, call_name, children, dotted, node_types, string_value,
+from codemods.syntax.nodes import (_CHILD_FIELDS, _LISTS, _NODE_TYPES, _child_fields, call_name, children, dotted, node_types, string_value,
                             walk)
 
 # The packages whose names the rules look for.  A name imported from any other
@@ -98,24 +98,32 @@ class TreeCache:
             by_type = self._by_type
             order = self._order
             seq = self._seq
+            fields_of = _CHILD_FIELDS
             stack: List[cst.CSTNode] = [self.module]
+            pop, push, add = stack.pop, stack.append, seq.append
             while stack:
-                n = stack.pop()
+                n = pop()
                 kind = type(n)
                 bucket = by_type.get(kind)
                 if bucket is None:
                     bucket = by_type[kind] = []
                 bucket.append(n)
-                order[id(n)] = len(order)
-                seq.append(n)
-                for name in _child_fields(kind):
+                order[id(n)] = len(seq)
+                add(n)
+                fields = fields_of.get(kind)
+                if fields is None:
+                    fields = _child_fields(kind)
+                for name in fields:
                     value = getattr(n, name)
                     vkind = type(value)
-                    kids = (value,) if vkind in nodes else value if vkind in _LISTS else ()
-                    for k in kids:
-                        if type(k) in nodes:
-                            parents[id(k)] = n
-                            stack.append(k)
+                    if vkind in nodes:
+                        parents[id(value)] = n
+                        push(value)
+                    elif vkind is tuple or vkind is list:
+                        for k in value:
+                            if type(k) in nodes:
+                                parents[id(k)] = n
+                                push(k)
             self._parents = parents
         return self._parents
 
