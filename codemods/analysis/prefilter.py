@@ -179,17 +179,19 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
     attrs_of: Dict[str, Set[str]] = {}  # name -> the attributes read along chains rooted at it
     library_roots: Set[str] = set()  # names an import of LIBRARY binds
     called_chains: Set[Tuple[str, str]] = set()  # (root name, dotted chain) of every call that may make a model
+    pop, push, AST, Name, Constant = stack.pop, stack.append, ast.AST, ast.Name, ast.Constant
+    add_name, blank = names.add, _BLANK.search
     while stack:
-        node, in_loop, funcs, in_model = stack.pop()
+        node, in_loop, funcs, in_model = pop()
         kind = type(node)
-        if kind is ast.Name:
-            names.add(node.id)  # type: ignore[attr-defined]
+        if kind is Name:
+            add_name(node.id)  # type: ignore[attr-defined]
             continue
-        if kind is ast.Constant:
+        if kind is Constant:
             value = node.value  # type: ignore[attr-defined]
             if type(value) is bytes:
                 value = value.decode("latin-1")
-            if type(value) is str and _one_word(value):
+            if type(value) is str and blank(value) is None:  # one word (_one_word)
                 strings.append(value)
             continue
         if kind in _NAMED:
@@ -270,10 +272,10 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
             value = getattr(node, field, None)
             if type(value) is list:
                 for child in value:
-                    if isinstance(child, ast.AST):
-                        stack.append((child, in_loop, funcs, in_model))
-            elif isinstance(value, ast.AST):
-                stack.append((value, in_loop, funcs, in_model))
+                    if isinstance(child, AST):
+                        push((child, in_loop, funcs, in_model))
+            elif isinstance(value, AST):
+                push((value, in_loop, funcs, in_model))
     # what the dataflow of codemods.analysis.values can find a model in: a
     # variable, or a function of the file that calls one (or a step-like name)
     step_functions = callers_closure(step_functions, calls_of)  # to any depth, as loops.step_functions
