@@ -147,3 +147,15 @@ def test_a_span_ending_on_an_added_line_ends_where_the_old_text_before_it_ends()
     assert back.end(3, 21) == (2, 21)  # the end of `    x = f(x)  # step`
     assert back.end(2, 13) == (2, 13)  # a line of the user's own: as it was
     assert back(3) == 3  # (a start on it still reads from the line after)
+
+
+def test_a_lazy_line_map_is_made_on_first_use_and_maps_as_line_map_does():
+    from xlaport.linemap import LazyLineMap
+
+    old = "a = 1\nwith bar() as b:\n    x = 2\n    y = 3\nz = 4\n"
+    new = "a = 1\nx = 2\ny = 3\nz = 4\n"
+    lazy, eager = LazyLineMap(old, new), line_map(old, new)
+    assert lazy._map is None  # nothing computed yet
+    assert [lazy(n) for n in range(1, 6)] == [eager(n) for n in range(1, 6)]
+    assert [lazy.indent_delta(n) for n in range(1, 6)] == [eager.indent_delta(n) for n in range(1, 6)]
+    assert lazy.end(3, 6) == eager.end(3, 6)

@@ -37,7 +37,7 @@ from codemods.base import (
     place,
 )
 from xlaport.settings import Settings  # noqa: F401 -- re-exported
-from xlaport.linemap import line_map
+from xlaport.linemap import LazyLineMap
 
 
 class SourceError(Exception):
@@ -226,7 +226,7 @@ def transform(source: bytes, settings: Settings, filename: str = "",
                     new_text = new_tree.code
                 if new_text != text:
                     flush(cache)
-                    maps.append(line_map(text, new_text))
+                    maps.append(LazyLineMap(text, new_text))
                     text = new_text
                     tree = new_tree
                     current(tree)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 import difflib
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 Pair = Tuple[int, int]  # (index in new, index in old), 0-based
 SMALL = 4096  # gaps with (new x old) lines up to this go to difflib
@@ -179,3 +179,27 @@ def _walk(a, a_lo, a_hi, b, b_lo, b_hi) -> List[Pair]:
         else:
             i, j = i + best[0], j + best[1]
     return out
+
+
+class LazyLineMap:
+    """``line_map(old, new)``, made when a line is first mapped: after the
+    last rewrite of a file (on most files, the only one) nothing asks."""
+
+    def __init__(self, old: str, new: str) -> None:
+        self._texts: Optional[Tuple[str, str]] = (old, new)
+        self._map: Optional[LineMap] = None
+
+    def _made(self) -> LineMap:
+        if self._map is None:
+            assert self._texts is not None
+            self._map, self._texts = line_map(*self._texts), None
+        return self._map
+
+    def __call__(self, line: int) -> int:
+        return self._made()(line)
+
+    def indent_delta(self, line: int) -> int:
+        return self._made().indent_delta(line)
+
+    def end(self, line: int, col: int) -> Tuple[int, int]:
+        return self._made().end(line, col)
