@@ -20,7 +20,6 @@ from typing import Dict, List, Optional, Set, Tuple
 import libcst as cst
 
 from codemods.syntax.traverse import fields
-from codemods.syntax.nodes import _CHILD_FIELDS, _NODE_TYPES, _child_fields
 from codemods.syntax.tree import TreeCache, children, dotted, node_types
 
 _SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef, cst.Module)
@@ -61,24 +60,14 @@ def _index(tree: TreeCache) -> Dict[int, _Scope]:
         return found  # type: ignore[return-value]
     scopes: Dict[int, _Scope] = {}
 
-    nodes, fields_of = _NODE_TYPES, _CHILD_FIELDS
-
     def fill(scope: _Scope, body: cst.CSTNode) -> None:
         stack = [body]
-        pop, push = stack.pop, stack.append
+        pop = stack.pop
         while stack:
             n = pop()
             kind = type(n)
-            if kind not in _BINDERS:  # most nodes: only their children matter (`children`, inlined)
-                for name in fields_of.get(kind) or _child_fields(kind):
-                    value = getattr(n, name)
-                    vkind = type(value)
-                    if vkind in nodes:
-                        push(value)
-                    elif vkind is tuple or vkind is list:
-                        for v in value:
-                            if type(v) in nodes:
-                                push(v)
+            if kind not in _BINDERS:  # most nodes: only their children matter
+                stack.extend(children(n))
                 continue
             if isinstance(n, (cst.FunctionDef, cst.ClassDef)):
                 scope.bind(n.name.value, n)

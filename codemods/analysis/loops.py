@@ -39,7 +39,7 @@ from codemods.analysis.syncs import (  # noqa: F401 -- part of this module's API
     _NESTED, Loop, QualNames, body_statements, has_barrier, is_barrier_call, syncing_functions,
 )
 from codemods.base import TreeCache, call_name, dotted, find_all
-from codemods.syntax.tree import children, node_types, parent_map, tree_of
+from codemods.syntax.tree import children, node_types, tree_of
 
 _NESTED_TYPES = node_types(_NESTED)
 _DEFS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)

@@ -25,12 +25,15 @@ from __future__ import annotations
 import ast
 import re
 from contextlib import contextmanager, nullcontext
-from typing import ContextManager, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, ContextManager, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 from libcst._position import CodePosition, CodeRange
 from libcst.metadata import PositionProvider
 from libcst.metadata.position_provider import PositionProvidingCodegenState
+
+if TYPE_CHECKING:
+    from codemods.syntax.tree import TreeCache
 
 
 _NOTHING = nullcontext()
@@ -102,6 +105,41 @@ def start_positions(module: cst.Module, nodes: Iterable[cst.CSTNode],
                 out.update(_generate(module, stmt, asked, starts[key], indents))
             return out
     return _generate(module, module, nodes, 1, ())
+
+
+def tree_positions(tree: "TreeCache", nodes: List[cst.CSTNode]) -> Dict[int, Position]:
+    """``TreeCache.start_positions`` where no full position metadata was
+    computed: a statement's position is read from ast; only the statements
+    that hold the other nodes are generated (statements of the module, or of
+    the bodies of its classes and functions)."""
+    if tree.text is None:
+        return start_positions(tree.module, nodes)
+    known = tree.statement_positions()
+    found = {id(n): known[id(n)] for n in nodes if id(n) in known}
+    nodes = [n for n in nodes if id(n) not in found]
+    if not nodes:
+        return found
+    parents = tree.parents
+    anchors: Dict[int, Tuple[cst.CSTNode, Tuple[str, ...], List[cst.CSTNode]]] = {}
+    for n in nodes:
+        chain = [n]
+        up = parents.get(id(n))
+        while up is not None and up is not tree.module:
+            chain.append(up)
+            up = parents.get(id(up))
+        if up is None:  # the module itself, or a node not in this tree
+            return {**found, **start_positions(tree.module, nodes)}
+        chain.reverse()
+        k, indents = 0, ()  # type: Tuple[int, Tuple[str, ...]]
+        while (type(chain[k]) in (cst.FunctionDef, cst.ClassDef) and k + 2 < len(chain)
+               and chain[k + 1] is chain[k].body and type(chain[k + 1]) is cst.IndentedBlock  # type: ignore[attr-defined]
+               and any(s is chain[k + 2] for s in chain[k + 1].body)):  # type: ignore[attr-defined]
+            block = chain[k + 1]
+            indents += (block.indent if block.indent is not None else tree.module.default_indent,)  # type: ignore[attr-defined]
+            k += 2
+        anchor = chain[k]
+        anchors.setdefault(id(anchor), (anchor, indents, []))[2].append(n)
+    return {**found, **start_positions(tree.module, nodes, anchors, tree.text, tree.statement_starts())}
 
 
 def _generate(module: cst.Module, root: cst.CSTNode, nodes: List[cst.CSTNode], line: int,

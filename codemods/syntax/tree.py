@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Opti
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from codemods.syntax.nodes import (_CHILD_FIELDS, _LISTS, _NODE_TYPES, _child_fields, call_name, children, dotted, node_types, string_value,
+from codemods.syntax.nodes import (_CHILD_FIELDS, _NODE_TYPES, _child_fields, call_name, children, dotted, node_types, string_value,
                             walk)
 
 # The packages whose names the rules look for.  A name imported from any other
@@ -355,39 +355,9 @@ class TreeCache:
         if full is not None:
             return {id(n): (full[n].start.line, full[n].start.column + 1, full[n].end.line,  # type: ignore[attr-defined]
                             full[n].end.column + 1) for n in nodes if n in full}  # type: ignore[attr-defined]
-        from codemods.syntax.positions import start_positions
+        from codemods.syntax.positions import tree_positions
 
-        if self.text is None:
-            return start_positions(self.module, nodes)
-        # a statement's position is read from ast; only the statements that
-        # hold the other nodes are generated: statements of the module, or
-        # of the bodies of its classes and functions
-        known = self.statement_positions()
-        found = {id(n): known[id(n)] for n in nodes if id(n) in known}
-        nodes = [n for n in nodes if id(n) not in found]
-        if not nodes:
-            return found
-        parents = self.parents
-        anchors: Dict[int, Tuple[cst.CSTNode, Tuple[str, ...], List[cst.CSTNode]]] = {}
-        for n in nodes:
-            chain = [n]
-            up = parents.get(id(n))
-            while up is not None and up is not self.module:
-                chain.append(up)
-                up = parents.get(id(up))
-            if up is None:  # the module itself, or a node not in this tree
-                return {**found, **start_positions(self.module, nodes)}
-            chain.reverse()
-            k, indents = 0, ()  # type: Tuple[int, Tuple[str, ...]]
-            while (type(chain[k]) in (cst.FunctionDef, cst.ClassDef) and k + 2 < len(chain)
-                   and chain[k + 1] is chain[k].body and type(chain[k + 1]) is cst.IndentedBlock  # type: ignore[attr-defined]
-                   and any(s is chain[k + 2] for s in chain[k + 1].body)):  # type: ignore[attr-defined]
-                block = chain[k + 1]
-                indents += (block.indent if block.indent is not None else self.module.default_indent,)  # type: ignore[attr-defined]
-                k += 2
-            anchor = chain[k]
-            anchors.setdefault(id(anchor), (anchor, indents, []))[2].append(n)
-        return {**found, **start_positions(self.module, nodes, anchors, self.text, self.statement_starts())}
+        return tree_positions(self, nodes)
 
     def statement_starts(self) -> Optional[Dict[int, int]]:
         """``positions.statement_starts`` of this tree's text (computed once),
