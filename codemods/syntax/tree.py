@@ -250,11 +250,12 @@ class TreeCache:
     def in_walk_order(self, kinds: Iterable[type]) -> List[cst.CSTNode]:
         """The module's nodes of the exact types ``kinds``, in the order
         :func:`walk` gives them (what ``find_all(module, ...)`` returns)."""
-        lists = [self._by_type[k] for k in kinds if k in self._by_type]
+        kinds = [k for k in kinds if k in self._by_type]
+        lists = [self._by_type[k] for k in kinds]
         if len(lists) == 1:
             return list(lists[0])
-        order = self._order
-        return sorted((n for part in lists for n in part), key=lambda n: order[id(n)])
+        seq = self._seq  # (places in walk order: sorting them sorts the nodes)
+        return [seq[p] for p in sorted(p for k in kinds for p in self._places(k))]
 
     def find_in(self, node: cst.CSTNode, wanted: FrozenSet[type], stops: FrozenSet[type]) -> List[cst.CSTNode]:
         """``find_all(node, ...)`` for a node of this tree, from the index:
