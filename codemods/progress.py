@@ -21,7 +21,7 @@ from typing import Dict, Optional, Set, Tuple, Union
 import libcst as cst
 
 from codemods.analysis import reads_tensor_value, tensor_names
-from codemods.base import Rule, TreeCache, XlaCodemod, call_name, dotted, find_all, walk
+from codemods.base import Rule, TreeCache, XlaCodemod, call_name, dotted, find_all
 
 TQDM = {"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.autonotebook.tqdm",
         "tqdm.rich.tqdm", "tqdm.asyncio.tqdm"}
@@ -113,7 +113,7 @@ class _Bars(XlaCodemod):
                 bound, value = n.targets[0].target, n.value
             else:
                 continue
-            if isinstance(bound, cst.Name) and any(isinstance(x, cst.Name) and x.value in names for x in walk(value)):
+            if isinstance(bound, cst.Name) and any(x.value in names for x in find_all(value, cst.Name)):  # (the index)
                 names.add(bound.value)
         return tree.statements_where(lambda n: n.value in names, (cst.Name,))
 
