@@ -55,10 +55,12 @@ import ast
 import re
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
-from codemods.analysis.steps import LOADER_NAME_RE, LOOSE_STEP_RE, STEP_CALLS, callers_closure
+from codemods.analysis.steps import LOADER_NAME_RE, MODEL_CALL_RE, STEP_CALLS, callers_closure
 
-# looser than state's model calls / loops.is_step_call: every name they accept matches
-_STEPLIKE_RE = LOOSE_STEP_RE
+# what state's model calls accept by name (the same expression): with the
+# step calls (STEP_CALLS) and the file's own functions, every call
+# loops.step_kind can count
+_MODEL_CALL_RE = MODEL_CALL_RE
 _LOADER_RE = LOADER_NAME_RE
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -285,14 +287,14 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
     while changed:
         changed = False
         for fn, called in calls_of.items():
-            if fn not in runners and any(c in models or c in runners or _STEPLIKE_RE.search(c) for c in called):
+            if fn not in runners and any(c in models or c in runners or _MODEL_CALL_RE.search(c) for c in called):
                 runners.add(fn)
                 changed = True
-    if any(n in models or n in runners or _STEPLIKE_RE.search(n) for n in loop_calls):
+    if any(n in models or n in runners or n in STEP_CALLS or _MODEL_CALL_RE.search(n) for n in loop_calls):
         # some loop calls something step- or model-like; one of them must
         # also take a step or carry a model's output (see _may_step)
         def modelish(name: str) -> bool:
-            return name in models or name in runners or bool(_STEPLIKE_RE.search(name))
+            return name in models or name in runners or bool(_MODEL_CALL_RE.search(name))
 
         steps = STEP_CALLS | step_functions
         if any(_may_step(loop, steps, modelish) for loop in loops):
@@ -395,7 +397,7 @@ def _may_step(loop: ast.AST, steps: Set[str], modelish) -> bool:  # type: ignore
         the file binds or defines under it."""
         func = call.func
         if isinstance(func, ast.Attribute) and not (isinstance(func.value, ast.Name) and func.value.id == "self"):
-            return bool(_STEPLIKE_RE.search(func.attr))
+            return bool(_MODEL_CALL_RE.search(func.attr))
         return modelish(_last_name(func) or "")
 
     scan(body, set(), True)

@@ -27,11 +27,10 @@ _REFINED = {  # the exact reading: `step` as a word, samplers but not up/down-sa
 }
 _STEP_WORDS = sorted(STEP_CALLS - {"optimizer_step"})  # ("step" is in "optimizer_step")
 _NAMES = ["^net", "net$", *(_REFINED.get(n, f"^{n}$") for n in MODEL_NAMES)]
-# the exact reading (codemods.analysis.state) and the loose one the ``ast``
-# pre-check uses, which accepts every name the exact one does
+# the one reading: the dataflow's fallback (codemods.analysis.state) and the
+# ``ast`` pre-check both use it, so the pre-check accepts every name it does
 MODEL_CALL_RE = re.compile("(" + "|".join([*(_REFINED.get(w, w) for w in MODEL_WORDS), *_NAMES]) + ")",
                            re.IGNORECASE)
-LOOSE_STEP_RE = re.compile("|".join(dict.fromkeys([*_STEP_WORDS, *MODEL_WORDS, *_NAMES])), re.IGNORECASE)
 
 
 # what a data loader is called, where the dataflow cannot tell
