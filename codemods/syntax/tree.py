@@ -29,11 +29,23 @@ def find_all(node: cst.CSTNode, kind: Union[type, Tuple[type, ...]], stop: Tuple
 
     Does not descend into nodes of the ``stop`` types (other than ``node``).
     """
+    global _LAST_INDEXED
     wanted = node_types(kind)
+    last = _LAST_INDEXED()  # (the tree of the last search, asked first)
+    if last is not None and last._parents is not None and id(node) in last._order:
+        return last.find_in(node, wanted, node_types(stop) if stop else frozenset())
     for tree in list(_TREES.values()):  # a node of an indexed tree: the type index answers, no walk
         if tree._parents is not None and id(node) in tree._order:
+            _LAST_INDEXED = weakref.ref(tree)
             return tree.find_in(node, wanted, node_types(stop) if stop else frozenset())
     return [n for n in walk(node, stop) if type(n) in wanted]
+
+
+def _nothing() -> None:
+    return None
+
+
+_LAST_INDEXED: Callable[[], Optional["TreeCache"]] = _nothing
 
 
 def parent_map(module: cst.Module) -> Dict[int, cst.CSTNode]:
