@@ -30,7 +30,7 @@ from codemods.analysis.values import (
     definitely_not,
 )
 from codemods.analysis.steps import MODEL_CALL_RE
-from codemods.syntax.tree import call_name, children, dotted, find_all, walk
+from codemods.syntax.tree import call_name, children, dotted, find_all, node_types, walk
 
 Loop = Union[cst.For, cst.While]
 _NESTED = (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)
@@ -290,23 +290,28 @@ def _chains(node: cst.CSTNode) -> Set[str]:
     ``x.view(...)``: ``x.view``)."""
     found: Set[str] = set()
     stack = [node]
-    while stack:
+    while stack:  # (exact types: these node classes have no subclasses)
         n = stack.pop()
-        if (isinstance(n, cst.Call) and call_name(n) in _METADATA_CALLS) or (
-                isinstance(n, cst.Attribute) and n.attr.value in _METADATA_ATTRS):
+        kind = type(n)
+        if (kind is cst.Call and call_name(n) in _METADATA_CALLS) or (
+                kind is cst.Attribute and n.attr.value in _METADATA_ATTRS):  # type: ignore[attr-defined]
             continue  # `torch.zeros_like(x)`, `x.shape`: x's shape, not its value
-        if (isinstance(n, (cst.ListComp, cst.SetComp, cst.GeneratorExp)) and isinstance(n.elt, cst.Call)
-                and call_name(n.elt) in _METADATA_CALLS):
+        if (kind in _ELEMENT_COMPS and type(n.elt) is cst.Call  # type: ignore[attr-defined]
+                and call_name(n.elt) in _METADATA_CALLS):  # type: ignore[attr-defined]
             continue  # `[torch.zeros_like(d) for d in xs]`: shapes only
-        if isinstance(n, (cst.Name, cst.Attribute)):
+        if kind is cst.Name or kind is cst.Attribute:
             key = dotted(n)
             if key:
                 found.add(key)
                 continue
-        if isinstance(n, _DEFS):
+        if kind in _DEF_TYPES:
             continue
         stack.extend(children(n))
     return found
+
+
+_ELEMENT_COMPS = node_types((cst.ListComp, cst.SetComp, cst.GeneratorExp))
+_DEF_TYPES = node_types(_DEFS)
 
 
 _METADATA_CALLS = {"zeros_like", "ones_like", "empty_like", "full_like", "len", "isinstance", "size", "dim", "numel"}

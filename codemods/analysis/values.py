@@ -39,7 +39,7 @@ from codemods.analysis.kinds import (  # noqa: F401 -- the kinds are part of thi
     SAMPLER, SCALER, STATELESS, TENSOR, UNKNOWN, MODEL_LIBS, Kinds, union_kinds, definitely_not, library_kinds,
     pretrained_kinds, is_stateless_class, PRETRAINED_METHODS,
 )
-from codemods.syntax.tree import TreeCache, call_name, children, dotted, find_all, string_value
+from codemods.syntax.tree import TreeCache, call_name, children, dotted, find_all, node_types, string_value
 
 _KEEP_KIND = {"to", "cuda", "cpu", "half", "float", "double", "bfloat16", "eval", "train", "requires_grad_",
               "detach", "clone", "contiguous", "share_memory", "type_as", "xpu"}
@@ -434,14 +434,17 @@ class Values:
             numbers: Dict[int, Tuple[int, int]] = {}
             counter = [0]
 
+            holders, statements = node_types(_STATEMENT_FIELDS), node_types(cst.BaseStatement)  # (exact types)
+
             def visit(node: cst.CSTNode) -> None:
                 start = counter[0]
-                if isinstance(node, cst.BaseStatement):
+                statement = type(node) in statements
+                if statement:
                     counter[0] += 1
                 for child in children(node):
-                    if isinstance(child, _STATEMENT_FIELDS):
+                    if type(child) in holders:
                         visit(child)
-                if isinstance(node, cst.BaseStatement):
+                if statement:
                     numbers[id(node)] = (start, counter[0] - 1)
 
             visit(self.tree.module)

@@ -73,6 +73,9 @@ _BINDING_NODES = (cst.Import, cst.ImportFrom, cst.AssignTarget, cst.AnnAssign, c
                   cst.ExceptStarHandler, cst.Global, cst.Nonlocal, cst.Del)
 
 
+_TARGETED = frozenset({cst.AssignTarget, cst.AnnAssign, cst.AugAssign, cst.For, cst.CompFor, cst.NamedExpr})
+
+
 class TreeCache:
     """Facts about one tree, computed once and shared by every codemod that
     runs on it: parent links, resolved metadata, and whatever analyses a
@@ -206,29 +209,30 @@ class TreeCache:
             else:
                 bind_import(asname or obj, f"{module}.{obj}")
         for node in self.nodes(_BINDING_NODES):  # the type index: no walk of the tree
-            if isinstance(node, cst.Import):
+            kind = type(node)  # (exact types: none of these classes has a subclass)
+            if kind is cst.Import:
                 for alias in node.names:
                     full = dotted(alias.name) or ""
                     if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
                         bind_import(alias.asname.name.value, full)
                     else:
                         bind_import(full.split(".")[0], full.split(".")[0])
-            elif isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
+            elif kind is cst.ImportFrom and not isinstance(node.names, cst.ImportStar):
                 base = "." * len(node.relative) + ((dotted(node.module) or "") if node.module else "")
                 for alias in node.names:
                     name = dotted(alias.name) or ""
                     asname = alias.asname
                     local = asname.name.value if (asname is not None and isinstance(asname.name, cst.Name)) else name
                     bind_import(local, f"{base}.{name}")
-            elif isinstance(node, (cst.AssignTarget, cst.AnnAssign, cst.AugAssign, cst.For, cst.CompFor, cst.NamedExpr)):
+            elif kind in _TARGETED:
                 rebound |= _bound_names(node.target)
-            elif isinstance(node, (cst.Param, cst.FunctionDef, cst.ClassDef)):
+            elif kind is cst.Param or kind is cst.FunctionDef or kind is cst.ClassDef:
                 rebound.add(node.name.value)
-            elif isinstance(node, (cst.WithItem, cst.ExceptHandler, cst.ExceptStarHandler)):
-                asname = node.asname if isinstance(node, cst.WithItem) else node.name
+            elif kind is cst.WithItem or kind is cst.ExceptHandler or kind is cst.ExceptStarHandler:
+                asname = node.asname if kind is cst.WithItem else node.name
                 if asname is not None:
                     rebound |= _bound_names(asname.name)
-            elif isinstance(node, (cst.Global, cst.Nonlocal, cst.Del)):
+            elif kind is cst.Global or kind is cst.Nonlocal or kind is cst.Del:
                 rebound |= {n.value for n in find_all(node, cst.Name)}
         self._imports, self._rebound = table, rebound
 
