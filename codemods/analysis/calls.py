@@ -10,7 +10,7 @@ method ``m`` of the class around the call.  Every rule that follows calls
 
 from __future__ import annotations
 
-from typing import Iterable, List, Optional, Set
+from typing import Iterable, List, Optional, Set, Tuple
 
 import libcst as cst
 
@@ -77,3 +77,19 @@ class FunctionSet(set):
         if called is None:
             return type(call.func) is cst.Attribute and call.func.attr.value in self  # type: ignore[union-attr]
         return any(id(fn) in self.defs for fn in called)
+
+
+def calls_named(tree: TreeCache, name: str, on_self: bool) -> List[Tuple[int, cst.Call]]:
+    """The module's calls ``name(...)`` (or, ``on_self``, ``self.name(...)``),
+    each with its place among the module's calls, in walk order: the only
+    calls that can run a function of that name (indexed once per tree)."""
+    index = tree.memo.get("calls_named")
+    if not isinstance(index, dict):
+        index = tree.memo["calls_named"] = {}
+        for k, call in enumerate(tree.nodes((cst.Call,))):
+            func = call.func  # type: ignore[attr-defined]
+            if type(func) is cst.Name:
+                index.setdefault((False, func.value), []).append((k, call))
+            elif type(func) is cst.Attribute and type(func.value) is cst.Name and func.value.value == "self":
+                index.setdefault((True, func.attr.value), []).append((k, call))
+    return index.get((on_self, name), [])  # type: ignore[no-any-return]

@@ -34,6 +34,7 @@ from typing import Dict, List, Optional, Set, Tuple
 import libcst as cst
 
 from codemods.analysis.bindings import binding_nodes
+from codemods.analysis.calls import calls_named
 from codemods.analysis.kinds import (  # noqa: F401 -- the kinds are part of this module's API
     DEVICE, DEVICE_LOADER, DEVICE_STR, HOST, LOADED, LOADER, LR_SCHEDULER, MODULE, NONE, OBJECT, OPTIMIZER,
     SAMPLER, SCALER, STATELESS, TENSOR, UNKNOWN, MODEL_LIBS, Kinds, union_kinds, definitely_not, library_kinds,
@@ -357,16 +358,9 @@ class Values:
         out: List[cst.BaseExpression] = []
         cls = next((a for a in self.ancestors(fn) if isinstance(a, cst.ClassDef)), None) \
             if fn.name.value == "__init__" else None  # `Sampler(model, device)` calls `__init__`
-        for call in self.tree.nodes((cst.Call,)):
-            func = call.func  # type: ignore[attr-defined]
-            if cls is not None and isinstance(func, cst.Name) and func.value == cls.name.value:
-                pass
-            elif is_method:
-                if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)
-                        and func.value.value == "self" and func.attr.value == fn.name.value):
-                    continue
-            elif not (isinstance(func, cst.Name) and func.value == fn.name.value):
-                continue
+        sites = calls_named(self.tree, fn.name.value, is_method) + (
+            calls_named(self.tree, cls.name.value, False) if cls is not None else [])
+        for _, call in sorted(sites, key=lambda site: site[0]):  # (in the module's order)
             for i, arg in enumerate(call.args):  # type: ignore[attr-defined]
                 if arg.star:
                     break
