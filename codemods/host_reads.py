@@ -166,7 +166,20 @@ class HostReads(LoopCodemod):
             return None
         per_step = self.per_step()
         return (self.hot_regions(tree) + [fn for fn in tree.nodes((cst.FunctionDef,)) if id(fn) in per_step]
-                + self.element_loops(tree))
+                + (self.element_loops(tree) if self._runs_steps() else []))
+
+    def _runs_steps(self) -> bool:
+        """A real step or loader loop (not a model's layer loop) or a step
+        method: only then do loops over device tensors count (and the
+        prefilter's facts for HostReads hold)."""
+
+        def compute() -> bool:
+            facts = module_facts(self.tree)
+            return bool(facts.step_methods) or any(
+                self.is_step_loop(lp) or (isinstance(lp, cst.For) and self.is_loader_loop(lp))  # type: ignore[arg-type]
+                for lp in facts.hot_loops)
+
+        return bool(self._memo("runs_steps", self.tree.module, compute))
 
     def per_step(self) -> Dict[int, Tuple[List[str], cst.CSTNode]]:
         """The module's functions run once per step, from the loops that really
@@ -233,7 +246,7 @@ class HostReads(LoopCodemod):
         element (``for i, y_i in enumerate(y)``, ``y`` on the device): its
         body runs once per element, and each element is a graph of its own."""
         walking = self._memo("element_loop_ids", self.tree.module,
-                             lambda: {id(lp) for lp in self.element_loops(self.tree)})
+                             lambda: {id(lp) for lp in self.element_loops(self.tree)} if self._runs_steps() else set())
         for loop, _, _ in reversed(self.loop_stack):
             if id(loop) in walking:
                 return loop  # type: ignore[no-any-return]

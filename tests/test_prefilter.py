@@ -285,3 +285,22 @@ def test_statement_positions_from_ast_equal_libcst_positions(seed):
     known = statement_positions(module, STATEMENTS, ast.parse(STATEMENTS))
     assert id(module.body[0]) in known and id(module.body[1]) in known
     assert id(module.body[1].body) not in known
+
+
+
+DETR = SITE / "transformers" / "models" / "detr" / "modeling_detr.py"
+
+
+@pytest.mark.skipif(not DETR.exists(), reason="transformers not installed")
+def test_a_model_file_gets_the_same_findings_with_and_without_the_prefilter():
+    """A model's own layer loop is no step loop, so no loop over a device
+    tensor counts there (DETR's backbone loops over its encoder's output
+    list): the prefilter, which rules HostReads out of such a file, changes
+    nothing."""
+    data = DETR.read_bytes()
+    facts = file_facts(data)
+    assert STEP_LOOP not in facts and LOADER_LOOP not in facts and STEP_METHOD not in facts
+    fast = transform(data, Settings(), str(DETR))
+    slow = transform(data, Settings(prefilter=False), str(DETR))
+    assert [f.as_dict() for f in fast.findings] == [f.as_dict() for f in slow.findings]
+    assert not any(f.code == "XLA407" for f in slow.findings)
