@@ -34,7 +34,7 @@ from codemods.analysis.values import (
 from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.calls import FunctionSet, called_functions
 from codemods.analysis.state import _carries_model_state, _root
-from codemods.analysis.steps import LOADER_NAME_RE, STEP_CALLS
+from codemods.analysis.steps import LOADER_NAME_RE, STEP_CALLS, callers_closure
 from codemods.analysis.syncs import (  # noqa: F401 -- part of this module's API
     _NESTED, Loop, QualNames, body_statements, has_barrier, is_barrier_call, syncing_functions,
 )
@@ -198,7 +198,8 @@ def _step_functions(tree: TreeCache) -> FunctionSet:
             return None
         return cur  # type: ignore[return-value]
 
-    found: Dict[int, cst.FunctionDef] = {}
+    defs: Dict[int, cst.FunctionDef] = {}
+    direct: Set[int] = set()
     by_name: Dict[str, List[cst.Call]] = {}  # the calls that may run a function of that name
     for call in find_all(module, cst.Call):
         # what the receiver of `x.step()` holds is read from the dataflow, as
@@ -208,29 +209,28 @@ def _step_functions(tree: TreeCache) -> FunctionSet:
                 call, set(), lambda n: set(), values_of(tree)):  # type: ignore[arg-type]
             fn = owner(call)  # type: ignore[arg-type]
             if fn is not None:
-                found[id(fn)] = fn
+                defs[id(fn)] = fn
+                direct.add(id(fn))
             continue
         func = call.func  # type: ignore[attr-defined]
         if type(func) is cst.Name:
             by_name.setdefault(func.value, []).append(call)  # type: ignore[arg-type]
         elif type(func) is cst.Attribute and type(func.value) is cst.Name and func.value.value == "self":
             by_name.setdefault(func.attr.value, []).append(call)  # type: ignore[arg-type]
-    # the callers of those, to any depth: only a call spelled with the name
-    # of a function found so far can run it (``analysis.calls``), so only
-    # those are resolved, each once
-    callees: Dict[int, List[cst.FunctionDef]] = {}
-    todo = [fn.name.value for fn in found.values()]
-    while todo:
-        for call in by_name.get(todo.pop(), ()):
+
+    def callers(fid: int) -> List[int]:
+        """The functions whose own body calls this one: only a call spelled
+        with its name can run it (``analysis.calls``), so only those calls
+        are resolved."""
+        found = []
+        for call in by_name.get(defs[fid].name.value, ()):
             fn = owner(call)
-            if fn is None or id(fn) in found:
-                continue
-            if id(call) not in callees:
-                callees[id(call)] = called_functions(tree, call) or []
-            if any(id(c) in found for c in callees[id(call)] if c is not fn):
-                found[id(fn)] = fn
-                todo.append(fn.name.value)
-    return FunctionSet(tree, found.values())
+            if fn is not None and fn is not defs[fid] and any(c is defs[fid] for c in called_functions(tree, call) or ()):
+                defs[id(fn)] = fn
+                found.append(id(fn))
+        return found
+
+    return FunctionSet(tree, (defs[i] for i in callers_closure(direct, callers)))
 
 
 def _state_moves_to_host(loop: Loop) -> bool:

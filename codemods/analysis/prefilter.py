@@ -280,7 +280,11 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
                 push((value, in_loop, funcs, in_model))
     # what the dataflow of codemods.analysis.values can find a model in: a
     # variable, or a function of the file that calls one (or a step-like name)
-    step_functions = callers_closure(step_functions, calls_of)  # to any depth, as loops.step_functions
+    called_by: Dict[str, Set[str]] = {}
+    for fn, called in calls_of.items():
+        for name in called:
+            called_by.setdefault(name, set()).add(fn)
+    step_functions = callers_closure(step_functions, lambda name: called_by.get(name, ()))  # as loops.step_functions
     models = (variables if model_source else set()) | {"self"} | step_functions
     runners: Set[str] = set()
     changed = True

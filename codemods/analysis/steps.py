@@ -8,7 +8,9 @@ so none of them can drift from the others).  No LibCST here."""
 from __future__ import annotations
 
 import re
-from typing import Dict, Set
+from typing import Callable, Iterable, Set, TypeVar
+
+T = TypeVar("T")
 
 # calls that take a training or sampling step (``loss.backward()``,
 # ``optimizer.step()``, ``xm.optimizer_step(opt)``, ``scheduler.step(x, t)``)
@@ -45,16 +47,18 @@ def trigger_words() -> tuple:
     return tuple(dict.fromkeys(v.encode() for w in words for v in (w, w.capitalize(), w.upper())))
 
 
-def callers_closure(direct: Set[str], calls_of: Dict[str, Set[str]]) -> Set[str]:
+def callers_closure(direct: Iterable[T], callers: Callable[[T], Iterable[T]]) -> Set[T]:
     """``direct`` and every function that calls one of them, to any depth
-    (``run_step`` -> ``self.forward_backward()`` -> ``loss.backward()``); a
-    fixed point, so recursion and call cycles end."""
+    (``run_step`` -> ``self.forward_backward()`` -> ``loss.backward()``).
+    ``callers(f)``: the functions whose own body calls ``f`` (how a reader
+    knows: by name in the ``ast`` pre-check, through the scopes on the
+    LibCST tree).  Each function is asked once, so recursion and call cycles
+    end."""
     found = set(direct)
-    changed = True
-    while changed:
-        changed = False
-        for fn, called in calls_of.items():
-            if fn not in found and not called.isdisjoint(found):
-                found.add(fn)
-                changed = True
+    todo = list(found)
+    while todo:
+        for caller in callers(todo.pop()):
+            if caller not in found:
+                found.add(caller)
+                todo.append(caller)
     return found
