@@ -173,23 +173,22 @@ class HostReads(LoopCodemod):
         method: only then do loops over device tensors count (and the
         prefilter's facts for HostReads hold)."""
 
-        def compute() -> bool:
-            facts = module_facts(self.tree)
-            return bool(facts.step_methods) or any(
-                self.is_step_loop(lp) or (isinstance(lp, cst.For) and self.is_loader_loop(lp))  # type: ignore[arg-type]
-                for lp in facts.hot_loops)
+        return bool(module_facts(self.tree).step_methods or self._step_loops())
 
-        return bool(self._memo("runs_steps", self.tree.module, compute))
+    def _step_loops(self) -> List[cst.CSTNode]:
+        """The module's loops that really are step or loader loops (judged as
+        the walk judges them, with the module's step functions)."""
+        module = self.tree.module
+        self.steps = self._memo("steps", module, lambda: step_functions(module))
+        return self._memo("real_hot_loops", module, lambda: [  # type: ignore[no-any-return]
+            lp for lp in module_facts(self.tree).hot_loops
+            if self.is_step_loop(lp) or (isinstance(lp, cst.For) and self.is_loader_loop(lp))])  # type: ignore[arg-type]
 
     def per_step(self) -> Dict[int, Tuple[List[str], cst.CSTNode]]:
-        """The module's functions run once per step, from the loops that really
-        are step or loader loops (judged as the walk judges them)."""
+        """The module's functions run once per step, from its real step and
+        loader loops (``_step_loops``)."""
         def compute() -> Dict[int, str]:
-            module = self.tree.module
-            self.steps = self._memo("steps", module, lambda: step_functions(module))
-            loops = [lp for lp in module_facts(self.tree).hot_loops
-                     if self.is_step_loop(lp) or (isinstance(lp, cst.For) and self.is_loader_loop(lp))]  # type: ignore[arg-type]
-            return per_step_functions(module, loops)
+            return per_step_functions(self.tree.module, self._step_loops())
 
         return self._memo("per_step", self.tree.module, compute)  # type: ignore[return-value]
 

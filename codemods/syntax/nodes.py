@@ -132,21 +132,11 @@ def walk(node: cst.CSTNode, stop: Tuple[type, ...] = ()) -> Iterator[cst.CSTNode
     The order is not guaranteed to be source order.
     """
     stops = node_types(stop) if stop else frozenset()
-    nodes = _NODE_TYPES
     stack = [node]
-    pop, push = stack.pop, stack.append
+    pop, extend = stack.pop, stack.extend
     while stack:
         n = pop()
         yield n
-        kind = type(n)
-        if kind in stops and n is not node:
+        if type(n) in stops and n is not node:
             continue
-        for name in _CHILD_FIELDS.get(kind) or _child_fields(kind):
-            value = getattr(n, name)
-            vkind = type(value)
-            if vkind in nodes:
-                push(value)
-            elif vkind is tuple or vkind is list:
-                for v in value:
-                    if type(v) in nodes:
-                        push(v)
+        extend(children(n))
