@@ -370,3 +370,21 @@ def test_a_v4_5_notebook_gets_a_cell_id_for_the_added_cell(tmp_path):
     out = nbformat.reads(f.read_text(), as_version=nbformat.NO_CONVERT)
     nbformat.validate(out)
     assert len(out.cells) == 2 and out.cells[0].id not in ("cell0",)
+
+
+def test_a_broken_pool_leaves_no_manager_thread_for_the_exit_hook():
+    # concurrent.futures' exit hook writes to each pool's wake-up pipe while a
+    # broken pool's manager thread may be closing it (Python 3.11: "OSError:
+    # Bad file descriptor" at exit); every pool a run gives up is waited for
+    import threading
+
+    from xlaport import runner
+    from xlaport.settings import Settings
+
+    deep = (CUDA + "y = " + "[" * 5000 + "]" * 5000 + "\n").encode()
+    settings = Settings(prefilter=False)
+    jobs_in = [(f"ok{k}.py", CUDA.encode(), settings) for k in range(6)] + [("deep.py", deep, settings)]
+    outcomes = list(runner._run(jobs_in, 2, None))
+    assert outcomes[-1][2][0] == runner.DIED and all(o[2] is None for o in outcomes[:-1])
+    managers = [t for t in threading.enumerate() if type(t).__name__ == "_ExecutorManagerThread" and t.is_alive()]
+    assert managers == []

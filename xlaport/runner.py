@@ -275,7 +275,7 @@ def _run(jobs_in: List[Tuple[str, bytes, Settings]], jobs: int, progress) -> Ite
                 yield done.pop(next_out)
                 next_out += 1
         if lost:
-            pool.shutdown(wait=False, cancel_futures=True)
+            _release(pool)
             pool = None  # type: ignore[assignment]
             finish(_recover(sorted(lost), jobs_in, jobs))
             while next_out in done:
@@ -283,8 +283,7 @@ def _run(jobs_in: List[Tuple[str, bytes, Settings]], jobs: int, progress) -> Ite
                 next_out += 1
     except BaseException:
         if pool is not None:
-            _kill_workers(pool)
-            pool.shutdown(wait=False, cancel_futures=True)  # waiting on killed workers can hang
+            _release(pool, kill=True)
         raise
     if pool is not None:
         pool.shutdown(wait=True)
@@ -325,7 +324,7 @@ def _recover(lost: List[int], jobs_in: List[Tuple[str, bytes, Settings]], jobs: 
                     broken.append(i)
             if not broken:
                 continue
-            pool.shutdown(wait=False, cancel_futures=True)
+            _release(pool)
             pool = None
             for i in broken:
                 solo = _pool(1)
@@ -334,22 +333,34 @@ def _recover(lost: List[int], jobs_in: List[Tuple[str, bytes, Settings]], jobs: 
                 except BrokenProcessPool:
                     yield i, (None, [], (DIED, None, None), (0, 0), None, None)
                 finally:
-                    solo.shutdown(wait=False, cancel_futures=True)
+                    _release(solo)
     finally:
         if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+            _release(pool)
 
 
 def _work_chunk(chunk: List[Tuple[str, bytes, Settings]]) -> List[Optional[Outcome]]:
     return [_work(job) for job in chunk]
 
 
-def _kill_workers(pool) -> None:
-    for proc in list(getattr(pool, "_processes", {}).values()):
-        try:
-            proc.kill()
-        except (OSError, AttributeError):
-            pass
+def _release(pool, kill: bool = False) -> None:  # type: ignore[no-untyped-def]
+    """Give up a pool that broke (or is being interrupted, ``kill``: its
+    workers are killed first) without waiting on its workers, which can hang
+    on a dead one, but waiting (a bounded time) for its manager thread to
+    end.  Python 3.11's exit hook writes to the wake-up pipe of every pool
+    whose manager thread is alive, and a broken pool's manager closes that
+    pipe as it ends: left running, the two race and the exit prints
+    "OSError: Bad file descriptor"."""
+    manager = getattr(pool, "_executor_manager_thread", None)
+    if kill:
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            try:
+                proc.kill()
+            except (OSError, AttributeError):
+                pass
+    pool.shutdown(wait=False, cancel_futures=True)
+    if manager is not None:
+        manager.join(timeout=10)
 
 
 def tune_gc() -> None:
