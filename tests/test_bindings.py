@@ -60,8 +60,31 @@ def _compare(source: bytes) -> int:
     return checked
 
 
+# where each part of a scope's node is read: decorators and parameter
+# defaults outside it, a comprehension's first iterable outside, its later
+# iterables and conditions inside
+PLACES = '''
+deco = print
+@(d := deco)
+def f(a=(t := 1), cb=lambda v: v * t):
+    return a, cb, d, t
+data = [[1]]
+flat = [a for xs in data for a in xs if (hit := a)]
+sums = {k: [k + j for j in data[0]] for k in (lambda m=data: m[0])()}
+@(cd := deco)
+class K:
+    size = (n := 4)
+    def m(self, q=size):
+        return q, n, cd, m, flat, sums
+'''
+
+
 def test_scoping_corner_cases():
     assert _compare(CORNERS.encode()) > 40
+
+
+def test_each_part_of_a_scope_is_read_where_python_reads_it():
+    assert _compare(PLACES.encode()) > 30
 
 
 def _real():

@@ -20,15 +20,16 @@ from typing import Dict, List, Optional, Set, Tuple
 import libcst as cst
 
 from codemods.syntax.traverse import fields
-from codemods.syntax.tree import TreeCache, children, dotted, node_types
+from codemods.syntax.tree import TreeCache, dotted, node_types
 
 _SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef, cst.Module)
 _COMPS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
-# every node type that ``_index`` does more for than visit its children
+# every node type that binds a name or opens a scope (what ``_index`` reads)
 _BINDERS = node_types((cst.FunctionDef, cst.ClassDef, cst.Lambda) + _COMPS + (
     cst.Assign, cst.AnnAssign, cst.AugAssign, cst.For, cst.WithItem, cst.ExceptHandler, cst.NamedExpr,
     cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal))
 _STOP = (cst.FunctionDef, cst.Lambda, cst.ClassDef) + _COMPS
+_SCOPE_KINDS = node_types(_STOP)
 
 
 def _target_names(target: cst.CSTNode) -> List[cst.Name]:
@@ -54,104 +55,59 @@ class _Scope:
 
 
 def _index(tree: TreeCache) -> Dict[int, _Scope]:
-    """id(scope node) -> its bindings (built once per tree)."""
+    """id(scope node) -> its bindings (built once per tree).
+
+    No walk of its own: the binding nodes come from the tree's index in
+    walk order, and each is placed in the scope whose part of the code holds
+    it (:func:`_placer`) by going up its parent links."""
     found = tree.memo.get("scopes")
     if isinstance(found, dict):
         return found  # type: ignore[return-value]
-    scopes: Dict[int, _Scope] = {}
-
-    def fill(scope: _Scope, body: cst.CSTNode) -> None:
-        stack = [body]
-        pop = stack.pop
-        while stack:
-            n = pop()
-            kind = type(n)
-            if kind not in _BINDERS:  # most nodes: only their children matter
-                stack.extend(children(n))
-                continue
-            if isinstance(n, (cst.FunctionDef, cst.ClassDef)):
-                scope.bind(n.name.value, n)
-                for d in n.decorators:
-                    stack.append(d)
-                inner = _Scope(n, scope)
-                scopes[id(n)] = inner
-                if isinstance(n, cst.FunctionDef):
-                    for p in _params(n.params):
-                        inner.bind(p.name.value, p)
-                        if p.default is not None:
-                            stack.append(p.default)
-                fill(inner, n.body)
-                continue
-            if isinstance(n, cst.Lambda):
-                inner = _Scope(n, scope)
-                scopes[id(n)] = inner
-                for p in _params(n.params):
-                    inner.bind(p.name.value, p)
-                fill(inner, n.body)
-                continue
-            if isinstance(n, _COMPS):
-                inner = _Scope(n, scope)
-                scopes[id(n)] = inner
-                stack.append(n.for_in.iter)  # the first iterable is evaluated outside
-                for_in = n.for_in
-                while for_in is not None:
-                    for t in _target_names(for_in.target):
-                        inner.bind(t.value, t)
-                    for_in = for_in.inner_for_in
-                fill_comp(inner, n)
-                continue
-            if isinstance(n, cst.Assign):
-                for t in n.targets:
-                    for name in _target_names(t.target):
-                        scope.bind(name.value, name)
-            elif isinstance(n, (cst.AnnAssign, cst.AugAssign)):
-                for name in _target_names(n.target):
+    root = _Scope(tree.module, None)
+    scopes: Dict[int, _Scope] = {id(tree.module): root}
+    where = _placer(tree, root, scopes)
+    for n in tree.in_walk_order(_BINDERS):
+        kind = type(n)
+        if kind in _SCOPE_KINDS:
+            where(n, own=True)  # the scope it opens (made with its parameters or targets)
+            if kind is cst.FunctionDef or kind is cst.ClassDef:
+                scope = where(n)
+                if scope is not None:
+                    scope.bind(n.name.value, n)  # type: ignore[attr-defined]
+            continue
+        scope = where(n)
+        if scope is None:
+            continue
+        if kind is cst.Assign:
+            for t in n.targets:  # type: ignore[attr-defined]
+                for name in _target_names(t.target):
                     scope.bind(name.value, name)
-            elif isinstance(n, cst.For):
-                for name in _target_names(n.target):
+        elif kind is cst.AnnAssign or kind is cst.AugAssign or kind is cst.For:
+            for name in _target_names(n.target):  # type: ignore[attr-defined]
+                scope.bind(name.value, name)
+        elif kind is cst.WithItem:
+            if n.asname is not None:  # type: ignore[attr-defined]
+                for name in _target_names(n.asname.name):  # type: ignore[attr-defined]
                     scope.bind(name.value, name)
-            elif isinstance(n, cst.WithItem) and n.asname is not None:
-                for name in _target_names(n.asname.name):
+        elif kind is cst.ExceptHandler:
+            if n.name is not None:  # type: ignore[attr-defined]
+                for name in _target_names(n.name.name):  # type: ignore[attr-defined]
                     scope.bind(name.value, name)
-            elif isinstance(n, cst.ExceptHandler) and n.name is not None:
-                for name in _target_names(n.name.name):
-                    scope.bind(name.value, name)
-            elif isinstance(n, cst.NamedExpr):
-                for name in _target_names(n.target):
-                    _walrus_scope(scope).bind(name.value, name)
-            elif isinstance(n, (cst.Import, cst.ImportFrom)) and not isinstance(n.names, cst.ImportStar):
-                for alias in n.names:  # type: ignore[union-attr]
+        elif kind is cst.NamedExpr:
+            for name in _target_names(n.target):  # type: ignore[attr-defined]
+                _walrus_scope(scope).bind(name.value, name)
+        elif kind is cst.Import or kind is cst.ImportFrom:
+            if not isinstance(n.names, cst.ImportStar):  # type: ignore[attr-defined]
+                for alias in n.names:  # type: ignore[attr-defined]
                     bound = alias.asname.name if alias.asname is not None else alias.name
                     while isinstance(bound, cst.Attribute):  # `import a.b` binds `a`
                         bound = bound.value
                     if isinstance(bound, cst.Name):
                         scope.bind(bound.value, n)
-            elif isinstance(n, cst.Global):
-                scope.globals.update(item.name.value for item in n.names)
-            elif isinstance(n, cst.Nonlocal):
-                scope.nonlocals.update(item.name.value for item in n.names)
-            stack.extend(children(n))
-
-    def fill_comp(scope: _Scope, comp: cst.CSTNode) -> None:
-        parts: List[cst.CSTNode] = []
-        if isinstance(comp, cst.DictComp):
-            parts += [comp.key, comp.value]
-        else:
-            parts.append(comp.elt)  # type: ignore[attr-defined]
-        for_in = comp.for_in  # type: ignore[attr-defined]
-        first = True
-        while for_in is not None:
-            if not first:
-                parts.append(for_in.iter)
-            parts += [c.test for c in for_in.ifs]
-            first = False
-            for_in = for_in.inner_for_in
-        for p in parts:
-            fill(scope, p)
-
-    root = _Scope(tree.module, None)
-    scopes[id(tree.module)] = root
-    fill(root, tree.module)
+        elif kind is cst.Global:
+            scope.globals.update(item.name.value for item in n.names)  # type: ignore[attr-defined]
+        elif kind is cst.Nonlocal:
+            scope.nonlocals.update(item.name.value for item in n.names)  # type: ignore[attr-defined]
     # `global x` / `nonlocal x`: the scope's own bindings of x belong to the
     # module / to the enclosing function that has x
     for scope in scopes.values():
@@ -166,6 +122,100 @@ def _index(tree: TreeCache) -> Dict[int, _Scope]:
                 target.names.setdefault(name, []).extend(moved)
     tree.memo["scopes"] = scopes
     return scopes
+
+
+# where a node sits in the node of a scope, as :func:`_placer` reads it
+_INNER, _OUTER, _UNREAD = "inner", "outer", None
+
+
+def _placer(tree: TreeCache, root: _Scope, scopes: Dict[int, _Scope]):  # type: ignore[no-untyped-def]
+    """``where(node)``: the scope whose bindings a binding at ``node`` joins,
+    None where Python's scoping is not read (annotations, class bases,
+    lambda defaults, comprehension targets); ``where(node, own=True)``: the
+    scope ``node`` (a function, class, lambda or comprehension) opens, made
+    on first asking, with its parameters or targets bound.
+
+    Which scope a part of a scope's node belongs to: a function's or class's
+    body, a lambda's body, a comprehension's element and conditions and all
+    but its first iterable are inside; decorators, a function's parameter
+    defaults and a comprehension's first iterable are read in the scope
+    around it."""
+    parents = tree.parents
+    made: Dict[int, Optional[_Scope]] = {id(tree.module): root}
+
+    def opened(node: cst.CSTNode) -> Optional[_Scope]:
+        key = id(node)
+        if key in made:
+            return made[key]
+        outer = where(node)
+        scope = None if outer is None else _Scope(node, outer)
+        made[key] = scope
+        if scope is not None:
+            scopes[key] = scope
+            if isinstance(node, (cst.FunctionDef, cst.Lambda)):
+                for p in _params(node.params):
+                    scope.bind(p.name.value, p)
+            elif isinstance(node, _COMPS):
+                for_in = node.for_in  # type: ignore[attr-defined]
+                while for_in is not None:
+                    for t in _target_names(for_in.target):
+                        scope.bind(t.value, t)
+                    for_in = for_in.inner_for_in
+        return scope
+
+    def where(node: cst.CSTNode, own: bool = False) -> Optional[_Scope]:
+        if own:
+            return opened(node)
+        chain = [node]
+        cur = parents.get(id(node))
+        while cur is not None:
+            if type(cur) in _SCOPE_KINDS:
+                part = _part(cur, chain)
+                if part is _INNER:
+                    return opened(cur)
+                if part is _UNREAD:
+                    return None
+            chain.append(cur)
+            cur = parents.get(id(cur))
+        return root
+
+    return where
+
+
+def _part(scope_node: cst.CSTNode, chain: List[cst.CSTNode]) -> Optional[str]:
+    """Where ``chain[-1]`` (a child of ``scope_node``; ``chain`` runs down
+    from it to the node asked about, backwards) sits in ``scope_node``."""
+    child = chain[-1]
+    if isinstance(scope_node, cst.FunctionDef):
+        if child is scope_node.body:
+            return _INNER
+        if any(child is d for d in scope_node.decorators):
+            return _OUTER
+        if child is scope_node.params and len(chain) >= 3:
+            param, part = chain[-2], chain[-3]
+            return _OUTER if isinstance(param, cst.Param) and part is param.default else _UNREAD
+        return _UNREAD
+    if isinstance(scope_node, cst.ClassDef):
+        if child is scope_node.body:
+            return _INNER
+        return _OUTER if any(child is d for d in scope_node.decorators) else _UNREAD
+    if isinstance(scope_node, cst.Lambda):
+        return _INNER if child is scope_node.body else _UNREAD
+    # a comprehension
+    for_in = scope_node.for_in  # type: ignore[attr-defined]
+    if child is not for_in:
+        return _INNER  # the element (a dict's key and value)
+    k = len(chain) - 2
+    first = True
+    while k >= 0:
+        below = chain[k]
+        if below is for_in.iter:
+            return _OUTER if first else _INNER
+        if below is for_in.inner_for_in:
+            for_in, first, k = below, False, k - 1
+            continue
+        return _INNER if any(below is c for c in for_in.ifs) else _UNREAD
+    return _UNREAD
 
 
 def _params(params: cst.Parameters) -> List[cst.Param]:
@@ -212,16 +262,21 @@ def _resolve_from(tree: TreeCache, start: _Scope, value: str) -> Tuple[Optional[
     return None, []
 
 
-def _inside_scope_body(scope_node: cst.CSTNode, child: cst.CSTNode) -> bool:
-    """``child`` (a direct child of ``scope_node``) is in the part the scope
-    owns: a function's body and parameters, not its decorators or defaults."""
+def _inside_scope_body(scope_node: cst.CSTNode, chain: List[cst.CSTNode]) -> bool:
+    """``chain[-1]`` (a child of ``scope_node``; ``chain`` runs down from it,
+    backwards) is in the part the scope reads names in: a function's body
+    and parameters, but not its decorators, nor a parameter's default or
+    annotation (read in the scope around it)."""
     if isinstance(scope_node, cst.Module):
         return True
-    if isinstance(scope_node, (cst.FunctionDef, cst.ClassDef)):
-        return child is scope_node.body or (isinstance(scope_node, cst.FunctionDef) and child is scope_node.params)
-    if isinstance(scope_node, cst.Lambda):
-        return child is scope_node.body or child is scope_node.params
-    return True  # a comprehension: all of it (its first iterable too, a simplification)
+    child = chain[-1]
+    if isinstance(scope_node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) and child is scope_node.body:
+        return True
+    if isinstance(scope_node, (cst.FunctionDef, cst.Lambda)) and child is scope_node.params:
+        if len(chain) >= 3 and isinstance(chain[-2], cst.Param):
+            return not (chain[-3] is chain[-2].default or chain[-3] is chain[-2].annotation)
+        return True
+    return isinstance(scope_node, _COMPS)  # a comprehension: all of it (its first iterable too, a simplification)
 
 
 def import_qualnames(tree: TreeCache, node: cst.CSTNode) -> Optional[Set[str]]:
@@ -358,12 +413,13 @@ def _own_scope(tree: TreeCache, name: cst.Name) -> _Scope:
     """The scope ``name`` is read in (before any lookup outward)."""
     scopes = _index(tree)
     parents = tree.parents
-    child: cst.CSTNode = name
+    chain: List[cst.CSTNode] = [name]
     cur = parents.get(id(name))
     while cur is not None:
-        if id(cur) in scopes and _inside_scope_body(cur, child):
+        if id(cur) in scopes and _inside_scope_body(cur, chain):
             return scopes[id(cur)]
-        child, cur = cur, parents.get(id(cur))
+        chain.append(cur)
+        cur = parents.get(id(cur))
     return scopes[id(tree.module)]
 
 
