@@ -76,6 +76,14 @@ def test_prefilter_facts_cover_what_the_libcst_analysis_finds():
     # written only under a branch: what is read may come from the last iteration
     ("for t in ts:\n    if t:\n        h = 0\n    h = model(h)\n", {STEP_LOOP}),
     ("for t in ts:\n    with ctx:\n        h = 0\n    h = model(h)\n", set()),
+    # ... but written on every path (both branches, a `finally`, earlier in the same branch): this iteration's
+    ("for t in ts:\n    if t:\n        h = 0\n    else:\n        h = 1\n    h = model(h)\n", set()),
+    ("for t in ts:\n    if t:\n        h = 0\n    elif t > 1:\n        h = 1\n    h = model(h)\n", {STEP_LOOP}),
+    ("for t in ts:\n    try:\n        pass\n    finally:\n        h = 0\n    h = model(h)\n", set()),
+    ("for t in ts:\n    if t:\n        h = 0\n        h = model(h)\n", set()),
+    # a name that fetches or builds a model does not run one
+    ("for k in keys:\n    out = get_model_file(out)\n", set()),
+    ("for k in keys:\n    out = UNetModel(out)\n", set()),
     ("class Sched:\n    def step(self, out, t, x):\n        return x\n", {STEP_METHOD}),
     ("class Net:\n    def forward(self, x):\n        for layer in self.layers:\n            x = layer(x)\n"
      "        return x\n", set()),

@@ -55,12 +55,8 @@ import ast
 import re
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
-from codemods.analysis.steps import LOADER_NAME_RE, MODEL_CALL_RE, STEP_CALLS, callers_closure
+from codemods.analysis.steps import LOADER_NAME_RE, STEP_CALLS, called_like_a_model, callers_closure
 
-# what state's model calls accept by name (the same expression): with the
-# step calls (STEP_CALLS) and the file's own functions, every call
-# loops.step_kind can count
-_MODEL_CALL_RE = MODEL_CALL_RE
 _LOADER_RE = LOADER_NAME_RE
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -291,14 +287,17 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
     while changed:
         changed = False
         for fn, called in calls_of.items():
-            if fn not in runners and any(c in models or c in runners or _MODEL_CALL_RE.search(c) for c in called):
+            if fn not in runners and any(c in models or c in runners or called_like_a_model(c) for c in called):
                 runners.add(fn)
                 changed = True
-    if any(n in models or n in runners or n in STEP_CALLS or _MODEL_CALL_RE.search(n) for n in loop_calls):
+    # (what state's model calls accept by name: with the step calls and the
+    # file's own functions, every call loops.step_kind can count; only the
+    # last name of a call is known here, so a draw `x.sample()` counts too)
+    if any(n in models or n in runners or n in STEP_CALLS or called_like_a_model(n) for n in loop_calls):
         # some loop calls something step- or model-like; one of them must
         # also take a step or carry a model's output (see _may_step)
         def modelish(name: str) -> bool:
-            return name in models or name in runners or bool(_MODEL_CALL_RE.search(name))
+            return name in models or name in runners or called_like_a_model(name)
 
         steps = STEP_CALLS | step_functions
         if any(_may_step(loop, steps, modelish) for loop in loops):
@@ -356,9 +355,9 @@ def _may_step(loop: ast.AST, steps: Set[str], modelish) -> bool:  # type: ignore
     of a step name (``backward``, ``step``, a function of the file that
     takes one); or an assignment from a model-like call together with a
     name read before it is written (state carried to the next iteration,
-    ``state._carries_model_state``: there a write counts only on every path;
-    here only a whole name written outside any branch does), the name
-    being one written from the model's output."""
+    ``state._carries_model_state``, read by whole names: a name written
+    before, on every path, is not read first), the name being one written
+    from the model's output."""
     body = list(loop.body)  # type: ignore[attr-defined]
     for stmt in body:
         if isinstance(stmt, _OWN_STOP):
@@ -370,7 +369,10 @@ def _may_step(loop: ast.AST, steps: Set[str], modelish) -> bool:  # type: ignore
     # per assignment: (names its value reads, roots of its targets, runs a model?)
     assigns: List[Tuple[Set[str], Set[str], bool]] = []
 
-    def scan(stmts: List[ast.stmt], written: Set[str], certain: bool) -> None:
+    def scan(stmts: List[ast.stmt], written: Set[str]) -> Set[str]:
+        """``stmts`` in order; ``written``: what is written before them in this
+        iteration, grown with what they write on every path (as state's
+        scan, but by whole names only: looser)."""
         for stmt in stmts:
             if isinstance(stmt, _OWN_STOP):
                 continue
@@ -386,25 +388,30 @@ def _may_step(loop: ast.AST, steps: Set[str], modelish) -> bool:  # type: ignore
                 model = any(isinstance(c, ast.Call) and model_call(c) for c in ast.walk(value))
                 roots = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
                 assigns.append((reads, roots, model))
-                if certain:
-                    for t in targets:
-                        written.update(_target_names(t, attributes=False))
+                for t in targets:
+                    written.update(_target_names(t, attributes=False))
             elif isinstance(stmt, (ast.With, ast.AsyncWith)):
-                scan(stmt.body, written, certain)
-            elif isinstance(stmt, (ast.If, ast.Try, ast.Match)) or type(stmt).__name__ == "TryStar":
-                for block in _blocks(stmt):
-                    scan(block, set(written), False)
+                scan(stmt.body, written)
+            elif isinstance(stmt, ast.If):  # written on both branches: written after the `if`
+                written |= scan(stmt.body, set(written)) & scan(stmt.orelse, set(written))
+            elif isinstance(stmt, (ast.Try, ast.Match)) or type(stmt).__name__ == "TryStar":
+                blocks = _blocks(stmt)
+                for block in blocks[:-1]:
+                    scan(block, set(written))
+                last = blocks[-1]  # a `try`'s `finally` (runs on every path)
+                scan(last, written if isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar" else set(written))
+        return written
 
     def model_call(call: ast.Call) -> bool:
         """What ``state._is_model_call`` can accept: ``obj.m(...)`` (not on
-        ``self``) by the name ``m`` alone; a name or ``self.m`` also by what
-        the file binds or defines under it."""
+        ``self``) by its name alone; a name or ``self.m`` also by what the
+        file binds or defines under it."""
         func = call.func
         if isinstance(func, ast.Attribute) and not (isinstance(func.value, ast.Name) and func.value.id == "self"):
-            return bool(_MODEL_CALL_RE.search(func.attr))
+            return called_like_a_model(_dotted(func))
         return modelish(_last_name(func) or "")
 
-    scan(body, set(), True)
+    scan(body, set())
     # driven: written from a model's output, directly or through other
     # assignments of the body (in any order: looser than the ordered scan)
     driven: Set[str] = set()
@@ -419,11 +426,11 @@ def _may_step(loop: ast.AST, steps: Set[str], modelish) -> bool:  # type: ignore
 
 
 def _blocks(stmt: ast.stmt) -> List[List[ast.stmt]]:
-    if isinstance(stmt, ast.If):
-        return [stmt.body, stmt.orelse]
+    """The blocks of a ``match`` or ``try`` statement (a ``try``'s
+    ``finally`` last)."""
     if isinstance(stmt, ast.Match):
         return [case.body for case in stmt.cases]
-    return [stmt.body, stmt.orelse, stmt.finalbody] + [h.body for h in stmt.handlers]  # type: ignore[attr-defined]
+    return [stmt.body, stmt.orelse] + [h.body for h in stmt.handlers] + [stmt.finalbody]  # type: ignore[attr-defined]
 
 
 _MODEL_PACKAGES = ("timm", "torchvision", "diffusers", "transformers", "peft", "open_clip")

@@ -5,7 +5,7 @@ which calls run a model (a part of :mod:`codemods.analysis.loops`).
   (:mod:`codemods.analysis.values`): the callee holds a model, is a function
   of the module that returns a model's output, or is known to be something
   else; only when that has no answer does the called name decide
-  (``_FEEDBACK_CALL_RE``: ``model``, ``unet``, ``*sampler*``, ``denois``...);
+  (``steps.called_like_a_model``: ``model``, ``unet``, ``*sampler*``, ``denois``...);
 * **carried state** is a dotted key (``x``, ``block.latents``, the ``d`` of
   ``d[k]``) read in the body before it is written on every path, and
   written from a value that depends on a model call; it is **fed back** when
@@ -14,7 +14,6 @@ which calls run a model (a part of :mod:`codemods.analysis.loops`).
 
 from __future__ import annotations
 
-import re
 from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 import libcst as cst
@@ -29,26 +28,12 @@ from codemods.analysis.values import (
     Values,
     definitely_not,
 )
-from codemods.analysis.steps import MODEL_CALL_RE
+from codemods.analysis.steps import called_like_a_model
 from codemods.syntax.tree import call_name, children, dotted, find_all, node_types, walk
 
 Loop = Union[cst.For, cst.While]
 _NESTED = (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)
 _DEFS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
-
-# what a call that runs a model is called (up/down-samplers are layers, not
-# samplers): defined once, in codemods.analysis.steps
-_FEEDBACK_CALL_RE = MODEL_CALL_RE
-# calls that fetch, wrap or unwrap a model rather than run it (``m = unwrap_model(m)``)
-_NOT_FEEDBACK_RE = re.compile(
-    r"^_*(unwrap|wrap|get|load|build|make|create|prepare|init|setup|save|copy|compile|convert|register|to)_",
-    re.IGNORECASE,
-)
-
-
-_CONTAINER_METHODS = {"pop", "get", "setdefault", "items", "keys", "values", "copy", "update", "append",
-                      "extend", "index", "count", "join", "format", "split", "strip", "replace"}
-
 
 def _root(node: cst.CSTNode, through_calls: bool = True) -> cst.CSTNode:
     """The leftmost part of ``a.b[c].d(e).f``: ``a`` (``d(e)`` itself when not
@@ -75,14 +60,7 @@ def _is_model_call(call: cst.Call, layers: Set[str], values: Optional[Values] = 
         known = _model_call_by_dataflow(call, values)
         if known is not None:
             return known
-    last = callee.split(".")[-1]
-    if last[:1].isupper():
-        return False  # building a module (`SamFeedForward(...)`) is not running one
-    if last == "sample" and "." in callee and not callee.startswith("self."):
-        return False  # `posterior.latent_dist.sample(generator)`: a draw from a distribution
-    if not _FEEDBACK_CALL_RE.search(last) or callee.split(".")[0] in layers:
-        return False
-    return not (_NOT_FEEDBACK_RE.search(last) or last in _CONTAINER_METHODS)
+    return called_like_a_model(callee)
 
 
 def _model_call_by_dataflow(call: cst.Call, values: Values) -> Optional[bool]:

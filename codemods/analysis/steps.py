@@ -35,6 +35,33 @@ MODEL_CALL_RE = re.compile("(" + "|".join([*(_REFINED.get(w, w) for w in MODEL_W
                            re.IGNORECASE)
 
 
+# calls that fetch, wrap or unwrap a model rather than run it (``m = unwrap_model(m)``)
+_NOT_RUN_RE = re.compile(
+    r"^_*(unwrap|wrap|get|load|build|make|create|prepare|init|setup|save|copy|compile|convert|register|to)_",
+    re.IGNORECASE,
+)
+# methods of containers and strings, whatever the receiver is called
+_CONTAINER_METHODS = frozenset({"pop", "get", "setdefault", "items", "keys", "values", "copy", "update", "append",
+                                "extend", "index", "count", "join", "format", "split", "strip", "replace"})
+
+
+def called_like_a_model(callee: str) -> bool:
+    """Whether a call of the dotted ``callee`` (``self.unet``, ``p_sample``;
+    ``""`` where the callee is no plain chain of names) runs a model or a
+    sampler step by its name alone -- the reading where the dataflow has no
+    answer (``state._is_model_call``), and so the one the ``ast``
+    pre-check accepts: the last name matches :data:`MODEL_CALL_RE` and does
+    not fetch or build a model (``get_model_file``, ``load_model``), a class
+    (``UNet2DModel(...)``), a container's method, nor draw from a
+    distribution (``posterior.latent_dist.sample()``)."""
+    last = callee.rpartition(".")[2]
+    if last[:1].isupper():
+        return False  # building a module (`SamFeedForward(...)`) is not running one
+    if last == "sample" and "." in callee and not callee.startswith("self."):
+        return False  # `posterior.latent_dist.sample(generator)`: a draw from a distribution
+    return bool(MODEL_CALL_RE.search(last)) and not (_NOT_RUN_RE.search(last) or last in _CONTAINER_METHODS)
+
+
 # what a data loader is called, where the dataflow cannot tell
 LOADER_NAME_RE = re.compile(r"(loader$|dataloader|(^|_)dl$)", re.IGNORECASE)
 
