@@ -74,7 +74,9 @@ def _infos() -> Tuple[CodemodInfo, ...]:
             cls = getattr(importlib.import_module(module), name)
             triggers, needs = tuple(cls.TRIGGERS), tuple(cls.NEEDS)
             rule_rows = tuple((r.code, r.name, r.summary, r.fix) for r in cls.RULES)
-        out.append(CodemodInfo(module, name, tuple(triggers), tuple(needs), tuple(RuleInfo(*r) for r in rule_rows)))
+        # (shortest first: the commonest, which ends the search soonest; the set is the same)
+        triggers = tuple(sorted(dict.fromkeys(triggers), key=len))
+        out.append(CodemodInfo(module, name, triggers, tuple(needs), tuple(RuleInfo(*r) for r in rule_rows)))
     return tuple(out)
 
 
@@ -109,10 +111,15 @@ def applicable(source: bytes, codes: Sequence[str], options: Optional[Mapping[st
     if triggered is not None:
         found = [c for c in triggered if any(r.code in wanted for r in c.rules)]
     else:
-        found = [
-            c for c in CODEMODS
-            if any(r.code in wanted for r in c.rules) and any(t in source for t in c.triggers)
-        ]
+        seen: Dict[bytes, bool] = {}  # each trigger searched for once (`cuda` triggers five codemods)
+
+        def present(trigger: bytes) -> bool:
+            hit = seen.get(trigger)
+            if hit is None:
+                hit = seen[trigger] = trigger in source
+            return hit
+
+        found = [c for c in CODEMODS if any(r.code in wanted for r in c.rules) and any(map(present, c.triggers))]
     if not prefilter or not any(c.needs for c in found):
         return found
     from codemods.analysis.prefilter import file_facts

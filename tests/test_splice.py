@@ -47,6 +47,26 @@ def last(a,
                  b)
     target(6)
 
+
+def blocks(xs):
+    for x in xs:  # a loop: its body is descended into
+        # a leading comment
+        target(7)
+
+            # deeper: the loop body's footer
+    else:
+        target(8)
+    while cond:
+        with ctx() as c:
+            target(9)
+            # the with-body's footer
+    # before the if
+    if a:
+        target(10)
+    elif b:
+        target(11)
+    for y in xs: target(12)
+
 # the module's footer
 '''
 
@@ -77,9 +97,10 @@ class Rewrite(cst.CSTTransformer):
 
 CASES = {
     "rename": Rewrite(),
-    "remove the last statement of a body": Rewrite(remove=("target(3)", "target(6)")),
+    "remove the last statement of a body": Rewrite(remove=("target(3)", "target(6)", "target(9)", "target(10)")),
     "remove a semicolon line": Rewrite(remove=("x = target(1)",)),
-    "add after the last statement of a body": Rewrite(double=("target(5)", "target(6)", "return inner")),
+    "add after the last statement of a body": Rewrite(double=("target(5)", "target(6)", "return inner", "target(7)",
+                                                              "target(9)")),
     "add after the first statement": Rewrite(double=("import os",)),
     "a changed function header": Rewrite(header=True),
 }
@@ -124,9 +145,13 @@ def test_only_the_changed_statement_is_generated(monkeypatch):
     new = transform_module(old, Rewrite())
     assert spliced_code(old, TRICKY, new, statement_starts(old, TRICKY)) == new.code
     code = [cst.Module([]).code_for_node(s).strip() for s in generated]
-    # A's attribute line, f's `if` and return, inner's return, h's call, last's call
-    assert code == ["x = renamed(1); y = 2", "if cond:\n    renamed(2)", "return renamed(3)",
-                    "return renamed(4)", "renamed(5)", "renamed(6)"]
+    # A's attribute line, the call in f's `if` (its header is the same) and f's return, inner's return,
+    # h's call, last's call
+    assert code == ["x = renamed(1); y = 2", "renamed(2)", "return renamed(3)",
+                    "return renamed(4)", "renamed(5)", "renamed(6)",
+                    "for x in xs:  # a loop: its body is descended into\n    # a leading comment\n    renamed(7)\n\n"
+                    "        # deeper: the loop body's footer\nelse:\n    renamed(8)", "renamed(9)",
+                    "# before the if\nif a:\n    renamed(10)\nelif b:\n    renamed(11)", "for y in xs: renamed(12)"]
 
 
 def test_adding_an_import_below_a_comment_header_keeps_the_header_and_splices():

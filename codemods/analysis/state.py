@@ -135,10 +135,12 @@ def _carries_model_state(loop: Loop, layers: Set[str], values: Optional[Values] 
     may not happen: what is read after it may still come from the last step."""
     read_first: Set[str] = set()
     driven: Set[str] = set()
+    driven_below: Set[str] = set()  # what the keys of driven are below (`x` for `x.grad`)
     every_write: Set[str] = set()
     # per assigned value: what its inputs read (directly or through keys), and whether it calls a model
     model_reads: List[Tuple[Set[str], "_Lazy"]] = []
     derived: Dict[str, Set[str]] = {}  # key -> read-first keys its value came from
+    below: Dict[str, Set[str]] = {}  # key -> the keys of derived it covers, itself left out
     counters = {n.value for n in find_all(loop.target, cst.Name)} if isinstance(loop, cst.For) else set()
 
     def assign(node: cst.CSTNode, written: Set[str]) -> None:
@@ -148,7 +150,8 @@ def _carries_model_state(loop: Loop, layers: Set[str], values: Optional[Values] 
         reads = _chains(value)
         if isinstance(node, cst.AugAssign):
             reads |= _state_keys(node.target)
-        read_first.update(r for r in reads if not any(_covers(w, r) for w in written))
+        fresh = {r for r in reads if not _covered(r, written)}  # read before this iteration writes them
+        read_first.update(fresh)
         targets: Set[str] = set()
         for t in ([t.target for t in node.targets] if isinstance(node, cst.Assign)  # type: ignore[attr-defined]
                   else [node.target]):  # type: ignore[attr-defined]
@@ -157,20 +160,25 @@ def _carries_model_state(loop: Loop, layers: Set[str], values: Optional[Values] 
             targets |= _state_keys(t)
         targets = {k for k in targets if k.split(".")[0] not in layers}
         # what this value comes from, in terms of keys read before they are written
-        sources = {r for r in reads if not any(_covers(w, r) for w in written)}
+        sources = set(fresh)
         for r in reads:
-            for k, origin in derived.items():
-                if _overlap(r, k):
-                    sources |= origin
+            for k in _prefixes(r):  # the keys that cover r ...
+                if k in derived:
+                    sources |= derived[k]
+            for k in below.get(r, ()):  # ... and those r covers
+                sources |= derived[k]
         calls = find_all(value, cst.Call, stop=_DEFS)
         # (whether a call runs a model is the costly question: asked only
         # where the answer changes something, and once per value)
         model = _Lazy(lambda: any(_is_model_call(c, layers, values) for c in calls))  # type: ignore[arg-type]
         model_reads.append((sources, model))
-        if any(_overlap(r, d) for r in reads for d in driven) or model():
+        if any(_covered(r, driven) or r in driven_below for r in reads) or model():  # (r overlaps a driven key)
             driven.update(targets)
+            driven_below.update(p for k in targets for p in _prefixes(k)[:-1])
         for k in targets:
             derived[k] = sources
+            for p in _prefixes(k)[:-1]:
+                below.setdefault(p, set()).add(k)
         written.update(targets)
         every_write.update(targets)
 
@@ -299,6 +307,31 @@ _METADATA_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad
 def _covers(written: str, read: str) -> bool:
     """A read of ``read`` is of what ``written`` wrote (``x`` covers ``x.grad``)."""
     return read == written or read.startswith(written + ".")
+
+
+def _prefixes(key: str) -> List[str]:
+    """``a``, ``a.b``, ``a.b.c`` for ``a.b.c``: the keys that cover it."""
+    out = []
+    at = key.find(".")
+    while at > 0:
+        out.append(key[:at])
+        at = key.find(".", at + 1)
+    out.append(key)
+    return out
+
+
+def _covered(read: str, written: Set[str]) -> bool:
+    """Some key of ``written`` covers ``read`` (:func:`_covers`): found by
+    the read's own dotted prefixes (``x``, ``x.grad``), not a pass over
+    ``written``."""
+    if read in written:
+        return True
+    at = read.find(".")
+    while at > 0:
+        if read[:at] in written:
+            return True
+        at = read.find(".", at + 1)
+    return False
 
 
 def _overlap(a: str, b: str) -> bool:

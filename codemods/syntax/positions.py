@@ -170,7 +170,8 @@ def _generate(module: cst.Module, root: cst.CSTNode, nodes: List[cst.CSTNode], l
 def statement_starts(module: cst.Module, text: str, parsed: Optional[ast.Module] = None) -> Optional[Dict[int, int]]:
     """``id(statement) -> the line its code starts on`` (its leading blank
     and comment lines included, as LibCST generates it) for the statements
-    of the module and of its classes' and functions' bodies, from an
+    of the module and of its classes' and functions' bodies (and of the
+    bodies of loops, ``with`` and ``if`` statements there), from an
     ``ast`` parse of ``text`` (``parsed``, where the caller has one); None
     when the two parses do not line up."""
     if parsed is not None:
@@ -185,6 +186,9 @@ def statement_starts(module: cst.Module, text: str, parsed: Optional[ast.Module]
 
 
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+# the other statements whose body's statements get their lines too (the body only)
+_BLOCKS = {cst.For: (ast.For, ast.AsyncFor), cst.While: (ast.While,), cst.With: (ast.With, ast.AsyncWith),
+           cst.If: (ast.If,)}
 
 
 def _align(stmts: List[cst.CSTNode], body: List[ast.stmt], starts: Dict[int, int]) -> bool:
@@ -206,6 +210,11 @@ def _align(stmts: List[cst.CSTNode], body: List[ast.stmt], starts: Dict[int, int
                 return False
             if isinstance(stmt.body, cst.IndentedBlock) and not _align(list(stmt.body.body), first.body, starts):
                 return False
+        elif type(stmt) in _BLOCKS and isinstance(stmt.body, cst.IndentedBlock) and isinstance(  # type: ignore[attr-defined]
+                first, _BLOCKS[type(stmt)]):
+            inner: Dict[int, int] = {}  # (a body that does not line up is left out, not the module)
+            if _align(list(stmt.body.body), first.body, inner):  # type: ignore[attr-defined]
+                starts.update(inner)
         i += len(stmt.body) if isinstance(stmt, cst.SimpleStatementLine) else 1
     return i == len(body)
 

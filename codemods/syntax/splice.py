@@ -5,9 +5,10 @@ A codemod pass shares every subtree it leaves unchanged with the tree it read
 lines of the replaced statements swapped for the code of their replacements:
 Python's ``ast`` gives the line each statement starts on (``positions.
 statement_starts``: the statements of the module and of its classes' and
-functions' bodies), and a statement runs up to where the next one of the same
-body starts.  A class or function whose header is unchanged is descended
-into; anything else that changed is generated with the indentation of the
+functions' bodies, and of the loops, ``with`` and ``if`` blocks there), and a
+statement runs up to where the next one of the same body starts.  A class,
+function, loop, ``with`` or ``if`` (without ``else``) whose header is
+unchanged is descended into; anything else that changed is generated with the indentation of the
 blocks around it, which is exactly what generating the whole module would
 give.  Whatever cannot be matched this way answers None, and the caller
 generates the whole module.
@@ -22,7 +23,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import libcst as cst
 from libcst._nodes.internal import CodegenState
 
-_DEFS = (cst.FunctionDef, cst.ClassDef)
+# statements whose body is descended into when nothing else of them changed
+# (a loop or an `if` only without an `else`: its body must end where it does)
+_DEFS = (cst.FunctionDef, cst.ClassDef, cst.For, cst.While, cst.With, cst.If)
 _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")  # lines as Python's tokenizer counts them
 _FIELDS: Dict[type, Tuple[str, ...]] = {}
 
@@ -89,8 +92,10 @@ def _splice(old: Sequence[cst.CSTNode], new: Sequence[cst.CSTNode], end: int, in
 def _replace(old: Sequence[cst.CSTNode], i: int, new: cst.CSTNode, last: int, indents: Tuple[str, ...],
              starts: Dict[int, int], module: cst.Module, pieces: List[Piece]) -> bool:
     """``old[i]`` (which ends before line ``last``) became ``new``: descend
-    into a class or function whose header is unchanged, else generate it."""
-    if not _same_header(old[i], new):
+    into a class, function, loop, ``with`` or ``if`` whose header is
+    unchanged, else generate it."""
+    if not _same_header(old[i], new) or not new.body.body:  # type: ignore[attr-defined]
+        # (an emptied body is generated whole: LibCST writes `pass` into it)
         pieces.append((starts[id(old[i])] - 1, last, _generate([new], indents, module)))
         return True
     inner = old[i].body  # type: ignore[attr-defined]
@@ -108,10 +113,11 @@ def _start(body: Sequence[cst.CSTNode], j: int, end: int, starts: Dict[int, int]
 
 
 def _same_header(old: cst.CSTNode, new: cst.CSTNode) -> bool:
-    """A class or function whose every part but its block's statements is
-    the same object in both trees: only its body changed."""
+    """A class, function, loop, ``with`` or ``if`` (without ``else``) whose
+    every part but its block's statements is the same object in both trees:
+    only its body changed."""
     kind = type(old)
-    if kind is not type(new) or kind not in _DEFS:
+    if kind is not type(new) or kind not in _DEFS or getattr(old, "orelse", None) is not None:
         return False
     if type(old.body) is not cst.IndentedBlock or type(new.body) is not cst.IndentedBlock:  # type: ignore[attr-defined]
         return False

@@ -427,8 +427,9 @@ def _empty(value: object, depth: int = 0) -> None:
     """Empty an analysis (``codemods.analysis``) held in a TreeCache's
     ``memo``, or those in a dict or list there, breaking the cycles through
     it."""
-    if isinstance(value, cst.CSTNode) or depth > 1:
-        return
+    kind = type(value)
+    if kind in _PLAIN or kind in _NODE_TYPES or depth > 1:
+        return  # (a node, a position, a name: nothing to break)
     if isinstance(value, dict):
         for v in list(value.values()):
             _empty(v, depth + 1)
@@ -437,10 +438,13 @@ def _empty(value: object, depth: int = 0) -> None:
         for v in value:
             _empty(v, depth + 1)
         value.clear()
-    elif type(value).__module__.startswith("codemods.analysis.") and hasattr(value, "__dict__"):
+    elif kind.__module__.startswith("codemods.analysis.") and hasattr(value, "__dict__"):
         # only the per-tree analyses (Values, ModuleFacts, CudaFacts, scopes):
         # an ast tree here is the prefilter's too, a target is shared
         vars(value).clear()
+
+
+_PLAIN = frozenset({tuple, int, str, bool, float, type(None), frozenset, set})
 
 
 def unique(module: cst.Module) -> cst.Module:
