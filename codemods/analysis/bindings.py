@@ -59,17 +59,18 @@ def _index(tree: TreeCache) -> Dict[int, _Scope]:
 
     No walk of its own: the binding nodes come from the tree's index in
     walk order, and each is placed in the scope whose part of the code holds
-    it (:func:`_placer`) by going up its parent links."""
+    it (:class:`_Placer`) by going up its parent links."""
     found = tree.memo.get("scopes")
     if isinstance(found, dict):
         return found  # type: ignore[return-value]
     root = _Scope(tree.module, None)
     scopes: Dict[int, _Scope] = {id(tree.module): root}
-    where = _placer(tree, root, scopes)
+    placer = _Placer(tree, root, scopes)
+    where = placer.where
     for n in tree.in_walk_order(_BINDERS):
         kind = type(n)
         if kind in _SCOPE_KINDS:
-            where(n, own=True)  # the scope it opens (made with its parameters or targets)
+            placer.opened(n)  # the scope it opens (made with its parameters or targets)
             if kind is cst.FunctionDef or kind is cst.ClassDef:
                 scope = where(n)
                 if scope is not None:
@@ -124,34 +125,40 @@ def _index(tree: TreeCache) -> Dict[int, _Scope]:
     return scopes
 
 
-# where a node sits in the node of a scope, as :func:`_placer` reads it
+# where a node sits in the node of a scope, as :class:`_Placer` reads it
 _INNER, _OUTER, _UNREAD = "inner", "outer", None
 
 
-def _placer(tree: TreeCache, root: _Scope, scopes: Dict[int, _Scope]):  # type: ignore[no-untyped-def]
+class _Placer:
     """``where(node)``: the scope whose bindings a binding at ``node`` joins,
     None where Python's scoping is not read (annotations, class bases,
-    lambda defaults, comprehension targets); ``where(node, own=True)``: the
-    scope ``node`` (a function, class, lambda or comprehension) opens, made
-    on first asking, with its parameters or targets bound.
+    lambda defaults, comprehension targets); ``opened(node)``: the scope
+    ``node`` (a function, class, lambda or comprehension) opens, made on
+    first asking, with its parameters or targets bound.
 
     Which scope a part of a scope's node belongs to: a function's or class's
     body, a lambda's body, a comprehension's element and conditions and all
     but its first iterable are inside; decorators, a function's parameter
     defaults and a comprehension's first iterable are read in the scope
-    around it."""
-    parents = tree.parents
-    made: Dict[int, Optional[_Scope]] = {id(tree.module): root}
+    around it.  (A class, not closures that call each other: those would
+    make a reference cycle holding the tree until the cycle collector runs.)"""
 
-    def opened(node: cst.CSTNode) -> Optional[_Scope]:
+    def __init__(self, tree: TreeCache, root: _Scope, scopes: Dict[int, _Scope]) -> None:
+        self.parents = tree.parents
+        self.root = root
+        self.scopes = scopes
+        self.made: Dict[int, Optional[_Scope]] = {id(tree.module): root}
+
+    def opened(self, node: cst.CSTNode) -> Optional[_Scope]:
         key = id(node)
+        made = self.made
         if key in made:
             return made[key]
-        outer = where(node)
+        outer = self.where(node)
         scope = None if outer is None else _Scope(node, outer)
         made[key] = scope
         if scope is not None:
-            scopes[key] = scope
+            self.scopes[key] = scope
             if isinstance(node, (cst.FunctionDef, cst.Lambda)):
                 for p in _params(node.params):
                     scope.bind(p.name.value, p)
@@ -163,23 +170,20 @@ def _placer(tree: TreeCache, root: _Scope, scopes: Dict[int, _Scope]):  # type: 
                     for_in = for_in.inner_for_in
         return scope
 
-    def where(node: cst.CSTNode, own: bool = False) -> Optional[_Scope]:
-        if own:
-            return opened(node)
+    def where(self, node: cst.CSTNode) -> Optional[_Scope]:
+        parents = self.parents
         chain = [node]
         cur = parents.get(id(node))
         while cur is not None:
             if type(cur) in _SCOPE_KINDS:
                 part = _part(cur, chain)
                 if part is _INNER:
-                    return opened(cur)
+                    return self.opened(cur)
                 if part is _UNREAD:
                     return None
             chain.append(cur)
             cur = parents.get(id(cur))
-        return root
-
-    return where
+        return self.root
 
 
 def _part(scope_node: cst.CSTNode, chain: List[cst.CSTNode]) -> Optional[str]:

@@ -226,7 +226,12 @@ def _carries_model_state(loop: Loop, layers: Set[str], values: Optional[Values] 
             other = set(written)
         return then & other
 
-    scan(_block(loop.body), set())
+    try:
+        scan(_block(loop.body), set())
+    finally:
+        # scan and _branches call each other, a reference cycle holding the
+        # loop's nodes: let go of them, so that they are freed by reference counting
+        scan = _branches = assign = None  # type: ignore[assignment]
     carried = {r for r in read_first if any(_overlap(d, r) for d in driven)}
     if not carried:
         return None

@@ -442,6 +442,7 @@ class Values:
                     numbers[id(node)] = (start, counter[0] - 1)
 
             visit(self.tree.module)
+            visit = None  # type: ignore[assignment]  # (it refers to itself: no cycle left behind)
             self._numbers = numbers
         return self._numbers
 

@@ -290,5 +290,10 @@ def statement_positions(module: cst.Module, text: str, parsed: ast.Module) -> Di
             if stmt.finalbody is not None:
                 inner_block(stmt.finalbody.body, node.finalbody)  # type: ignore[attr-defined]
 
-    block(module.body, parsed.body)
-    return out
+    try:
+        block(module.body, parsed.body)
+        return out
+    finally:
+        # the nested functions call each other, a reference cycle holding the
+        # tree: let go of them, so that the tree is freed as soon as it is done
+        block = inner_block = _inner = None  # type: ignore[assignment]

@@ -151,6 +151,10 @@ class TreeCache:
         for value in list(self.memo.values()):
             _empty(value)
         self.memo.clear()
+        # (a visitor class made inside a function is in a reference cycle of its
+        # own, which may hold this cache: then at least not the tree)
+        self.module = None  # type: ignore[assignment]
+        self.source, self.text = b"", None
         self._parents = None
         self._by_type = {}
         self._order = {}
