@@ -210,6 +210,17 @@ elif y:  # trailing
 else:
     z = \\
         2
+
+for i in range(3):  # a loop: a statement of its body is the anchor
+    # a leading comment
+    w = call(i,
+             2)
+    while w:
+        with ctx() as c:
+            v = [
+                c]
+else:
+    pass
 '''
 
 

@@ -109,9 +109,9 @@ def start_positions(module: cst.Module, nodes: Iterable[cst.CSTNode],
 
 def tree_positions(tree: "TreeCache", nodes: List[cst.CSTNode]) -> Dict[int, Position]:
     """``TreeCache.start_positions`` where no full position metadata was
-    computed: a statement's position is read from ast; only the statements
-    that hold the other nodes are generated (statements of the module, or of
-    the bodies of its classes and functions)."""
+    computed: a statement's position is read from ast; only the innermost
+    statements that hold the other nodes and whose start ast gives are
+    generated (see :func:`statement_starts`)."""
     if tree.text is None:
         return start_positions(tree.module, nodes)
     known = tree.statement_positions()
@@ -120,6 +120,8 @@ def tree_positions(tree: "TreeCache", nodes: List[cst.CSTNode]) -> Dict[int, Pos
     if not nodes:
         return found
     parents = tree.parents
+    starts = tree.statement_starts()
+    known_starts = starts or {}
     anchors: Dict[int, Tuple[cst.CSTNode, Tuple[str, ...], List[cst.CSTNode]]] = {}
     for n in nodes:
         chain = [n]
@@ -131,15 +133,16 @@ def tree_positions(tree: "TreeCache", nodes: List[cst.CSTNode]) -> Dict[int, Pos
             return {**found, **start_positions(tree.module, nodes)}
         chain.reverse()
         k, indents = 0, ()  # type: Tuple[int, Tuple[str, ...]]
-        while (type(chain[k]) in (cst.FunctionDef, cst.ClassDef) and k + 2 < len(chain)
+        # down to the innermost statement whose start ast gives (statement_starts)
+        while (type(chain[k]) in _ANCHOR_BLOCKS and k + 2 < len(chain)
                and chain[k + 1] is chain[k].body and type(chain[k + 1]) is cst.IndentedBlock  # type: ignore[attr-defined]
-               and any(s is chain[k + 2] for s in chain[k + 1].body)):  # type: ignore[attr-defined]
+               and id(chain[k + 2]) in known_starts and any(s is chain[k + 2] for s in chain[k + 1].body)):  # type: ignore[attr-defined]
             block = chain[k + 1]
             indents += (block.indent if block.indent is not None else tree.module.default_indent,)  # type: ignore[attr-defined]
             k += 2
         anchor = chain[k]
         anchors.setdefault(id(anchor), (anchor, indents, []))[2].append(n)
-    return {**found, **start_positions(tree.module, nodes, anchors, tree.text, tree.statement_starts())}
+    return {**found, **start_positions(tree.module, nodes, anchors, tree.text, starts)}
 
 
 def _generate(module: cst.Module, root: cst.CSTNode, nodes: List[cst.CSTNode], line: int,
@@ -187,8 +190,10 @@ def statement_starts(module: cst.Module, text: str, parsed: Optional[ast.Module]
 
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 # the other statements whose body's statements get their lines too (the body only)
+# (and where a position is looked for, below a class or function)
 _BLOCKS = {cst.For: (ast.For, ast.AsyncFor), cst.While: (ast.While,), cst.With: (ast.With, ast.AsyncWith),
            cst.If: (ast.If,)}
+_ANCHOR_BLOCKS = frozenset({cst.FunctionDef, cst.ClassDef, *_BLOCKS})
 
 
 def _align(stmts: List[cst.CSTNode], body: List[ast.stmt], starts: Dict[int, int]) -> bool:
