@@ -226,8 +226,12 @@ class _Bars(XlaCodemod):
                               "it; take it off the hot path by hand", fix=False)
 
     def _tqdm_imported(self) -> bool:
-        imports = self.tree.imports
-        return "tqdm" in imports or "trange" in imports or any(v.startswith("tqdm") for v in imports.values())
+        found = self.tree.memo.get("tqdm_imported")  # (asked for every call: read once per tree)
+        if found is None:
+            imports = self.tree.imports
+            found = self.tree.memo["tqdm_imported"] = (
+                "tqdm" in imports or "trange" in imports or any(v.startswith("tqdm") for v in imports.values()))
+        return bool(found)
 
     def _drop_import(self) -> None:
         if not self._tqdm_imported():

@@ -184,12 +184,16 @@ def test_the_reported_traps_do_recompile_on_xla(tmp_path, name):
 
 def test_the_cheap_readers_derive_from_the_one_definition_of_a_step():
     """The model-call names of state and of the ``ast`` pre-check are one
-    expression, and XLA302's trigger bytes come from codemods.analysis.steps:
-    every name the reading accepts, the trigger bytes accept."""
+    reading (steps.called_like_a_model, on MODEL_CALL_RE), and XLA302's
+    trigger bytes come from codemods.analysis.steps: every name the reading
+    accepts, the trigger bytes accept."""
     from codemods.analysis import prefilter, state, steps
     from codemods.barriers import StepBarrier
 
-    assert state._FEEDBACK_CALL_RE is steps.MODEL_CALL_RE is prefilter._MODEL_CALL_RE
+    assert state.called_like_a_model is steps.called_like_a_model is prefilter.called_like_a_model
+    assert steps.called_like_a_model("self.unet") and steps.called_like_a_model("p_sample")
+    assert not any(steps.called_like_a_model(n) for n in (
+        "get_model_file", "load_model", "UNetModel", "x.latent_dist.sample", "model.items", ""))
     words = list(steps.MODEL_WORDS) + list(steps.MODEL_NAMES) + ["sampler", "sample", "net"]
     names = [f(w) for w in words for f in (str, str.capitalize, str.upper, lambda w: f"my_{w}", lambda w: f"{w}_fn",
                                             lambda w: f"Res{w.capitalize()}")]

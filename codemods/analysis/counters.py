@@ -36,8 +36,12 @@ _PASS_THROUGH = {"tqdm", "track", "progress_bar", "list"}
 
 def loop_counters(tree: TreeCache, loop: cst.For) -> Set[str]:
     """The names ``loop``'s target binds to a host int that changes every
-    iteration."""
-    return _bound(tree, loop.target, loop.iter, set())
+    iteration (read once per loop and tree: every call in the loop asks)."""
+    key = f"counters:{id(loop)}"
+    found = tree.memo.get(key)
+    if found is None:
+        found = tree.memo[key] = frozenset(_bound(tree, loop.target, loop.iter, set()))
+    return found  # type: ignore[return-value]
 
 
 def _bound(tree: TreeCache, target: cst.BaseExpression, it: cst.BaseExpression, busy: Set[int]) -> Set[str]:
