@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from codemods.analysis.cuda import count_references, cuda_references
+from codemods.analysis.cuda import REFERENCE_BYTES, count_references, cuda_references
 from codemods.base import SELECT_KEY, SILENCED_KEY, USED_SUPPRESSIONS_KEY, Rule, XlaCodemod
 from codemods.cuda_api import CudaApi
 
@@ -78,8 +78,7 @@ CATCH_ALL = Rule(
 class CudaCatchAll(XlaCodemod):
     DESCRIPTION = "Report every CUDA-specific construct left in the converted program."
     RULES = (CATCH_ALL,)
-    TRIGGERS = (b"cuda", b"nccl", b"pin_memory", b"map_location", b"device_ids", b"output_device",
-                b"GradScaler", b"spawn")
+    TRIGGERS = REFERENCE_BYTES  # (cuda_references' own test: the words it counts by)
     NEEDS = tuple(f"code~{t.decode()}" for t in TRIGGERS)  # what cuda_references reads is code
 
     def regions(self, tree):

@@ -46,9 +46,21 @@ def test_findings_and_rewrites_are_the_same_with_and_without_the_prefilter():
         slow = transform(data, Settings(prefilter=False), str(path))
         assert fast.code == slow.code, path
         assert [f.as_dict() for f in fast.findings] == [f.as_dict() for f in slow.findings], path
+        assert fast.cuda == slow.cuda, path
         codes = Settings().selected_codes()
         skipped += len(registry.applicable(data, codes, prefilter=False)) - len(registry.applicable(data, codes))
     assert skipped > len(REAL)  # the filter did rule codemods out on these files
+
+
+def test_the_cuda_count_is_the_same_with_and_without_the_prefilter():
+    """A file whose only CUDA references are calls the runtime rule knows
+    (``torch.inference_mode()``), "cuda" being only in a comment: the
+    coverage line counts them either way (accelerate's test_metrics.py)."""
+    source = (b"import torch\n\n\ndef evaluate(model, loader):\n    with torch.inference_mode():  # was on cuda\n"
+              b"        for batch in loader:\n            print(model(batch))\n")
+    fast = transform(source, Settings(), "metrics.py")
+    slow = transform(source, Settings(prefilter=False), "metrics.py")
+    assert slow.cuda[0] == 1 and fast.cuda == slow.cuda
 
 
 @pytest.mark.skipif(not REAL, reason="diffusers/transformers not installed")

@@ -25,6 +25,7 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
+from codemods.analysis.prefilter import CUDA_REFERENCE_WORDS
 from codemods.base import TreeCache, dotted, string_value, walk
 from codemods.syntax.tree import node_types
 
@@ -89,8 +90,7 @@ def cuda_references(tree: TreeCache, qualnames: QualNames) -> List[Tuple[cst.CST
     found: List[Tuple[cst.CSTNode, str]] = []
     parents = tree.parents
     source = tree.source
-    if source and not any(m in source for m in (b"cuda", b"nccl", b"pin_memory", b"map_location", b"device_ids",
-                                                b"output_device", b"GradScaler", b"spawn") + _RUNTIME_WORDS):
+    if source and not any(m in source for m in REFERENCE_BYTES):
         return found
     # Names and attribute chains count as a whole chain, one that names one
     # of the words: found from the few names that hold a word, climbing to
@@ -157,7 +157,8 @@ def cuda_references(tree: TreeCache, qualnames: QualNames) -> List[Tuple[cst.CST
 # counted with the CUDA surface, as what a port must change
 RUNTIME_CALLS = {"inference_mode": "inference_mode()", "set_float32_matmul_precision": "matmul precision",
                  "DataParallel": "DataParallel"}
-_RUNTIME_WORDS = (b"inference_mode", b"fused", b"set_float32_matmul_precision", b"DataParallel")
+# a file without one of these holds no reference (the prefilter's list: CudaCatchAll's triggers)
+REFERENCE_BYTES = tuple(w.encode() for w in CUDA_REFERENCE_WORDS)
 
 
 def count_references(tree: TreeCache) -> int:

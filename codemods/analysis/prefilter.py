@@ -115,8 +115,11 @@ def _dotted(node: ast.AST) -> str:
     return ".".join(reversed(parts))
 # words whose presence in code (an identifier or a string that is not a
 # docstring) the prefilter reports as ``code~WORD``
-CODE_WORDS = ("cuda", "cudnn", "accelerator", "pin_memory", "nccl", "map_location", "device_ids", "output_device",
-              "GradScaler", "spawn")
+# what codemods.analysis.cuda counts as a CUDA reference is found only in a
+# file that holds one of these words (CudaCatchAll's triggers, the coverage count)
+CUDA_REFERENCE_WORDS = ("cuda", "nccl", "pin_memory", "map_location", "device_ids", "output_device", "GradScaler",
+                        "spawn", "inference_mode", "fused", "set_float32_matmul_precision", "DataParallel")
+CODE_WORDS = CUDA_REFERENCE_WORDS + ("cudnn", "accelerator")
 _BLANK = re.compile(r"\s")
 
 
