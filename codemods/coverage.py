@@ -13,6 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from codemods.analysis.cuda import REFERENCE_BYTES, count_references, cuda_references
+from codemods.analysis.prefilter import CUDA_REFERENCE_WORDS, CUDA_RUNTIME_NAMES
 from codemods.base import SELECT_KEY, SILENCED_KEY, USED_SUPPRESSIONS_KEY, Rule, XlaCodemod
 from codemods.cuda_api import CudaApi
 
@@ -79,7 +80,8 @@ class CudaCatchAll(XlaCodemod):
     DESCRIPTION = "Report every CUDA-specific construct left in the converted program."
     RULES = (CATCH_ALL,)
     TRIGGERS = REFERENCE_BYTES  # (cuda_references' own test: the words it counts by)
-    NEEDS = tuple(f"code~{t.decode()}" for t in TRIGGERS)  # what cuda_references reads is code
+    # what cuda_references reads is code: the words in it, the runtime names as names
+    NEEDS = tuple(f"code~{w}" for w in CUDA_REFERENCE_WORDS) + tuple(f"name:{n}" for n in CUDA_RUNTIME_NAMES)
 
     def regions(self, tree):
         return []  # reads only: nothing is rewritten

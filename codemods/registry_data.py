@@ -81,7 +81,7 @@ CODEMODS = (
         ('XLA155', 'logging-basic-config', '`logging.basicConfig(...)` gets `force=True` in torch programs: importing torch_xla configures logging first', True),
         ('XLA156', 'xla-seed', "`torch.manual_seed(s)` is followed by `torch_xla.manual_seed(s)`: XLA's generator is apart", True),
     )),
-    ('codemods.coverage', 'CudaCatchAll', (b'cuda', b'nccl', b'pin_memory', b'map_location', b'device_ids', b'output_device', b'GradScaler', b'spawn', b'inference_mode', b'fused', b'set_float32_matmul_precision', b'DataParallel'), ('code~cuda', 'code~nccl', 'code~pin_memory', 'code~map_location', 'code~device_ids', 'code~output_device', 'code~GradScaler', 'code~spawn', 'code~inference_mode', 'code~fused', 'code~set_float32_matmul_precision', 'code~DataParallel'), (
+    ('codemods.coverage', 'CudaCatchAll', (b'cuda', b'nccl', b'pin_memory', b'map_location', b'device_ids', b'output_device', b'GradScaler', b'spawn', b'inference_mode', b'fused', b'set_float32_matmul_precision', b'DataParallel'), ('code~cuda', 'code~nccl', 'code~pin_memory', 'code~map_location', 'code~device_ids', 'code~output_device', 'code~GradScaler', 'code~spawn', 'name:inference_mode', 'name:fused', 'name:set_float32_matmul_precision', 'name:DataParallel'), (
         ('XLA199', 'cuda-left-over', 'a CUDA-specific construct no rule converted (reported, with a hint)', False),
     )),
     ('codemods.suppressions', 'UnusedSuppressions', (b'xlaport:', b'noqa: XLA', b'noqa:XLA', b'NOQA: XLA', b'noqa: xla'), (), (

@@ -52,15 +52,17 @@ def test_findings_and_rewrites_are_the_same_with_and_without_the_prefilter():
     assert skipped > len(REAL)  # the filter did rule codemods out on these files
 
 
-def test_the_cuda_count_is_the_same_with_and_without_the_prefilter():
-    """A file whose only CUDA references are calls the runtime rule knows
-    (``torch.inference_mode()``), "cuda" being only in a comment: the
-    coverage line counts them either way (accelerate's test_metrics.py)."""
-    source = (b"import torch\n\n\ndef evaluate(model, loader):\n    with torch.inference_mode():  # was on cuda\n"
-              b"        for batch in loader:\n            print(model(batch))\n")
+@pytest.mark.parametrize("source, count", [
+    # the only CUDA references are calls the runtime rule knows, "cuda" only in a comment (accelerate's test_metrics.py)
+    (b"import torch\n\n\ndef evaluate(model, loader):\n    with torch.inference_mode():  # was on cuda\n"
+     b"        for batch in loader:\n            print(model(batch))\n", 1),
+    # "fused" only inside a name, an int device: no word of CUDA in the code, nothing counted either way
+    (b"import torch\n\nfused_proj = torch.nn.Linear(2, 2).to(0)\n", 0),
+])
+def test_the_cuda_count_is_the_same_with_and_without_the_prefilter(source, count):
     fast = transform(source, Settings(), "metrics.py")
     slow = transform(source, Settings(prefilter=False), "metrics.py")
-    assert slow.cuda[0] == 1 and fast.cuda == slow.cuda
+    assert slow.cuda[0] == count and fast.cuda == slow.cuda
 
 
 @pytest.mark.skipif(not REAL, reason="diffusers/transformers not installed")

@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from codemods.analysis.prefilter import CUDA_REFERENCE_WORDS
+from codemods.analysis.prefilter import CUDA_REFERENCE_WORDS, CUDA_RUNTIME_NAMES
 from codemods.base import TreeCache, dotted, string_value, walk
 from codemods.syntax.tree import node_types
 
@@ -90,7 +90,8 @@ def cuda_references(tree: TreeCache, qualnames: QualNames) -> List[Tuple[cst.CST
     found: List[Tuple[cst.CSTNode, str]] = []
     parents = tree.parents
     source = tree.source
-    if source and not any(m in source for m in REFERENCE_BYTES):
+    words = not source or any(m in source for m in REFERENCE_BYTES[:len(CUDA_REFERENCE_WORDS)])
+    if not words and not any(m in source for m in REFERENCE_BYTES):
         return found
     # Names and attribute chains count as a whole chain, one that names one
     # of the words: found from the few names that hold a word, climbing to
@@ -149,7 +150,8 @@ def cuda_references(tree: TreeCache, qualnames: QualNames) -> List[Tuple[cst.CST
             found.append((n, "pin_memory="))
     from codemods.analysis.ordinals import ordinal_uses  # (it reads this module)
 
-    found += [(n, "int device") for n in ordinal_uses(tree, qualnames).values()]
+    if words:  # (an int device is counted where the code speaks of CUDA)
+        found += [(n, "int device") for n in ordinal_uses(tree, qualnames).values()]
     return found
 
 
@@ -157,8 +159,8 @@ def cuda_references(tree: TreeCache, qualnames: QualNames) -> List[Tuple[cst.CST
 # counted with the CUDA surface, as what a port must change
 RUNTIME_CALLS = {"inference_mode": "inference_mode()", "set_float32_matmul_precision": "matmul precision",
                  "DataParallel": "DataParallel"}
-# a file without one of these holds no reference (the prefilter's list: CudaCatchAll's triggers)
-REFERENCE_BYTES = tuple(w.encode() for w in CUDA_REFERENCE_WORDS)
+# a file without one of these holds no reference (the prefilter's lists: CudaCatchAll's triggers)
+REFERENCE_BYTES = tuple(w.encode() for w in CUDA_REFERENCE_WORDS + CUDA_RUNTIME_NAMES)
 
 
 def count_references(tree: TreeCache) -> int:

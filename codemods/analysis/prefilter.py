@@ -116,9 +116,12 @@ def _dotted(node: ast.AST) -> str:
 # words whose presence in code (an identifier or a string that is not a
 # docstring) the prefilter reports as ``code~WORD``
 # what codemods.analysis.cuda counts as a CUDA reference is found only in a
-# file that holds one of these words (CudaCatchAll's triggers, the coverage count)
+# file whose code holds one of these words (CudaCatchAll's triggers and needs,
+# the coverage count) ...
 CUDA_REFERENCE_WORDS = ("cuda", "nccl", "pin_memory", "map_location", "device_ids", "output_device", "GradScaler",
-                        "spawn", "inference_mode", "fused", "set_float32_matmul_precision", "DataParallel")
+                        "spawn")
+# ... or names one of these, as a whole name (the runtime calls it counts, `fused=`)
+CUDA_RUNTIME_NAMES = ("inference_mode", "fused", "set_float32_matmul_precision", "DataParallel")
 CODE_WORDS = CUDA_REFERENCE_WORDS + ("cudnn", "accelerator")
 _BLANK = re.compile(r"\s")
 
