@@ -115,12 +115,10 @@ def _dotted(node: ast.AST) -> str:
     return ".".join(reversed(parts))
 # words whose presence in code (an identifier or a string that is not a
 # docstring) the prefilter reports as ``code~WORD``
-# what codemods.analysis.cuda counts as a CUDA reference is found only in a
-# file whose code holds one of these words (CudaCatchAll's triggers and needs,
-# the coverage count) ...
+# a CUDA reference (codemods.analysis.cuda) is only where the code holds one of these words ...
 CUDA_REFERENCE_WORDS = ("cuda", "nccl", "pin_memory", "map_location", "device_ids", "output_device", "GradScaler",
                         "spawn")
-# ... or names one of these, as a whole name (the runtime calls it counts, `fused=`)
+# ... or one of these whole names (the runtime calls it counts, `fused=`)
 CUDA_RUNTIME_NAMES = ("inference_mode", "fused", "set_float32_matmul_precision", "DataParallel")
 CODE_WORDS = CUDA_REFERENCE_WORDS + ("cudnn", "accelerator")
 _BLANK = re.compile(r"\s")
@@ -195,7 +193,7 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
             value = node.value  # type: ignore[attr-defined]
             if type(value) is bytes:
                 value = value.decode("latin-1")
-            if type(value) is str and blank(value) is None:  # one word (_one_word)
+            if type(value) is str and blank(value) is None:  # one word: a device, a backend, a key; not prose
                 strings.append(value)
             continue
         if kind in _NAMED:
@@ -324,12 +322,6 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
     code = "\x00".join(strings) + "\x00" + "\x00".join(names)
     facts.update(f"code~{w}" for w in CODE_WORDS if w in code)
     return frozenset(facts)
-
-
-def _one_word(text: str) -> bool:
-    """No blank in it: what a device, backend or key string is (``"cuda:0"``,
-    ``"nccl"``); prose -- a docstring, a usage example -- is not."""
-    return _BLANK.search(text) is None
 
 
 def _imports_torch(node: ast.AST) -> bool:

@@ -155,14 +155,8 @@ class TreeCache:
         # own, which may hold this cache: then at least not the tree)
         self.module = None  # type: ignore[assignment]
         self.source, self.text = b"", None
-        self._parents = None
-        self._by_type = {}
-        self._order = {}
-        self._seq = []
-        self._ends = None
-        self._orders_of = {}
-        self._positions = {}
-        self._metadata = {}
+        self._parents, self._ends, self._seq = None, None, []
+        self._by_type, self._order, self._orders_of, self._positions, self._metadata = {}, {}, {}, {}, {}
         self._wrapper = None
 
     def nodes_unique(self) -> bool:
