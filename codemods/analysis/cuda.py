@@ -90,7 +90,7 @@ def cuda_references(tree: TreeCache, qualnames: QualNames) -> List[Tuple[cst.CST
     found: List[Tuple[cst.CSTNode, str]] = []
     parents = tree.parents
     source = tree.source
-    words = not source or any(m in source for m in REFERENCE_BYTES[:len(CUDA_REFERENCE_WORDS)])
+    words = not source or any(m in source for m in _WORD_BYTES)
     if not words and not any(m in source for m in REFERENCE_BYTES):
         return found
     # Names and attribute chains count as a whole chain, one that names one
@@ -160,7 +160,8 @@ def cuda_references(tree: TreeCache, qualnames: QualNames) -> List[Tuple[cst.CST
 RUNTIME_CALLS = {"inference_mode": "inference_mode()", "set_float32_matmul_precision": "matmul precision",
                  "DataParallel": "DataParallel"}
 # a file without one of these holds no reference (the prefilter's lists: CudaCatchAll's triggers)
-REFERENCE_BYTES = tuple(w.encode() for w in CUDA_REFERENCE_WORDS + CUDA_RUNTIME_NAMES)
+_WORD_BYTES = tuple(w.encode() for w in CUDA_REFERENCE_WORDS)
+REFERENCE_BYTES = _WORD_BYTES + tuple(n.encode() for n in CUDA_RUNTIME_NAMES)
 
 
 def count_references(tree: TreeCache) -> int:

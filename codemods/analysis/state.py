@@ -327,16 +327,8 @@ def _prefixes(key: str) -> List[str]:
 
 def _covered(read: str, written: Set[str]) -> bool:
     """Some key of ``written`` covers ``read`` (:func:`_covers`): found by
-    the read's own dotted prefixes (``x``, ``x.grad``), not a pass over
-    ``written``."""
-    if read in written:
-        return True
-    at = read.find(".")
-    while at > 0:
-        if read[:at] in written:
-            return True
-        at = read.find(".", at + 1)
-    return False
+    the read's own dotted prefixes, not a pass over ``written``."""
+    return any(p in written for p in _prefixes(read))
 
 
 def _overlap(a: str, b: str) -> bool:

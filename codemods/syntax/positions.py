@@ -134,7 +134,7 @@ def tree_positions(tree: "TreeCache", nodes: List[cst.CSTNode]) -> Dict[int, Pos
         chain.reverse()
         k, indents = 0, ()  # type: Tuple[int, Tuple[str, ...]]
         # down to the innermost statement whose start ast gives (statement_starts)
-        while (type(chain[k]) in _ANCHOR_BLOCKS and k + 2 < len(chain)
+        while (type(chain[k]) in BODY_STATEMENTS and k + 2 < len(chain)
                and chain[k + 1] is chain[k].body and type(chain[k + 1]) is cst.IndentedBlock  # type: ignore[attr-defined]
                and id(chain[k + 2]) in known_starts and any(s is chain[k + 2] for s in chain[k + 1].body)):  # type: ignore[attr-defined]
             block = chain[k + 1]
@@ -193,7 +193,9 @@ _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 # (and where a position is looked for, below a class or function)
 _BLOCKS = {cst.For: (ast.For, ast.AsyncFor), cst.While: (ast.While,), cst.With: (ast.With, ast.AsyncWith),
            cst.If: (ast.If,)}
-_ANCHOR_BLOCKS = frozenset({cst.FunctionDef, cst.ClassDef, *_BLOCKS})
+# every statement whose body's statements statement_starts gives (splicing and
+# positions go down into these)
+BODY_STATEMENTS = frozenset({cst.FunctionDef, cst.ClassDef, *_BLOCKS})
 
 
 def _align(stmts: List[cst.CSTNode], body: List[ast.stmt], starts: Dict[int, int]) -> bool:

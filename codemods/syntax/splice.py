@@ -23,9 +23,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import libcst as cst
 from libcst._nodes.internal import CodegenState
 
+from codemods.syntax.positions import BODY_STATEMENTS
+
 # statements whose body is descended into when nothing else of them changed
-# (a loop or an `if` only without an `else`: its body must end where it does)
-_DEFS = (cst.FunctionDef, cst.ClassDef, cst.For, cst.While, cst.With, cst.If)
+# (those statement_starts reads; a loop or an `if` only without an `else`: its
+# body must end where it does)
+_DEFS = BODY_STATEMENTS
 _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")  # lines as Python's tokenizer counts them
 _FIELDS: Dict[type, Tuple[str, ...]] = {}
 
