@@ -67,6 +67,14 @@ USED_SUPPRESSIONS_KEY = "xlaport.used_suppressions"
 # per-file ignores) would have spoken: a set there when the CUDA catch-all
 # (which must not speak for them) runs
 SILENCED_KEY = "xlaport.silenced"
+# {line of the user's file: why} -- CUDA tests the engine keeps as they are,
+# because the code they would switch on holds CUDA that no rule converted
+# (codemods/analysis/switches.py; reported as KEPT_SWITCH_CODE)
+KEPT_SWITCHES_KEY = "xlaport.kept_switches"
+KEPT_SWITCH_CODE = "XLA118"
+# the rules whose rewrites of a CUDA test change which code runs
+SWITCH_CODES = frozenset({"XLA104", "XLA105", "XLA109"})
+_STRING_TESTS = frozenset({"startswith", "endswith", "find", "index"})
 
 
 
@@ -280,6 +288,8 @@ class XlaCodemod(cst.CSTTransformer):
         Returns True when the rule is enabled and not suppressed on that line,
         i.e. when the caller may go on and rewrite.
         """
+        if fix and code in SWITCH_CODES and self._kept_switch(node, code):
+            return False
         if not self.enabled(code):
             if self.context.scratch.get(SILENCED_KEY) is not None:
                 self.context.scratch[SILENCED_KEY].add(self.user_line(self.position(node)[0]))
@@ -298,6 +308,31 @@ class XlaCodemod(cst.CSTTransformer):
         findings: List[Finding] = self.context.scratch.setdefault(FINDINGS_KEY, [])  # type: ignore[assignment]
         findings.append(finding)
         return ok
+
+    def _kept_switch(self, node: cst.CSTNode, code: str) -> bool:
+        """``node`` is a CUDA test the engine keeps as it is (it would switch
+        on CUDA code left unconverted): reported once on its line instead."""
+        kept = self.context.scratch.get(KEPT_SWITCHES_KEY)
+        if not kept:
+            return False
+        line = self.user_line(self.position(node)[0])
+        if line not in kept:
+            return False
+        if code == "XLA109":  # a device string is a test only where it is compared
+            up = self.parent(node)
+            call = self.parent(up) if isinstance(up, cst.Arg) else None
+            if not (isinstance(up, (cst.Comparison, cst.ComparisonTarget))
+                    or (isinstance(call, cst.Call) and call_name(call) in _STRING_TESTS)):
+                return False
+        said: Set[int] = self.context.scratch.setdefault(KEPT_SWITCHES_KEY + ".said", set())  # type: ignore[assignment]
+        sel = self.context.scratch.get(SELECT_KEY)
+        if line not in said and (sel is None or KEPT_SWITCH_CODE in sel) \
+                and not self.is_suppressed(node, KEPT_SWITCH_CODE):  # (a rule of CudaGuards', said here)
+            said.add(line)
+            finding = Finding(KEPT_SWITCH_CODE, kept[line], 0, 0, False)
+            self._unplaced.append((finding, node, ()))
+            self.context.scratch.setdefault(FINDINGS_KEY, []).append(finding)
+        return True
 
     def _in_changed_lines(self, node: cst.CSTNode) -> bool:
         """``--diff-base``: is the line a finding would point at (where the

@@ -12,12 +12,19 @@ from __future__ import annotations
 
 import libcst as cst
 
-from codemods.analysis.cuda import REFERENCE_BYTES, count_references, cuda_references
+from codemods.analysis.cuda import AVAILABILITY, REFERENCE_BYTES, count_references, cuda_references
 from codemods.analysis.prefilter import CUDA_REFERENCE_WORDS, CUDA_RUNTIME_NAMES
 from codemods.base import SELECT_KEY, SILENCED_KEY, USED_SUPPRESSIONS_KEY, Rule, XlaCodemod
 from codemods.cuda_api import CudaApi
 
 COVERAGE_KEY = "xlaport.cuda_left"
+# set by the engine once a rule has rewritten a CUDA test (SWITCH_CODES);
+# the catch-all then lists in LEFT_KEY what is left that fails without CUDA:
+# [(line of the user's file, label)] -- suppressed or not, reported or not
+SWITCHED_KEY = "xlaport.switched"
+LEFT_KEY = "xlaport.cuda_left_lines"
+# left-over references that run on a host without CUDA (they answer False)
+_HARMLESS = AVAILABILITY | {"torch.cuda.is_initialized"}
 
 # The rule that converts each kind of reference: with that rule turned off
 # (--ignore, --select), what it would have converted is not reported here.
@@ -89,6 +96,11 @@ class CudaCatchAll(XlaCodemod):
     def visit_Module(self, node: cst.Module) -> None:
         refs = cuda_references(self.tree, self.qualnames)
         self.context.scratch[COVERAGE_KEY] = count_references(self.tree)
+        if self.context.scratch.get(SWITCHED_KEY):
+            failing = [(ref, label) for ref, label in refs if label not in _HARMLESS]
+            where = self.tree.start_positions([ref for ref, _ in failing])
+            self.context.scratch[LEFT_KEY] = [(self.user_line(where[id(ref)][0]), label)
+                                              for ref, label in failing if id(ref) in where]
         selected = set(self.context.scratch.get(SELECT_KEY) or ())  # type: ignore[arg-type]
         # lines where a rule the user turned off or suppressed would have
         # spoken (whichever rule: XLA104 on a comparison holds a "cuda"

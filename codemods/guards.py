@@ -25,7 +25,7 @@ import libcst as cst
 
 from codemods.analysis.cuda import is_script
 from codemods.analysis.guards import CUDA_ONLY_LIBS, cuda_only, guards, uses_cuda_only_libs
-from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all, string_value
+from codemods.base import KEPT_SWITCH_CODE, SWITCH_CODES, Rule, XlaCodemod, call_name, dotted, find_all, string_value
 from codemods.syntax.edits import DropsStatements
 
 CUDA_ONLY_BRANCH = Rule(
@@ -74,13 +74,35 @@ CUDA_REQUIREMENT = Rule(
     valid=("import torch\nimport apex\n\nassert torch.cuda.is_available(), \"apex needs CUDA\"\n",),
 )
 
+SWITCH_KEPT = Rule(
+    code=KEPT_SWITCH_CODE,
+    name="cuda-test-kept",
+    summary="a CUDA test whose CUDA side holds code no rule converts is kept as it is (reported)",
+    why=(
+        "Making a CUDA test true on XLA (`torch.cuda.is_available()` -> `True`, `device.type == \"cuda\"` -> "
+        "`\"xla\"`) switches on the code behind it: everything the test decides -- its `if` and conditional "
+        "expressions, and the tests that read a flag, an alias or a function result made from it. On a host "
+        "without CUDA the original took the other side and ran; if the side switched on still holds CUDA code "
+        "that xlaport could not convert (a legacy `torch.cuda.FloatTensor`, `nn.DataParallel`, a stream), the "
+        "conversion would fail where the original ran. So such a test is left as it was, and reported on its "
+        "line with the construct that keeps it: convert that construct by hand, then the test."
+    ),
+    before=(
+        "import torch\n\nuse_gpu = torch.cuda.is_available()\nif use_gpu:\n"
+        "    model = torch.nn.DataParallel(model)\n"
+    ),
+    after=None,
+    valid=("import torch\n\nif torch.cuda.is_available():\n    model.cuda()\n",),
+    requires=tuple(sorted(SWITCH_CODES)) + ("XLA101",),
+)
+
 _STOPS = {"exit", "quit", "abort", "_exit"}
 
 
 class CudaGuards(DropsStatements, XlaCodemod):
     DESCRIPTION = "Decide CUDA tests by what they guard: drop CUDA-only sides and CUDA requirements."
     RESPECTS_HAND_PORTS = True
-    RULES = (CUDA_ONLY_BRANCH, CUDA_REQUIREMENT)
+    RULES = (CUDA_ONLY_BRANCH, CUDA_REQUIREMENT, SWITCH_KEPT)
     TRIGGERS = (b"cuda", b"accelerator")
     NEEDS = ("code~cuda", "code~accelerator")
 
@@ -206,4 +228,4 @@ def _stops(body: cst.BaseSuite) -> bool:
     return False
 
 
-__all__ = ["CudaGuards", "CUDA_ONLY_BRANCH", "CUDA_REQUIREMENT"]
+__all__ = ["CudaGuards", "CUDA_ONLY_BRANCH", "CUDA_REQUIREMENT", "SWITCH_KEPT"]

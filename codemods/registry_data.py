@@ -9,6 +9,7 @@ CODEMODS = (
     ('codemods.guards', 'CudaGuards', (b'cuda', b'accelerator'), ('code~cuda', 'code~accelerator'), (
         ('XLA116', 'cuda-only-branch', 'a side of a CUDA test that needs CUDA itself (fused kernels, device properties) goes: XLA takes the other', True),
         ('XLA117', 'cuda-requirement', "a requirement for CUDA on the program's path (`assert torch.cuda.is_available()`) is met by XLA: removed", True),
+        ('XLA118', 'cuda-test-kept', 'a CUDA test whose CUDA side holds code no rule converts is kept as it is (reported)', False),
     )),
     ('codemods.device_strings', 'DeviceStrings', (b'cuda',), ('code~cuda',), (
         ('XLA109', 'cuda-device-string', 'a device kept in a string (`device = "cuda"`) becomes `"xla"`, and tests on it follow', True),

@@ -29,6 +29,8 @@ class Rule:
     valid: Tuple[str, ...] = ()
     options: Tuple[Tuple[str, str], ...] = ()  # (option, what it does)
     example_options: Tuple[Tuple[str, object], ...] = ()  # options the example runs with
+    # rules whose rewrites this one judges: selected with it when its examples run
+    requires: Tuple[str, ...] = ()
 
     @property
     def fix(self) -> bool:

@@ -73,7 +73,8 @@ def render_page(rule: Rule, codemod: type) -> str:
     if rule.after is not None:
         lines += ["", "Becomes:", "", "```python", rule.after.rstrip("\n"), "```"]
     if rule.valid:
-        lines += ["", "Left alone:", "", "```python", rule.valid[0].rstrip("\n"), "```"]
+        alone = "Not reported (the rules it judges convert it):" if rule.requires else "Left alone:"
+        lines += ["", alone, "", "```python", rule.valid[0].rstrip("\n"), "```"]
     if rule.options:
         lines += ["", "## Options", ""] + [f"- `{name}`: {what}" for name, what in rule.options]
     lines += ["", "## Suppressing it", "",

@@ -45,19 +45,44 @@ SPAWNS = {"torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn", "t
 
 
 def is_cuda_string(node: cst.CSTNode) -> bool:
-    """``"cuda"``, ``"cuda:1"``, ``f"cuda:{rank}"``, ``"cuda:{}".format(gpu)``
-    or ``"cuda:%d" % gpu``."""
+    """A string whose value is a CUDA device, read by value: ``"cuda"``,
+    ``"cuda:1"``, ``f"cuda"``, ``f"cuda:{rank}"``, ``"cuda:{}".format(gpu)``,
+    ``"cuda:%d" % gpu``, ``"cuda:" + str(gpu)`` (constant parts evaluated,
+    the others standing for the index)."""
     value = string_value(node)
     if value is not None:
         return bool(CUDA_STRING_RE.match(value))
+    pattern = _string_pattern(node)
+    return pattern is not None and bool(_CUDA_PATTERN_RE.match(pattern))
+
+
+_CUDA_PATTERN_RE = re.compile(r"^cuda(:(\d+|\{\}))?$")
+_FORMAT_FIELD_RE = re.compile(r"\{[^{}]*\}|%[-+ #0-9.]*[dsi]")
+
+
+def _string_pattern(node: cst.CSTNode, depth: int = 0) -> Optional[str]:
+    """The value of a string expression with each part not known here as
+    ``{}``; None where ``node`` is not a string expression."""
+    value = string_value(node)
+    if value is not None:
+        return value
+    if depth > 8:
+        return None
     if isinstance(node, cst.FormattedString):
-        first = node.parts[0] if node.parts else None
-        return isinstance(first, cst.FormattedStringText) and first.value.startswith("cuda:")
+        return "".join(p.value if isinstance(p, cst.FormattedStringText) else "{}" for p in node.parts)
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "format":
-        return (string_value(node.func.value) or "").startswith("cuda:")
-    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
-        return (string_value(node.left) or "").startswith("cuda:")
-    return False
+        template = string_value(node.func.value)
+        return None if template is None else _FORMAT_FIELD_RE.sub("{}", template)
+    if isinstance(node, cst.BinaryOperation):
+        if isinstance(node.operator, cst.Modulo):
+            template = string_value(node.left)
+            return None if template is None else _FORMAT_FIELD_RE.sub("{}", template)
+        if isinstance(node.operator, cst.Add):
+            left, right = _string_pattern(node.left, depth + 1), _string_pattern(node.right, depth + 1)
+            if left is None and right is None:
+                return None
+            return (left if left is not None else "{}") + (right if right is not None else "{}")
+    return None
 
 
 def is_host_string(node: cst.CSTNode) -> bool:
@@ -82,7 +107,8 @@ def in_cuda_module(names: Set[str]) -> Optional[str]:
     return None
 
 
-_REFERENCE_NODES = (cst.Attribute, cst.Name, cst.Call, cst.SimpleString, cst.FormattedString, cst.Arg, cst.DictElement)
+_REFERENCE_NODES = (cst.Attribute, cst.Name, cst.Call, cst.SimpleString, cst.FormattedString, cst.Arg, cst.DictElement,
+                    cst.BinaryOperation)
 
 
 def cuda_references(tree: TreeCache, qualnames: QualNames) -> List[Tuple[cst.CSTNode, str]]:
@@ -125,6 +151,9 @@ def cuda_references(tree: TreeCache, qualnames: QualNames) -> List[Tuple[cst.CST
             if type(func) is cst.Attribute and func.attr.value in ("cuda", "pin_memory"):
                 if not in_cuda_module(qualnames(func)):
                     found.append((n, f".{func.attr.value}()"))
+            elif type(func) is cst.Attribute and func.attr.value == "format":
+                if is_cuda_string(n):  # "cuda:{}".format(gpu)
+                    found.append((n, '"cuda"'))
             elif (dotted(func) or "").rsplit(".", 1)[-1] in RUNTIME_CALLS:
                 label = RUNTIME_CALLS[(dotted(func) or "").rsplit(".", 1)[-1]]
                 if any(q.startswith("torch.") for q in qualnames(func)):
@@ -146,6 +175,9 @@ def cuda_references(tree: TreeCache, qualnames: QualNames) -> List[Tuple[cst.CST
                 call = parents.get(id(n))
                 if isinstance(call, cst.Call) and any(q.startswith("torch.optim.") for q in qualnames(call.func)):
                     found.append((n, "fused="))
+        elif kind is cst.BinaryOperation:  # "cuda:" + str(gpu), "cuda:%d" % gpu (the whole, once)
+            if type(parents.get(id(n))) is not cst.BinaryOperation and is_cuda_string(n):
+                found.append((n, '"cuda"'))
         elif kind is cst.DictElement and string_value(n.key) == "pin_memory" and not is_false(n.value):
             found.append((n, "pin_memory="))
     from codemods.analysis.ordinals import ordinal_uses  # (it reads this module)
