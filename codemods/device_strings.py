@@ -19,7 +19,13 @@ from typing import Set
 
 import libcst as cst
 
-from codemods.analysis.cuda import DEVICE_NAME_RE, cuda_facts, is_cuda_string, is_device_string_choice
+from codemods.analysis.cuda import (
+    DEVICE_NAME_RE,
+    cuda_facts,
+    device_arguments,
+    is_cuda_string,
+    is_device_string_choice,
+)
 from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all, string_value
 
 
@@ -73,6 +79,18 @@ class DeviceStrings(XlaCodemod):
             if call_name(call) == "add_argument":
                 self._argparse_device(call)  # type: ignore[arg-type]
         self._names = names | {f"*.{d}" for d in self._argparse_dests}
+        self._device_functions = self._functions_returning_devices()
+
+    def _functions_returning_devices(self) -> Set[str]:
+        """Names of the module's functions whose result is used as a device
+        (called inside a device argument: ``.to(gpu_name(i))``), or that say
+        they make one (``get_device``)."""
+        used: Set[str] = set()
+        for call in self.tree.nodes((cst.Call,)):
+            for arg in device_arguments(call, self.qualnames):  # type: ignore[arg-type]
+                used.update(call_name(c) or "" for c in find_all(arg, cst.Call))
+        return {f.name.value for f in self.tree.nodes((cst.FunctionDef,))  # type: ignore[attr-defined]
+                if f.name.value in used or DEVICE_NAME_RE.search(f.name.value)}  # type: ignore[attr-defined]
 
     def _is_device_name(self, node: cst.CSTNode) -> bool:
         text = dotted(node)
@@ -110,8 +128,14 @@ class DeviceStrings(XlaCodemod):
         if isinstance(value, cst.IfExp) and self._facts.tests_availability(value.test):
             self._rewrite.add(id(value))  # the whole availability choice is the accelerator
         else:
-            self._rewrite.update(id(s) for s in find_all(value, (cst.SimpleString, cst.FormattedString))
-                                 if is_cuda_string(s))
+            self._rewrite.update(id(s) for s in _cuda_parts(value))
+
+    def visit_Return(self, node: cst.Return) -> None:
+        """``return "cuda:" + str(i)`` in a function whose result is a device."""
+        function = next((a for a in self.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
+        if function is not None and node.value is not None and function.name.value in self._device_functions \
+                and is_device_string_choice(node.value):
+            self._rewrite.update(id(s) for s in _cuda_parts(node.value))
 
     def visit_Arg(self, node: cst.Arg) -> None:
         """``torch.autocast(device_type="cuda" if ... else "cpu")``: a place
@@ -145,6 +169,12 @@ class DeviceStrings(XlaCodemod):
     def leave_FormattedString(self, original_node: cst.FormattedString, updated_node: cst.FormattedString):
         return self._replace(original_node, updated_node)
 
+    def leave_BinaryOperation(self, original_node: cst.BinaryOperation, updated_node: cst.BinaryOperation):
+        return self._replace(original_node, updated_node)  # "cuda:" + str(i), "cuda:%d" % i
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call):
+        return self._replace(original_node, updated_node)  # "cuda:{}".format(i)
+
     def _replace(self, original: cst.BaseExpression, updated: cst.BaseExpression) -> cst.BaseExpression:
         if id(original) not in self._rewrite:
             return updated
@@ -157,3 +187,13 @@ class DeviceStrings(XlaCodemod):
         if isinstance(original, cst.SimpleString) and original.value.startswith("'"):
             quote = "'"
         return cst.SimpleString(f"{quote}{device}{quote}")
+
+
+def _cuda_parts(value: cst.BaseExpression) -> list:
+    """The CUDA device strings a string choice is made of (each whole:
+    ``"cuda:" + str(i)`` is one)."""
+    if is_cuda_string(value):
+        return [value]
+    if isinstance(value, cst.IfExp):
+        return _cuda_parts(value.body) + _cuda_parts(value.orelse)
+    return []

@@ -21,6 +21,7 @@ ORDER: Tuple[Tuple[str, str], ...] = (
     ("codemods.guards", "CudaGuards"),  # first: decides CUDA tests before the device rules rewrite them
     ("codemods.device_strings", "DeviceStrings"),
     ("codemods.devices", "DeviceSwap"),
+    ("codemods.tensor_types", "TensorTypes"),
     ("codemods.cuda_api", "CudaApi"),
     ("codemods.amp", "MixedPrecision"),
     ("codemods.checkpoints", "Checkpoints"),

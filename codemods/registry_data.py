@@ -22,6 +22,9 @@ CODEMODS = (
         ('XLA106', 'cuda-parameter-default', 'a parameter defaults to a CUDA device (reported, not rewritten)', False),
         ('XLA107', 'cuda-generator', '`torch.Generator("cuda")`: XLA has no device generators; use a CPU one', True),
     )),
+    ('codemods.tensor_types', 'TensorTypes', (b'Tensor',), ('code~cuda',), (
+        ('XLA119', 'cuda-tensor-type', 'legacy CUDA tensor types (`torch.cuda.FloatTensor`, aliases of them) -> dtype and device', True),
+    )),
     ('codemods.cuda_api', 'CudaApi', (b'cuda', b'accelerator', b'pin_memory', b'cudnn'), ('code~cuda', 'code~accelerator', 'code~pin_memory', 'code~cudnn'), (
         ('XLA105', 'cuda-is-available', '`torch.cuda.is_available()` and other accelerator tests: true on XLA', True),
         ('XLA108', 'pin-memory', 'pinned host memory (`.pin_memory()`, `pin_memory=True`) is dropped', True),

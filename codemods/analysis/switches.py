@@ -152,8 +152,8 @@ class Switches:
                  and a.keyword.value == "dest"} - {""} or {
             (string_value(a.value) or "").lstrip("-").replace("-", "_") for a in call.args if a.keyword is None
             and (string_value(a.value) or "").startswith("--")} - {""}
-        return [n for n in self.tree.nodes((cst.Attribute,))
-                if n.attr.value in dests]  # type: ignore[attr-defined]
+        return [n for n in self.tree.nodes((cst.Attribute,))  # (`torch.cuda` is a module's, not the option)
+                if n.attr.value in dests and not self.tree.import_qualnames(n)]  # type: ignore[attr-defined]
 
 
 def decided_spans(tree: TreeCache, qualnames) -> Dict[int, List[Span]]:  # type: ignore[no-untyped-def]

@@ -1,0 +1,254 @@
+"""XLA119: legacy CUDA tensor types become dtype-and-device forms.
+
+Older programs make and cast tensors through the legacy type objects:
+``torch.cuda.FloatTensor(n, 1)``, ``x.type(torch.cuda.LongTensor)``, and most
+often through an alias chosen once (``Tensor = torch.cuda.FloatTensor if cuda
+else torch.FloatTensor``).  Every one of them needs a CUDA driver, and XLA has
+no legacy type objects.  What each use means is a dtype and a device:
+
+* ``T(sizes...)`` -> ``torch.empty(sizes..., dtype=D, device=DEV)`` (the
+  legacy constructor leaves the values unset, as ``torch.empty`` does);
+* ``T(data)`` (a list, a tuple, an array made by a call) ->
+  ``torch.tensor(data, dtype=D, device=DEV)``;
+* ``x.type(T)`` -> ``x.to(device=DEV, dtype=D)``.
+
+``DEV`` is the XLA device for a CUDA type, and for an alias chosen by a
+condition it follows that condition (``DEV if cuda else "cpu"``), so a user's
+CPU choice stays CPU.  An alias is converted only when every use of it is one
+of these: its binding then goes.  Anything else (``isinstance(x, T)``, an
+argument that may be a size or data, an alias handed on) is left, and the
+catch-all reports it -- and a CUDA test that would switch it on is kept
+(XLA118).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import libcst as cst
+
+from codemods.base import Rule, XlaCodemod, dotted
+from codemods.syntax.edits import DropsStatements
+
+LEGACY_TYPES = {"FloatTensor": "float32", "DoubleTensor": "float64", "HalfTensor": "float16",
+                "BFloat16Tensor": "bfloat16", "ByteTensor": "uint8", "CharTensor": "int8", "ShortTensor": "int16",
+                "IntTensor": "int32", "LongTensor": "int64", "BoolTensor": "bool"}
+
+TENSOR_TYPE = Rule(
+    code="XLA119",
+    name="cuda-tensor-type",
+    summary="legacy CUDA tensor types (`torch.cuda.FloatTensor`, aliases of them) -> dtype and device",
+    why=(
+        "`torch.cuda.FloatTensor(n, 1)`, `x.type(torch.cuda.LongTensor)` and an alias such as `Tensor = "
+        "torch.cuda.FloatTensor if cuda else torch.FloatTensor` need a CUDA driver (\"Found no NVIDIA driver\" "
+        "on a TPU host), and XLA has no legacy type objects. Each use is a dtype and a device: a constructor "
+        "with sizes becomes `torch.empty(..., dtype=, device=)`, one with data `torch.tensor(...)`, and "
+        "`x.type(T)` becomes `x.to(device=, dtype=)`. An alias's device follows the condition that chose it, "
+        "so a CPU choice stays CPU; the alias goes once all its uses are converted. Uses xlaport cannot read "
+        "(`isinstance`, an argument that may be a size or data) are left and reported."
+    ),
+    before=(
+        "import torch\n\ncuda = torch.cuda.is_available()\n"
+        "Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor\n"
+        "valid = Tensor(imgs.size(0), 1).fill_(1.0)\nz = Tensor(np.random.normal(0, 1, (4, 8)))\n"
+        "real = imgs.type(Tensor)\nlabels = torch.cuda.LongTensor([1, 2])\n"
+    ),
+    after=(
+        "import torch\nimport torch_xla\n\ncuda = torch.cuda.is_available()\n"
+        "valid = torch.empty(imgs.size(0), 1, dtype=torch.float32, device=torch_xla.device() if cuda else "
+        "\"cpu\").fill_(1.0)\n"
+        "z = torch.tensor(np.random.normal(0, 1, (4, 8)), dtype=torch.float32, device=torch_xla.device() if cuda "
+        "else \"cpu\")\n"
+        "real = imgs.to(device=torch_xla.device() if cuda else \"cpu\", dtype=torch.float32)\n"
+        "labels = torch.tensor([1, 2], dtype=torch.int64, device=torch_xla.device())\n"
+    ),
+    valid=("import torch\n\nx = torch.FloatTensor(2, 3)\n",),
+)
+
+
+@dataclass
+class _Alias:
+    """A name bound once to a legacy CUDA type, or to a choice between it and
+    the host type of the same dtype."""
+
+    binding: cst.Assign
+    dtype: str
+    test: Optional[cst.BaseExpression]  # the choice's condition (None: always CUDA)
+    cuda_when: bool  # the CUDA type is taken when ``test`` is true
+
+
+class TensorTypes(DropsStatements, XlaCodemod):
+    DESCRIPTION = "Convert legacy CUDA tensor types (torch.cuda.FloatTensor and aliases) to dtype and device."
+    RESPECTS_HAND_PORTS = True
+    RULES = (TENSOR_TYPE,)
+    TRIGGERS = (b"Tensor",)
+    NEEDS = ("code~cuda",)
+
+    def regions(self, tree):
+        self._types: Dict[int, Tuple[str, bool]] = {}  # id of a legacy type reference -> (dtype, CUDA?)
+        for n in tree.nodes((cst.Attribute, cst.Name)):
+            found = self._legacy(n)
+            if found is not None:
+                self._types[id(n)] = found
+        self._aliases = self._find_aliases(tree) if self._types else {}
+        return tree.statements_where(lambda n: n.value in LEGACY_TYPES or n.value in self._aliases, (cst.Name,))
+
+    def _legacy(self, node: cst.CSTNode) -> Optional[Tuple[str, bool]]:
+        if isinstance(node, cst.Name) and node.value not in LEGACY_TYPES:
+            return None
+        if isinstance(node, cst.Attribute) and node.attr.value not in LEGACY_TYPES:
+            return None
+        for q in self.tree.import_qualnames(node) or ():
+            module, _, last = q.rpartition(".")
+            if last in LEGACY_TYPES and module in ("torch.cuda", "torch"):
+                return LEGACY_TYPES[last], module == "torch.cuda"
+        return None
+
+    # -- aliases --------------------------------------------------------------
+    def _find_aliases(self, tree) -> Dict[str, _Alias]:  # type: ignore[no-untyped-def]
+        bound: Dict[str, List[cst.Assign]] = {}
+        for node in tree.nodes((cst.Assign,)):
+            if len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):  # type: ignore[attr-defined]
+                bound.setdefault(node.targets[0].target.value, []).append(node)  # type: ignore[attr-defined]
+        aliases: Dict[str, _Alias] = {}
+        for name, bindings in bound.items():
+            alias = self._alias(bindings[0]) if len(bindings) == 1 else None
+            if alias is not None:
+                aliases[name] = alias
+        uses: Dict[str, List[cst.Name]] = {name: [] for name in aliases}
+        for n in tree.nodes((cst.Name,)):
+            if n.value in uses and not _binds(n, tree.parents):  # type: ignore[attr-defined]
+                uses[n.value].append(n)  # type: ignore[attr-defined]
+        self._alias_uses = {name: found for name, found in uses.items() if all(self._use(u) for u in found)}
+        return {name: alias for name, alias in aliases.items() if name in self._alias_uses}
+
+    def _alias(self, node: cst.Assign) -> Optional[_Alias]:
+        value = node.value
+        direct = self._types.get(id(value))
+        if direct is not None:
+            return _Alias(node, direct[0], None, True) if direct[1] else None
+        if not isinstance(value, cst.IfExp) or not isinstance(value.test, (cst.Name, cst.Attribute)):
+            return None  # (the condition is repeated at each use: a plain name only)
+        body, orelse = self._types.get(id(value.body)), self._types.get(id(value.orelse))
+        if body is None or orelse is None or body[0] != orelse[0] or body[1] == orelse[1]:
+            return None
+        return _Alias(node, body[0], value.test, body[1])
+
+    def _use(self, name: cst.CSTNode) -> Optional[str]:
+        """How ``name`` (a legacy type or an alias) is used, where this rule
+        converts it: "new" (constructed), "cast" (``x.type(T)``); else None."""
+        up = self.tree.parents.get(id(name))
+        if isinstance(up, cst.Call) and up.func is name and _arguments(up) is not None:
+            return "new"
+        if isinstance(up, cst.Arg) and up.keyword is None:
+            call = self.tree.parents.get(id(up))
+            if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "type" \
+                    and len(call.args) == 1:
+                return "cast"
+        return None
+
+    # -- rewriting ------------------------------------------------------------
+    def _kind(self, node: cst.CSTNode) -> Optional[Tuple[str, Optional[cst.BaseExpression]]]:
+        """(dtype, device) of a CUDA legacy type or an alias; None otherwise."""
+        found = self._types.get(id(node))
+        if found is not None:
+            return (found[0], self._device()) if found[1] else None
+        if isinstance(node, cst.Name) and node.value in self._aliases \
+                and any(u is node for u in self._alias_uses[node.value]):
+            alias = self._aliases[node.value]
+            if alias.test is None:
+                return alias.dtype, self._device()
+            host = cst.SimpleString('"cpu"')
+            on, off = (self._device(), host) if alias.cuda_when else (host, self._device())
+            return alias.dtype, cst.IfExp(test=alias.test.deep_clone(), body=on, orelse=off)
+        return None
+
+    def _device(self) -> cst.BaseExpression:
+        self.add_imports(self.target.device_imports)
+        return self.target.device_node()
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        func = original_node.func
+        if self._use(func) == "new":
+            kind = self._kind(func)
+            if kind is None or not self.flag(original_node, TENSOR_TYPE.code, f"`{dotted(func)}(...)` -> a "
+                                             f"tensor of torch.{kind[0]} on the device", fix=True):
+                return updated_node
+            args, data = _arguments(original_node)  # type: ignore[misc]
+            maker = "torch.tensor" if data else "torch.empty"
+            extra = [_keyword("dtype", cst.parse_expression(f"torch.{kind[0]}")), _keyword("device", kind[1])]
+            return cst.Call(func=cst.parse_expression(maker), args=_joined(list(updated_node.args), extra))
+        if isinstance(func, cst.Attribute) and func.attr.value == "type" and len(original_node.args) == 1:
+            target = original_node.args[0].value
+            kind = self._kind(target) if self._use(target) == "cast" else None
+            if kind is None or not self.flag(original_node, TENSOR_TYPE.code, f"`.type({dotted(target)})` -> "
+                                             f"`.to(device=..., dtype=torch.{kind[0]})`", fix=True):
+                return updated_node
+            extra = [_keyword("device", kind[1]), _keyword("dtype", cst.parse_expression(f"torch.{kind[0]}"))]
+            return updated_node.with_changes(func=updated_node.func.with_changes(attr=cst.Name("to")),  # type: ignore[attr-defined]
+                                             args=_joined([], extra))
+        return updated_node
+
+    def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
+        """An alias whose every use was converted goes."""
+        target = original_node.targets[0].target if len(original_node.targets) == 1 else None
+        if isinstance(target, cst.Name) and target.value in self._aliases \
+                and self._aliases[target.value].binding is original_node \
+                and self.flag(original_node, TENSOR_TYPE.code, f"`{target.value}` (a legacy tensor type) removed: "
+                              "its uses take a dtype and a device", fix=True):
+            self.drop(original_node)
+        return updated_node
+
+
+def _arguments(call: cst.Call) -> Optional[Tuple[List[cst.Arg], bool]]:
+    """A legacy constructor's arguments and whether they are data (True) or
+    sizes (False); None where that cannot be told from the code."""
+    args = list(call.args)
+    if any(a.keyword is not None for a in args):
+        return None
+    if not args or len(args) > 1 or args[0].star:
+        return args, False
+    only = args[0].value
+    if isinstance(only, (cst.List, cst.Tuple, cst.ListComp)):
+        return args, True
+    if isinstance(only, cst.Integer) or _is_size(only):
+        return args, False
+    if isinstance(only, cst.Call) and (dotted(only.func) or "").split(".")[0] in ("np", "numpy"):
+        return args, True  # an array made by numpy
+    return None
+
+
+def _is_size(node: cst.CSTNode) -> bool:
+    """``len(x)``, ``x.size(0)``, ``x.shape[0]``, ``x.numel()``, and arithmetic on them."""
+    if isinstance(node, cst.BinaryOperation):
+        return _is_size(node.left) and (_is_size(node.right) or isinstance(node.right, cst.Integer))
+    if isinstance(node, cst.Call):
+        name = dotted(node.func) or ""
+        return name == "len" or name.endswith((".size", ".numel", ".dim"))
+    if isinstance(node, cst.Subscript):
+        return (dotted(node.value) or "").endswith(".shape")
+    return False
+
+
+def _keyword(name: str, value: Optional[cst.BaseExpression]) -> cst.Arg:
+    tight = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+    return cst.Arg(value, keyword=cst.Name(name), equal=tight)  # type: ignore[arg-type]
+
+
+def _joined(args: List[cst.Arg], extra: List[cst.Arg]) -> List[cst.Arg]:
+    """``args`` then ``extra``, separated by ", "."""
+    out = [a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in args] + extra
+    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    return [a.with_changes(comma=comma) for a in out[:-1]] + [out[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)]
+
+
+def _binds(name: cst.Name, parents: Dict[int, cst.CSTNode]) -> bool:
+    """``name`` is not a read of the variable: a target being assigned, or
+    the attribute of ``obj.name``."""
+    up = parents.get(id(name))
+    return (isinstance(up, cst.AssignTarget) and up.target is name) or (isinstance(up, cst.Attribute)
+                                                                        and up.attr is name)
+
+
+__all__ = ["TensorTypes", "TENSOR_TYPE", "LEGACY_TYPES"]

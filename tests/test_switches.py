@@ -1,0 +1,236 @@
+"""A rewritten CUDA test owns the code it switches on (issue 38, XLA118):
+what a test decides (codemods/analysis/switches.py), and the engine keeping a
+test whose decided code still holds CUDA after conversion."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from codemods.analysis.switches import decided_spans
+from codemods.syntax.tree import TreeCache
+from tests.conftest import convert_text
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures"
+
+
+def spans(source: str) -> dict:
+    tree = TreeCache(cst.parse_module(source), source.encode(), source)
+    try:
+        return {line: sorted(found) for line, found in decided_spans(tree, lambda n: tree.import_qualnames(n)
+                                                                      or set()).items()}
+    finally:
+        tree.release()
+
+
+CARRIED = '''\
+import torch
+
+cuda = True if torch.cuda.is_available() else False
+Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor
+use = not args.cpu and cuda
+if use:
+    x = 1
+while device.type == "cuda":
+    break
+
+
+def on_gpu():
+    return torch.cuda.is_available()
+
+
+if on_gpu():
+    y = 2
+
+
+def f(flag=torch.cuda.is_available()):
+    if flag:
+        return 1
+    return 0
+
+
+parser.add_argument("--cuda", default=torch.cuda.is_available())
+if opts.cuda:
+    z = 3
+'''
+
+
+def test_a_test_decides_the_code_its_value_reaches():
+    found = spans(CARRIED)
+    # the conditional itself, the alias chosen by the flag, the `if` of a flag of the flag
+    assert found[3] == [(3, 3), (4, 4), (6, 7)]
+    assert found[8] == [(8, 9)]  # a while loop's test
+    assert found[13] == [(16, 17)]  # a function returning it: the tests that call it
+    assert found[20] == [(21, 22)]  # a parameter default: the tests reading the parameter
+    assert found[26] == [(27, 28)]  # an option's default: the tests reading the option
+    assert set(found) == {3, 8, 13, 20, 26}
+
+
+def test_a_name_is_followed_in_its_own_scope_only():
+    source = '''\
+import torch
+
+
+def a():
+    cuda = torch.cuda.is_available()
+    if cuda:
+        pass
+
+
+def b(cuda):
+    if cuda:
+        pass
+'''
+    assert spans(source) == {5: [(6, 7)]}
+
+
+# -- the engine ---------------------------------------------------------------------------------
+
+
+def test_a_test_that_would_switch_on_unconverted_cuda_is_kept_and_reported():
+    source = '''\
+import torch
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+model = Net().to(device)
+if device == "cuda":
+    model = torch.nn.DataParallel(model)
+'''
+    out, findings = convert_text(source)
+    assert 'if device == "cuda":' in out  # the guard is not turned on for XLA: the saved keys stay
+    kept = [f for f in findings if f.code == "XLA118"]
+    assert [f.line for f in kept] == [5]
+    assert "`DataParallel` (line 6)" in kept[0].message
+    assert convert_text(out)[0] == out  # idempotent
+
+
+def test_a_flag_is_kept_where_one_of_its_uses_cannot_be_converted():
+    source = '''\
+import torch
+
+cuda = torch.cuda.is_available()
+Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor
+if cuda:
+    model.cuda()
+ok = isinstance(x, Tensor)
+'''
+    out, findings = convert_text(source)
+    assert "cuda = torch.cuda.is_available()" in out
+    assert "Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor" in out  # isinstance: not converted
+    assert [f.line for f in findings if f.code == "XLA118"] == [3]
+    assert "`cuda.FloatTensor` (line 4)" in [f for f in findings if f.code == "XLA118"][0].message
+
+
+def test_a_test_whose_side_converts_is_rewritten_and_not_reported():
+    source = '''\
+import torch
+
+cuda = torch.cuda.is_available()
+Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor
+if cuda:
+    model.cuda()
+valid = Tensor(x.size(0), 1)
+'''
+    out, findings = convert_text(source)
+    assert "cuda = True" in out
+    assert "torch.cuda" not in out
+    assert "XLA118" not in [f.code for f in findings]
+
+
+def test_only_the_test_that_holds_cuda_is_kept():
+    source = '''\
+import torch
+
+if torch.cuda.is_available():
+    model.cuda()
+if torch.cuda.is_available():
+    model = torch.nn.DataParallel(model)
+'''
+    out, findings = convert_text(source)
+    assert "if True:\n    model.to(torch_xla.device())\nif torch.cuda.is_available():\n    model = torch.nn" in out
+    assert [f.line for f in findings if f.code == "XLA118"] == [5]
+
+
+def test_the_check_holds_when_only_the_rewriting_rule_is_selected():
+    source = "import torch\n\nif torch.cuda.is_available():\n    model = torch.nn.DataParallel(model)\n"
+    out, findings = convert_text(source, select=["XLA105"])
+    assert out == source
+    assert not [f for f in findings if f.fix]
+
+
+def test_a_kept_test_can_be_suppressed_and_is_still_kept():
+    source = ("import torch\n\nif torch.cuda.is_available():  # xlaport: ignore[XLA118]\n"
+              "    model = torch.nn.DataParallel(model)\n")
+    out, findings = convert_text(source)
+    assert out == source
+    assert "XLA118" not in [f.code for f in findings]
+
+
+# -- devices by value ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spelling", ['f"cuda"', 'f"cuda:{i}"', '"cuda:" + str(i)', '"cuda:{}".format(i)',
+                                      '"cuda:%d" % i'])
+def test_a_cuda_device_is_known_by_its_value(spelling):
+    source = f"import torch\n\nx = torch.ones(2, device={spelling})\n"
+    out, findings = convert_text(source)
+    assert out == "import torch\nimport torch_xla\n\nx = torch.ones(2, device=torch_xla.device())\n"
+    assert convert_text(source, select=["XLA199"])[1], "the spelling is counted and reported when left"
+
+
+def test_a_function_returning_a_device_string_returns_the_xla_one():
+    source = '''\
+import torch
+
+
+def gpu_name(index):
+    return "cuda:" + str(index)
+
+
+x = torch.ones(2).to(gpu_name(0))
+'''
+    out, findings = convert_text(source)
+    assert 'return "xla"' in out and "import torch_xla" in out
+    assert "XLA199" not in [f.code for f in findings]
+
+
+# -- the programs run as the user runs them ------------------------------------------------------
+
+try:
+    import torch_xla  # noqa: F401
+
+    HAVE_XLA = True
+except ImportError:  # pragma: no cover
+    HAVE_XLA = False
+
+
+def _run(script: Path, cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    cwd.mkdir(parents=True)
+    (cwd / "main.py").write_bytes(script.read_bytes())
+    return subprocess.run([sys.executable, "main.py"], cwd=cwd, env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.mark.xla
+@pytest.mark.skipif(not HAVE_XLA, reason="needs torch_xla (make setup)")
+@pytest.mark.parametrize("name", ["legacy_types", "kept_switches"])
+def test_the_conversion_runs_with_plain_python_where_the_original_ran(name, tmp_path):
+    """The original on the CPU (no CUDA), the expected conversion on XLA's CPU
+    backend, each with plain `python` from its own directory: both exit 0 with
+    the same numbers, and the conversion ran graphs on XLA."""
+    original = _run(FIXTURES / name / "input.py", tmp_path / "original", {"CUDA_VISIBLE_DEVICES": ""})
+    assert original.returncode == 0, original.stderr[-3000:]
+    metrics = tmp_path / "metrics.txt"
+    converted = _run(FIXTURES / name / "expected.py", tmp_path / "converted",
+                     {"PJRT_DEVICE": "CPU", "XLA_METRICS_FILE": str(metrics)})
+    assert converted.returncode == 0, converted.stderr[-3000:]
+    if name == "legacy_types":
+        assert original.stdout.replace("probe 4.0 cpu", "probe 4.0 xla") == converted.stdout
+        assert "Metric: ExecuteTime" in metrics.read_text()  # graphs ran on XLA
+    else:
+        assert original.stdout == converted.stdout  # no DataParallel: the same keys, the same values
+        assert "keys ['bias', 'weight']" in converted.stdout
