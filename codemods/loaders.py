@@ -10,6 +10,7 @@ working if the loader is later changed back.
 from __future__ import annotations
 
 import re
+from typing import List, Set, Tuple
 
 import libcst as cst
 
@@ -153,8 +154,18 @@ class DeviceLoader(LoopCodemod):
             self.flag(inner, DEVICE_LOADER.code, "DataLoader loop in code that takes its device from the caller: "
                       "wrap the loader in `MpDeviceLoader(loader, device)` where the device is chosen", fix=False)
             return updated
-        if not self.flag(inner, DEVICE_LOADER.code, "DataLoader loop -> MpDeviceLoader (syncs after every batch)", fix=True):
+        to_numpy, rebound = _numpy_reads(original)
+        if rebound:
+            self.flag(inner, DEVICE_LOADER.code, f"DataLoader loop whose batch `{rebound}` is read on the host "
+                      "(`.numpy()`) after the body rebinds it: wrap the loader in `MpDeviceLoader` and read it "
+                      "with `.cpu().numpy()`", fix=False)
             return updated
+        read = f"; `{to_numpy[0]}.numpy()` reads it back with `.cpu()`" if to_numpy else ""
+        if not self.flag(inner, DEVICE_LOADER.code, f"DataLoader loop -> MpDeviceLoader (syncs after every batch){read}",
+                         fix=True):
+            return updated
+        if to_numpy:  # the batches now live on the device: numpy needs them on the host
+            updated = updated.with_changes(body=updated.body.visit(_ToHost(set(to_numpy))))
         self.add_imports(self.target.loader_imports)
         wrapped = cst.parse_expression(self.target.loader.format(loader="__XLAPORT_LOADER__"))
         wrapped = wrapped.visit(_Replace(loop_iterable(updated)))
@@ -172,6 +183,35 @@ _STATELESS = {"ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax"
 
 def _device_params(fn: cst.FunctionDef) -> bool:
     return any(_DEVICE_PARAM.search(p.name.value) for p in (*fn.params.params, *fn.params.kwonly_params))
+
+
+def _numpy_reads(loop: cst.For) -> Tuple[List[str], str]:
+    """The batch names (bound by the loop's target) that its body reads with
+    ``.numpy()``, and one of them the body also rebinds ("" if none)."""
+    batch = {n.value for n in find_all(loop.target, cst.Name)}  # type: ignore[attr-defined]
+    read = sorted({c.func.value.value for c in find_all(loop.body, cst.Call)  # type: ignore[attr-defined]
+                   if isinstance(c.func, cst.Attribute) and c.func.attr.value == "numpy"  # type: ignore[attr-defined]
+                   and isinstance(c.func.value, cst.Name) and c.func.value.value in batch})  # type: ignore[attr-defined]
+    if not read:
+        return [], ""
+    bound = {n.value for t in find_all(loop.body, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For))
+             for n in find_all(t.target, cst.Name)}  # type: ignore[attr-defined]
+    rebound = [n for n in read if n in bound]
+    return read, rebound[0] if rebound else ""
+
+
+class _ToHost(cst.CSTTransformer):
+    """``x.numpy()`` -> ``x.cpu().numpy()`` for the names given."""
+
+    def __init__(self, names: Set[str]) -> None:
+        self.names = names
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        func = updated_node.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "numpy" and not updated_node.args \
+                and isinstance(func.value, cst.Name) and func.value.value in self.names:
+            return updated_node.with_changes(func=func.with_changes(value=cst.parse_expression(f"{func.value.value}.cpu()")))
+        return updated_node
 
 
 class _Replace(cst.CSTTransformer):

@@ -24,10 +24,11 @@ catch-all reports it -- and a CUDA test that would switch it on is kept
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
+from codemods.analysis.cuda import AVAILABILITY
 from codemods.base import Rule, XlaCodemod, dotted
 from codemods.syntax.edits import DropsStatements
 
@@ -91,55 +92,84 @@ class TensorTypes(DropsStatements, XlaCodemod):
             found = self._legacy(n)
             if found is not None:
                 self._types[id(n)] = found
+        self._alias_of: Dict[int, _Alias] = {}
         self._aliases = self._find_aliases(tree) if self._types else {}
         return tree.statements_where(lambda n: n.value in LEGACY_TYPES or n.value in self._aliases, (cst.Name,))
 
     def _legacy(self, node: cst.CSTNode) -> Optional[Tuple[str, bool]]:
-        if isinstance(node, cst.Name) and node.value not in LEGACY_TYPES:
+        if isinstance(node, cst.Name) and node.value not in LEGACY_TYPES and node.value != "Tensor":
             return None
-        if isinstance(node, cst.Attribute) and node.attr.value not in LEGACY_TYPES:
+        if isinstance(node, cst.Attribute) and node.attr.value not in LEGACY_TYPES and node.attr.value != "Tensor":
             return None
         for q in self.tree.import_qualnames(node) or ():
             module, _, last = q.rpartition(".")
             if last in LEGACY_TYPES and module in ("torch.cuda", "torch"):
                 return LEGACY_TYPES[last], module == "torch.cuda"
+            if q == "torch.Tensor":  # the host type of the default dtype
+                return "float32", False
         return None
 
     # -- aliases --------------------------------------------------------------
-    def _find_aliases(self, tree) -> Dict[str, _Alias]:  # type: ignore[no-untyped-def]
-        bound: Dict[str, List[cst.Assign]] = {}
+    def _find_aliases(self, tree) -> Dict[str, List[_Alias]]:  # type: ignore[no-untyped-def]
+        """The aliases whose every use this rule converts, by name; each use
+        of them (``self._alias_of``: id of the use -> its alias)."""
+        from codemods.analysis.bindings import binding_nodes
+
+        found: Dict[int, _Alias] = {}  # id of the alias's target Name -> alias
         for node in tree.nodes((cst.Assign,)):
             if len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):  # type: ignore[attr-defined]
-                bound.setdefault(node.targets[0].target.value, []).append(node)  # type: ignore[attr-defined]
-        aliases: Dict[str, _Alias] = {}
-        for name, bindings in bound.items():
-            alias = self._alias(bindings[0]) if len(bindings) == 1 else None
-            if alias is not None:
-                aliases[name] = alias
-        uses: Dict[str, List[cst.Name]] = {name: [] for name in aliases}
+                alias = self._alias(node)  # type: ignore[arg-type]
+                if alias is not None:
+                    found[id(node.targets[0].target)] = alias  # type: ignore[attr-defined]
+        names = {a.binding.targets[0].target.value for a in found.values()}  # type: ignore[attr-defined]
+        uses: Dict[int, List[cst.Name]] = {id(a): [] for a in found.values()}
+        spoiled: Set[int] = set()
         for n in tree.nodes((cst.Name,)):
-            if n.value in uses and not _binds(n, tree.parents):  # type: ignore[attr-defined]
-                uses[n.value].append(n)  # type: ignore[attr-defined]
-        self._alias_uses = {name: found for name, found in uses.items() if all(self._use(u) for u in found)}
-        return {name: alias for name, alias in aliases.items() if name in self._alias_uses}
+            if n.value not in names or _binds(n, tree.parents):  # type: ignore[attr-defined]
+                continue
+            reaching = binding_nodes(tree, n)  # type: ignore[arg-type]
+            ours = [found[id(b)] for b in reaching if id(b) in found]
+            if len(ours) == 1 and len(reaching) == 1 and self._use(n):
+                uses[id(ours[0])].append(n)  # type: ignore[arg-type]
+            else:  # another binding may reach it, or a use this rule cannot convert
+                spoiled.update(id(a) for a in ours)
+        self._alias_of = {id(u): a for a in found.values() if id(a) not in spoiled for u in uses[id(a)]}
+        kept: Dict[str, List[_Alias]] = {}
+        for alias in found.values():
+            if id(alias) not in spoiled:
+                kept.setdefault(alias.binding.targets[0].target.value, []).append(alias)  # type: ignore[attr-defined]
+        return kept
 
     def _alias(self, node: cst.Assign) -> Optional[_Alias]:
         value = node.value
         direct = self._types.get(id(value))
         if direct is not None:
             return _Alias(node, direct[0], None, True) if direct[1] else None
-        if not isinstance(value, cst.IfExp) or not isinstance(value.test, (cst.Name, cst.Attribute)):
-            return None  # (the condition is repeated at each use: a plain name only)
+        if not isinstance(value, cst.IfExp) or not self._pure(value.test):
+            return None  # (the condition is repeated at each use)
         body, orelse = self._types.get(id(value.body)), self._types.get(id(value.orelse))
         if body is None or orelse is None or body[0] != orelse[0] or body[1] == orelse[1]:
             return None
         return _Alias(node, body[0], value.test, body[1])
 
+    def _pure(self, test: cst.CSTNode) -> bool:
+        """A condition that may be evaluated again at each use: a name, an
+        attribute, an accelerator availability test, ``not``/``and``/``or`` of them."""
+        if isinstance(test, (cst.Name, cst.Attribute)):
+            return True
+        if isinstance(test, cst.Call):
+            return not test.args and bool((self.tree.import_qualnames(test.func) or set()) & AVAILABILITY)
+        if isinstance(test, cst.UnaryOperation):
+            return self._pure(test.expression)
+        if isinstance(test, cst.BooleanOperation):
+            return self._pure(test.left) and self._pure(test.right)
+        return False
+
     def _use(self, name: cst.CSTNode) -> Optional[str]:
         """How ``name`` (a legacy type or an alias) is used, where this rule
         converts it: "new" (constructed), "cast" (``x.type(T)``); else None."""
         up = self.tree.parents.get(id(name))
-        if isinstance(up, cst.Call) and up.func is name and _arguments(up) is not None:
+        if isinstance(up, cst.Call) and up.func is name and _arguments(up, self.tree) is not None:
             return "new"
         if isinstance(up, cst.Arg) and up.keyword is None:
             call = self.tree.parents.get(id(up))
@@ -154,9 +184,8 @@ class TensorTypes(DropsStatements, XlaCodemod):
         found = self._types.get(id(node))
         if found is not None:
             return (found[0], self._device()) if found[1] else None
-        if isinstance(node, cst.Name) and node.value in self._aliases \
-                and any(u is node for u in self._alias_uses[node.value]):
-            alias = self._aliases[node.value]
+        alias = self._alias_of.get(id(node))
+        if alias is not None:
             if alias.test is None:
                 return alias.dtype, self._device()
             host = cst.SimpleString('"cpu"')
@@ -175,7 +204,7 @@ class TensorTypes(DropsStatements, XlaCodemod):
             if kind is None or not self.flag(original_node, TENSOR_TYPE.code, f"`{dotted(func)}(...)` -> a "
                                              f"tensor of torch.{kind[0]} on the device", fix=True):
                 return updated_node
-            args, data = _arguments(original_node)  # type: ignore[misc]
+            args, data = _arguments(original_node, self.tree)  # type: ignore[misc]
             maker = "torch.tensor" if data else "torch.empty"
             extra = [_keyword("dtype", cst.parse_expression(f"torch.{kind[0]}")), _keyword("device", kind[1])]
             return cst.Call(func=cst.parse_expression(maker), args=_joined(list(updated_node.args), extra))
@@ -193,15 +222,14 @@ class TensorTypes(DropsStatements, XlaCodemod):
     def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
         """An alias whose every use was converted goes."""
         target = original_node.targets[0].target if len(original_node.targets) == 1 else None
-        if isinstance(target, cst.Name) and target.value in self._aliases \
-                and self._aliases[target.value].binding is original_node \
+        if isinstance(target, cst.Name) and any(a.binding is original_node for a in self._aliases.get(target.value, ())) \
                 and self.flag(original_node, TENSOR_TYPE.code, f"`{target.value}` (a legacy tensor type) removed: "
                               "its uses take a dtype and a device", fix=True):
             self.drop(original_node)
         return updated_node
 
 
-def _arguments(call: cst.Call) -> Optional[Tuple[List[cst.Arg], bool]]:
+def _arguments(call: cst.Call, tree) -> Optional[Tuple[List[cst.Arg], bool]]:  # type: ignore[no-untyped-def]
     """A legacy constructor's arguments and whether they are data (True) or
     sizes (False); None where that cannot be told from the code."""
     args = list(call.args)
@@ -209,13 +237,37 @@ def _arguments(call: cst.Call) -> Optional[Tuple[List[cst.Arg], bool]]:
         return None
     if not args or len(args) > 1 or args[0].star:
         return args, False
-    only = args[0].value
-    if isinstance(only, (cst.List, cst.Tuple, cst.ListComp)):
-        return args, True
-    if isinstance(only, cst.Integer) or _is_size(only):
-        return args, False
-    if isinstance(only, cst.Call) and (dotted(only.func) or "").split(".")[0] in ("np", "numpy"):
-        return args, True  # an array made by numpy
+    data = _is_data(args[0].value, tree, 0)
+    return None if data is None else (args, data)
+
+
+def _is_data(node: cst.CSTNode, tree, depth: int) -> Optional[bool]:  # type: ignore[no-untyped-def]
+    """One constructor argument: data (a list, a tuple, an array made by
+    numpy), a size (an int, ``x.size(0)``, ``len(x)``), or None; a name is
+    what every binding that reaches it assigns."""
+    if isinstance(node, (cst.List, cst.Tuple, cst.ListComp)):
+        return True
+    if isinstance(node, cst.Integer) or _is_size(node):
+        return False
+    if isinstance(node, cst.Call) and (dotted(node.func) or "").split(".")[0] in ("np", "numpy"):
+        return True
+    if isinstance(node, cst.BinaryOperation) and depth < 3:  # 0.75 * np.random.normal(...)
+        sides = {_is_data(node.left, tree, depth + 1), _is_data(node.right, tree, depth + 1)}
+        return True if True in sides else None
+    if isinstance(node, cst.Name) and depth < 3:
+        from codemods.analysis.bindings import binding_nodes
+
+        found = set()
+        around = tree.ancestor_ids([node])
+        for bound in binding_nodes(tree, node):
+            assign = tree.parents.get(id(tree.parents.get(id(bound))))
+            if id(assign) in around:  # `labels = T(labels)`: the binding the use makes
+                continue
+            if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1
+                    and assign.targets[0].target is bound):
+                return None
+            found.add(_is_data(assign.value, tree, depth + 1))
+        return found.pop() if len(found) == 1 else None
     return None
 
 
