@@ -234,3 +234,52 @@ def test_the_conversion_runs_with_plain_python_where_the_original_ran(name, tmp_
     else:
         assert original.stdout == converted.stdout  # no DataParallel: the same keys, the same values
         assert "keys ['bias', 'weight']" in converted.stdout
+
+
+# -- what XLA cannot do (XLA158, XLA159) --------------------------------------------------------
+
+SPARSE = '''\
+import torch
+
+use_cuda = torch.cuda.is_available()
+adj = torch.eye(3).to_sparse()
+x = torch.randn(3, 2)
+if use_cuda:
+    adj = adj.cuda()
+    x = x.cuda()
+print(torch.spmm(adj, x).sum().item())
+'''
+
+
+def test_a_sparse_tensor_sent_to_the_device_is_said_on_its_line_and_keeps_the_test():
+    out, findings = convert_text(SPARSE)
+    assert [(f.line, f.code) for f in findings if f.code in ("XLA118", "XLA158")] == [
+        (3, "XLA118"), (4, "XLA158"), (7, "XLA158"), (9, "XLA158")]
+    assert "use_cuda = torch.cuda.is_available()" in out  # the move stays off: the program runs where it ran
+
+
+def test_an_op_without_an_xla_lowering_is_reported_only_in_code_being_ported():
+    ported = "import torch\n\nx = torch.randn(4).cuda()\nh = torch.histc(x, bins=2)\ne = torch.linalg.eig(m)\n"
+    found = [(f.line, f.code) for f in convert_text(ported)[1] if f.code == "XLA159"]
+    assert found == [(4, "XLA159"), (5, "XLA159")]
+    plain = "import torch\n\nx = torch.randn(4)\nh = torch.histc(x, bins=2)\n"
+    assert "XLA159" not in [f.code for f in convert_text(plain)[1]]
+
+
+@pytest.mark.xla
+@pytest.mark.skipif(not HAVE_XLA, reason="needs torch_xla (make setup)")
+def test_the_op_table_is_the_one_torch_xla_gives(tmp_path):
+    """codemods/xla_ops_data.py is what benchmarks/gen_xla_ops.py reads from
+    the installed torch_xla's kernel table (fails when edited by hand)."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gen_xla_ops.py"), "--check"],
+                          env={**os.environ, "PJRT_DEVICE": "CPU"}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+
+
+@pytest.mark.xla
+@pytest.mark.skipif(not HAVE_XLA, reason="needs torch_xla (make setup)")
+def test_a_kept_sparse_program_runs_with_plain_python(tmp_path):
+    script = tmp_path / "sparse.py"
+    script.write_text(convert_text(SPARSE)[0])
+    done = _run(script, tmp_path / "run", {"PJRT_DEVICE": "CPU"})
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -17,6 +17,7 @@ from codemods import registry
 from codemods.analysis.cuda import count_references
 from codemods.analysis.switches import decided_spans
 from codemods.coverage import CATCH_ALL, COVERAGE_KEY, LEFT_KEY, SWITCHED_KEY, CudaCatchAll
+from codemods.xla_limits import XLA_CANNOT
 from codemods.syntax import imports
 from codemods.analysis import prefilter
 from codemods.syntax.parsing import parse_module
@@ -142,7 +143,7 @@ def transform(source: bytes, settings: Settings, filename: str = "",
     kept: Dict[int, str] = {}
     while True:
         outcome, left = _convert(source, settings, filename, triggered, imports_later, kept)
-        more = _switches_to_keep(source, outcome.findings, left, kept) if left else {}
+        more = _switches_to_keep(source, outcome.findings, left, kept)
         if not more or len(kept) > 50:
             break
         kept.update(more)
@@ -160,6 +161,12 @@ def _switches_to_keep(source: bytes, findings: List[Finding], left: List[Tuple[i
     switched = {f.line for f in findings if f.fix and f.code in SWITCH_CODES} - set(kept)
     if not switched:
         return {}
+    # CUDA left over, and what fails on XLA itself (sparse tensors, share_memory), keep a test
+    left = [(line, f"`{label.replace('torch.', '', 1) if label.startswith('torch.') else label}`")
+            for line, label in left] + [(f.line, f.message.split(":")[0]) for f in findings
+                                        if f.code == XLA_CANNOT.code]
+    if not left:
+        return {}
     tree = parse(source)
     cache = TreeCache(tree, source, _text_of(source, tree))
     try:
@@ -171,11 +178,10 @@ def _switches_to_keep(source: bytes, findings: List[Finding], left: List[Tuple[i
         blockers = sorted({(at, label) for first, last in spans.get(line, ()) for at, label in left
                            if first <= at <= last})
         if blockers:
-            at, label = blockers[0]
-            what = label.replace("torch.", "", 1) if label.startswith("torch.") else label
+            at, what = blockers[0]
             others = f" (and {len(blockers) - 1} more)" if len(blockers) > 1 else ""
-            more[line] = (f"CUDA test kept as it is: on XLA it would switch on `{what}` (line {at}){others}, which "
-                          "xlaport does not convert; convert that by hand, then this test")
+            more[line] = (f"CUDA test kept as it is: on XLA it would switch on {what} (line {at}){others}, which "
+                          "xlaport does not convert or XLA cannot run; convert that by hand, then this test")
     return more
 
 

@@ -1,0 +1,154 @@
+"""XLA158, XLA159: what XLA cannot do, said on its line before it runs.
+
+* XLA158 -- sparse tensors (``to_sparse()``, ``torch.sparse_coo_tensor``,
+  ``torch.sparse.*``, ``torch.spmm``) have no XLA kernels: moving one to the
+  device raises ``NotImplementedError`` (SparseXLA); ``share_memory()`` of an
+  XLA model raises "_share_fd_: only available on CPU" (Hogwild does not
+  port).  These fail on XLA, so a CUDA test that would switch them on is
+  kept (XLA118).
+* XLA159 -- an op torch_xla has no lowering for runs on the CPU: its tensors
+  go to the host and back at every call.  Which ops: ``xla_ops_data.py``,
+  generated from torch_xla's own kernel table by ``benchmarks/gen_xla_ops.py``.
+
+Both are reported only in code being ported (a module with CUDA or XLA code).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from codemods.analysis.cuda import REFERENCE_BYTES
+from codemods.analysis.values import TENSOR, values
+from codemods.base import Rule, XlaCodemod, dotted
+from codemods.xla_ops_data import CPU_FALLBACK, TORCH_XLA
+
+XLA_CANNOT = Rule(
+    code="XLA158",
+    name="xla-cannot",
+    summary="sparse tensors and `share_memory()` fail on XLA (reported, with the fix)",
+    why=(
+        "XLA has no sparse tensors: `x.to_sparse().to(xla_device)` raises NotImplementedError (SparseXLA), and "
+        "so do `torch.spmm`/`torch.sparse.mm` with a sparse operand on the device. An XLA tensor cannot be "
+        "shared between processes either: `model.share_memory()` raises \"_share_fd_: only available on CPU\", "
+        "so Hogwild-style training does not port. Keep sparse data on the CPU or make it dense (`.to_dense()`) "
+        "before it goes to the device; train across processes with `torch_xla.launch` and "
+        "DistributedDataParallel. A CUDA test that would switch such code on is kept (XLA118)."
+    ),
+    before="import torch\n\nadj = adj.to_sparse().cuda()\nout = torch.spmm(adj, x)\n",
+    after=None,
+    valid=("import torch\n\nadj = adj.to_dense().cuda()\n",),
+)
+
+CPU_FALLBACK_OP = Rule(
+    code="XLA159",
+    name="xla-cpu-fallback",
+    summary=f"an op torch_xla {TORCH_XLA} has no lowering for runs on the CPU (reported)",
+    why=(
+        f"torch_xla {TORCH_XLA} lowers most ATen ops to XLA; the rest (`Tensor.unfold`, `histc`, `searchsorted`, "
+        "`nansum`, `torch.equal`, `linalg.eig` ...) fall back to the CPU: the pending graph runs, the tensors go "
+        "to the host, the op runs there, and the result comes back -- at every call, and the graph is cut in "
+        "two. The list is read from torch_xla's own kernel table (`benchmarks/gen_xla_ops.py`). Use an op XLA "
+        "lowers (`as_strided`/`F.unfold` on 4-D input, `torch.bucketize` -> a comparison and `sum`), or move the "
+        "call out of the step."
+    ),
+    before="import torch\n\nx = torch.randn(8, 8).cuda()\nh = torch.histc(x, bins=4)\n",
+    after=None,
+    valid=("import torch\n\nx = torch.randn(8, 8).cuda()\ny = torch.sum(x)\n",),
+)
+
+_SPARSE_CALLS = {"torch.sparse_coo_tensor", "torch.sparse_csr_tensor", "torch.sparse_csc_tensor", "torch.spmm",
+                 "torch.smm", "torch.hspmm", "torch.sspaddmm"}
+_SPARSE_METHODS = {"to_sparse", "to_sparse_coo", "to_sparse_csr", "to_sparse_csc", "to_sparse_bsr"}
+# how a user spells the aten op names of the table: torch.linalg.eig is aten::linalg_eig
+_NAMESPACES = {"torch.linalg.": "linalg_", "torch.special.": "special_", "torch.nn.functional.": "",
+               "torch.": ""}
+_FUNCTIONAL = {"torch.nn.functional.unfold": "im2col", "torch.nn.functional.fold": "col2im",
+               "torch.nn.Unfold": "im2col", "torch.nn.Fold": "col2im"}
+
+
+_WORDS = tuple(w for w in REFERENCE_BYTES if w != b"fused")
+
+
+def _spelled(op: str) -> str:
+    for prefix in ("linalg_", "special_"):
+        if op.startswith(prefix):
+            return op[len(prefix):]
+    return op
+
+
+_NAMES = frozenset({"spmm", "smm", "hspmm", "sspaddmm", "share_memory", "fold", "Fold", "unfold", "Unfold",
+                    *(_spelled(op) for op in CPU_FALLBACK)})
+
+
+class XlaLimits(XlaCodemod):
+    DESCRIPTION = "Report what XLA cannot do: sparse tensors, share_memory(), ops with no XLA lowering."
+    RULES = (XLA_CANNOT, CPU_FALLBACK_OP)
+    TRIGGERS = (b"sparse", b"spmm", b"share_memory", b"fold", b"Fold",
+                *sorted({_spelled(op).encode() for op in CPU_FALLBACK}))
+    NEEDS = ("name~sparse", "name:spmm", "name:smm", "name:hspmm", "name:share_memory", "name:fold", "name:Fold",
+             "name:unfold", "name:Unfold", *sorted({f"name:{_spelled(op)}" for op in CPU_FALLBACK}))
+
+    @classmethod
+    def wanted(cls, tree, options):
+        # code being ported: the user's file speaks of CUDA or of XLA (read in its source, not in the
+        # tree the rules before made, where the CUDA is gone)
+        return tree.knows_xla or b"torch_xla" in tree.source or any(w in tree.source for w in _WORDS)
+
+    def regions(self, tree):
+        # names the module binds to a sparse tensor (coarsely: by their text, module-wide): moving one fails
+        self._sparse = {dotted(t.target) for a in tree.nodes((cst.Assign,)) for t in a.targets  # type: ignore[attr-defined]
+                        if isinstance(a.value, cst.Call) and self._sparse_or_shared(a.value)  # type: ignore[attr-defined]
+                        and "share_memory" not in (dotted(a.value.func) or "")} - {None}  # type: ignore[attr-defined]
+        roots = {name.split(".")[0] for name in self._sparse}
+        return tree.statements_where(lambda n: n.value in _NAMES or n.value in roots or "sparse" in n.value,
+                                     (cst.Name,))
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value in ("to", "cuda") and dotted(func.value) in self._sparse:
+            self.flag(node, XLA_CANNOT.code, f"`{dotted(func.value)}` holds a sparse tensor: XLA has no sparse tensors, "
+                      "moving it to the device raises; make it dense first (`.to_dense()`) or keep it on the CPU",
+                      fix=False)
+            return
+        found = self._sparse_or_shared(node)
+        if found is not None:
+            self.flag(node, XLA_CANNOT.code, found, fix=False)
+            return
+        op = self._fallback_op(node)
+        if op is not None:
+            self.flag(node, CPU_FALLBACK_OP.code, f"`{op}` has no XLA lowering in torch_xla {TORCH_XLA}: it runs on "
+                      "the CPU, its tensors copied to the host and back at every call", fix=False)
+
+    def _sparse_or_shared(self, node: cst.Call) -> Optional[str]:
+        func = node.func
+        names = self.qualnames(func)
+        if names & _SPARSE_CALLS or any(q.startswith("torch.sparse.") for q in names):
+            name = sorted(names)[0].replace("torch.", "", 1)
+            return (f"`{name}` makes or uses a sparse tensor: XLA has no sparse tensors (moving one to the device "
+                    "raises); keep it on the CPU or make it dense (`.to_dense()`) before it goes to the device")
+        if isinstance(func, cst.Attribute) and not node.args and func.attr.value in _SPARSE_METHODS | {"share_memory"} \
+                and not names:
+            if func.attr.value == "share_memory":
+                return ("`share_memory()`: an XLA tensor cannot be shared between processes (Hogwild does not port); "
+                        "train across processes with `torch_xla.launch` and DistributedDataParallel")
+            return (f"`.{func.attr.value}()`: XLA has no sparse tensors (moving one to the device raises); keep it on "
+                    "the CPU or use the dense tensor")
+        return None
+
+    def _fallback_op(self, node: cst.Call) -> Optional[str]:
+        func = node.func
+        for q in self.qualnames(func):
+            if q in _FUNCTIONAL:
+                return q.replace("torch.", "", 1)
+            for prefix, aten in _NAMESPACES.items():
+                if q.startswith(prefix) and "." not in q[len(prefix):] and aten + q[len(prefix):] in CPU_FALLBACK:
+                    return q.replace("torch.", "", 1)
+        if isinstance(func, cst.Attribute) and func.attr.value in CPU_FALLBACK and not self.qualnames(func) \
+                and TENSOR in values(self.tree).of(func.value):
+            return f"{dotted(func.value) or '<tensor>'}.{func.attr.value}()"
+        return None
+
+
+__all__ = ["XlaLimits", "XLA_CANNOT", "CPU_FALLBACK_OP"]
