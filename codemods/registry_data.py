@@ -85,6 +85,10 @@ CODEMODS = (
         ('XLA155', 'logging-basic-config', '`logging.basicConfig(...)` gets `force=True` in torch programs: importing torch_xla configures logging first', True),
         ('XLA156', 'xla-seed', "`torch.manual_seed(s)` is followed by `torch_xla.manual_seed(s)`: XLA's generator is apart", True),
     )),
+    ('codemods.recompiles', 'Recompiles', (b'random', b'pad_sequence', b'pack_padded_sequence'), ('name~random', 'name:pad_sequence', 'name:pack_padded_sequence'), (
+        ('XLA409', 'host-random-choice', "a choice drawn from the host's random numbers in a loop (teacher forcing) recompiles as choices vary", False),
+        ('XLA410', 'ragged-batches', "sequences padded to each batch's longest (`pad_sequence`): a new graph for every batch length", False),
+    )),
     ('codemods.xla_limits', 'XlaLimits', (b'sparse', b'spmm', b'share_memory', b'fold', b'Fold', b'addbmm', b'angle', b'cholesky_inverse', b'col2im', b'eig', b'equal', b'geqrf', b'histc', b'histogram', b'householder_product', b'huber_loss', b'im2col', b'is_set_to', b'multi_margin_loss', b'nansum', b'nonzero_static', b'ormqr', b'quantized_gru', b'quantized_lstm', b'searchsorted', b'slow_conv_transpose3d', b'solve_triangular', b'unfold', b'view_as_complex', b'view_as_real'), ('name~sparse', 'name:spmm', 'name:smm', 'name:hspmm', 'name:share_memory', 'name:fold', 'name:Fold', 'name:unfold', 'name:Unfold', 'name:addbmm', 'name:angle', 'name:cholesky_inverse', 'name:col2im', 'name:eig', 'name:equal', 'name:geqrf', 'name:histc', 'name:histogram', 'name:householder_product', 'name:huber_loss', 'name:im2col', 'name:is_set_to', 'name:multi_margin_loss', 'name:nansum', 'name:nonzero_static', 'name:ormqr', 'name:quantized_gru', 'name:quantized_lstm', 'name:searchsorted', 'name:slow_conv_transpose3d', 'name:solve_triangular', 'name:unfold', 'name:view_as_complex', 'name:view_as_real'), (
         ('XLA158', 'xla-cannot', 'sparse tensors and `share_memory()` fail on XLA (reported, with the fix)', False),
         ('XLA159', 'xla-cpu-fallback', 'an op torch_xla 2.9.0 has no lowering for runs on the CPU (reported)', False),

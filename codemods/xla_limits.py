@@ -10,7 +10,9 @@
   go to the host and back at every call.  Which ops: ``xla_ops_data.py``,
   generated from torch_xla's own kernel table by ``benchmarks/gen_xla_ops.py``.
 
-Both are reported only in code being ported (a module with CUDA or XLA code).
+XLA159 is reported only in code being ported (a module with CUDA or XLA code);
+XLA158 wherever it is (a sparse tensor made in a helper module fails when the
+program sends it to the device).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Optional
 
 import libcst as cst
 
-from codemods.analysis.cuda import REFERENCE_BYTES
+from codemods.analysis.cuda import being_ported
 from codemods.analysis.values import TENSOR, values
 from codemods.base import Rule, XlaCodemod, dotted
 from codemods.xla_ops_data import CPU_FALLBACK, TORCH_XLA
@@ -68,9 +70,6 @@ _FUNCTIONAL = {"torch.nn.functional.unfold": "im2col", "torch.nn.functional.fold
                "torch.nn.Unfold": "im2col", "torch.nn.Fold": "col2im"}
 
 
-_WORDS = tuple(w for w in REFERENCE_BYTES if w != b"fused")
-
-
 def _spelled(op: str) -> str:
     for prefix in ("linalg_", "special_"):
         if op.startswith(prefix):
@@ -90,18 +89,13 @@ class XlaLimits(XlaCodemod):
     NEEDS = ("name~sparse", "name:spmm", "name:smm", "name:hspmm", "name:share_memory", "name:fold", "name:Fold",
              "name:unfold", "name:Unfold", *sorted({f"name:{_spelled(op)}" for op in CPU_FALLBACK}))
 
-    @classmethod
-    def wanted(cls, tree, options):
-        # code being ported: the user's file speaks of CUDA or of XLA (read in its source, not in the
-        # tree the rules before made, where the CUDA is gone)
-        return tree.knows_xla or b"torch_xla" in tree.source or any(w in tree.source for w in _WORDS)
-
     def regions(self, tree):
         # names the module binds to a sparse tensor (coarsely: by their text, module-wide): moving one fails
         self._sparse = {dotted(t.target) for a in tree.nodes((cst.Assign,)) for t in a.targets  # type: ignore[attr-defined]
                         if isinstance(a.value, cst.Call) and self._sparse_or_shared(a.value)  # type: ignore[attr-defined]
                         and "share_memory" not in (dotted(a.value.func) or "")} - {None}  # type: ignore[attr-defined]
         roots = {name.split(".")[0] for name in self._sparse}
+        self._ported = being_ported(tree)  # (XLA159 speaks only there: a cost, not a failure)
         return tree.statements_where(lambda n: n.value in _NAMES or n.value in roots or "sparse" in n.value,
                                      (cst.Name,))
 
@@ -116,7 +110,7 @@ class XlaLimits(XlaCodemod):
         if found is not None:
             self.flag(node, XLA_CANNOT.code, found, fix=False)
             return
-        op = self._fallback_op(node)
+        op = self._fallback_op(node) if self._ported else None
         if op is not None:
             self.flag(node, CPU_FALLBACK_OP.code, f"`{op}` has no XLA lowering in torch_xla {TORCH_XLA}: it runs on "
                       "the CPU, its tensors copied to the host and back at every call", fix=False)

@@ -196,6 +196,14 @@ _WORD_BYTES = tuple(w.encode() for w in CUDA_REFERENCE_WORDS)
 REFERENCE_BYTES = _WORD_BYTES + tuple(n.encode() for n in CUDA_RUNTIME_NAMES)
 
 
+def being_ported(tree: TreeCache) -> bool:
+    """The user's file speaks of CUDA or of XLA: code being ported, where the
+    report-only rules about XLA's limits speak (read in its source, not in the
+    tree earlier rules made, where the CUDA is gone)."""
+    source = tree.source
+    return tree.knows_xla or b"torch_xla" in source or any(w in source for w in _WORD_BYTES if w != b"fused")
+
+
 def count_references(tree: TreeCache) -> int:
     """How many CUDA references the module holds, reading names through its
     imports only: the same count before and after conversion.  Once per tree

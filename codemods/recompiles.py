@@ -1,0 +1,125 @@
+"""XLA409, XLA410: control flow and shapes that change with the data, so that
+XLA compiles a new graph as the steps go on (reported, with the fix).
+
+* XLA409 -- a choice drawn from the host's random numbers inside a loop
+  (teacher forcing: ``inp = trg[t] if random.random() < p else pred``, or a
+  flag drawn so and tested): each pattern of choices traces another graph, and
+  compiles keep growing with the steps (15 -> 21 at 4 -> 8 steps on a real
+  seq2seq).  Drawing the step's choices as one device tensor and choosing with
+  ``torch.where`` compiled once (measured: 1 -> 1).
+* XLA410 -- sequences padded to the longest of each batch (``pad_sequence``,
+  ``pack_padded_sequence``): every new batch length is a new shape, so a new
+  graph.  Pad to a fixed length, or a few bucket lengths.
+
+Both speak only in code being ported (a module with CUDA or XLA code).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Set
+
+import libcst as cst
+
+from codemods.analysis.cuda import being_ported
+from codemods.base import Rule, XlaCodemod, dotted, walk
+
+HOST_COIN = Rule(
+    code="XLA409",
+    name="host-random-choice",
+    summary="a choice drawn from the host's random numbers in a loop (teacher forcing) recompiles as choices vary",
+    why=(
+        "XLA traces the Python the program runs: `inp = trg[t] if random.random() < ratio else pred` makes one "
+        "graph for each pattern of choices, so compiles keep growing with the steps (15 -> 21 at 4 -> 8 steps on "
+        "a seq2seq model, XLA's CPU backend). Draw the step's choices at once and send them as one device tensor "
+        "(`flags = torch.tensor([random.random() < ratio for _ in range(T)]).to(device)`), then choose on the "
+        "device: `inp = torch.where(flags[t], trg[t], pred)` -- the same random stream, one graph (1 -> 1)."
+    ),
+    before=(
+        "import random\nimport torch\n\nmodel = model.cuda()\nfor t in range(1, T):\n"
+        "    out, h = model(inp, h)\n    inp = trg[t] if random.random() < ratio else out.argmax(1)\n"
+    ),
+    after=None,
+    valid=("import random\nimport torch\n\nmodel = model.cuda()\nratio = 0.5 if random.random() < 0.5 else 1.0\n",),
+)
+
+RAGGED = Rule(
+    code="XLA410",
+    name="ragged-batches",
+    summary="sequences padded to each batch's longest (`pad_sequence`): a new graph for every batch length",
+    why=(
+        "`pad_sequence` and `pack_padded_sequence` pad to the longest sequence of the batch, so the batch's "
+        "shape changes with the data and XLA compiles a new graph for each length it meets (and "
+        "`pack_padded_sequence` sorts and splits on the host). Pad every batch to one fixed length, or to a few "
+        "bucket lengths (`math.ceil(n / 64) * 64`), and pass a mask or the lengths as a tensor."
+    ),
+    before=(
+        "import torch\nfrom torch.nn.utils.rnn import pad_sequence\n\n"
+        "def collate(batch):\n    return pad_sequence(batch).cuda()\n"
+    ),
+    after=None,
+)
+
+_HOST_RANDOM = ("random.", "numpy.random.")
+_PADDING = {"torch.nn.utils.rnn.pad_sequence", "torch.nn.utils.rnn.pack_padded_sequence"}
+_LOOPS = (cst.For, cst.While)
+
+
+class Recompiles(XlaCodemod):
+    DESCRIPTION = "Report data-dependent control flow and shapes that recompile: host-random choices, ragged batches."
+    RULES = (HOST_COIN, RAGGED)
+    TRIGGERS = (b"random", b"pad_sequence", b"pack_padded_sequence")
+    NEEDS = ("name~random", "name:pad_sequence", "name:pack_padded_sequence")
+
+    @classmethod
+    def wanted(cls, tree, options):
+        return being_ported(tree)
+
+    def regions(self, tree):
+        # names bound from a host draw (`teacher_force = random.random() < ratio`), module-wide by their text
+        self._coins: Set[str] = set()
+        for assign in tree.nodes((cst.Assign,)):
+            if self._draws(assign.value):  # type: ignore[attr-defined]
+                self._coins.update(dotted(t.target) or "" for t in assign.targets)  # type: ignore[attr-defined]
+        self._coins.discard("")
+        return tree.statements_where(lambda n: "random" in n.value or n.value in self._coins
+                                     or n.value in ("pad_sequence", "pack_padded_sequence"), (cst.Name,))
+
+    def _draws(self, expr: cst.CSTNode) -> bool:
+        """``expr`` calls the host's random number generators."""
+        return any(isinstance(n, cst.Call) and any(q.startswith(_HOST_RANDOM) for q in self.qualnames(n.func))
+                   for n in walk(expr))
+
+    def _coin(self, test: cst.CSTNode) -> bool:
+        return self._draws(test) or any(isinstance(n, (cst.Name, cst.Attribute)) and dotted(n) in self._coins
+                                        for n in walk(test))
+
+    def _loop(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+        for anc in self.ancestors(node):
+            if isinstance(anc, _LOOPS):
+                return anc
+            if isinstance(anc, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                return None
+        return None
+
+    def _chooses(self, node: cst.CSTNode, test: cst.CSTNode) -> None:
+        loop = self._loop(node)
+        if loop is not None and self._coin(test):
+            self.flag(test, HOST_COIN.code, "a choice drawn from the host's random numbers in a loop: each pattern "
+                      "of choices is another XLA graph; draw the choices as one device tensor and choose with "
+                      "`torch.where`", fix=False, related=(loop,))
+
+    def visit_IfExp(self, node: cst.IfExp) -> None:
+        self._chooses(node, node.test)
+
+    def visit_If(self, node: cst.If) -> None:
+        self._chooses(node, node.test)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        found = self.qualnames(node.func) & _PADDING
+        if found:
+            name = sorted(found)[0].rsplit(".", 1)[1]
+            self.flag(node, RAGGED.code, f"`{name}` pads to the longest sequence of each batch: a new XLA graph for "
+                      "every batch length; pad to a fixed length (or a few bucket lengths)", fix=False)
+
+
+__all__ = ["Recompiles", "HOST_COIN", "RAGGED"]
