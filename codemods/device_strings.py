@@ -15,12 +15,13 @@ Which names hold a device string is :class:`codemods.analysis.cuda.CudaFacts`.
 
 from __future__ import annotations
 
-from typing import Set
+from typing import Dict, Optional, Set
 
 import libcst as cst
 
 from codemods.analysis.cuda import (
     DEVICE_NAME_RE,
+    HOST_DEVICES,
     cuda_facts,
     device_arguments,
     is_cuda_string,
@@ -38,7 +39,8 @@ DEVICE_STRING = Rule(
         "`device_type = ...` for autocast). Replacing the string with a `torch.device` crashes those "
         "tests; leaving \"cuda\" crashes on a TPU host. The string becomes \"xla\" (valid wherever a "
         "device is expected once torch_xla is imported), comparisons of that name with \"cuda\" compare "
-        "with \"xla\", and a `--device` option's CUDA default and choices become \"xla\"."
+        "with \"xla\", and a `--device` option's CUDA default and choices become \"xla\"; a CUDA device the user "
+        "types for such an option (`--device cuda:1`) is read as \"xla\", and a CPU choice stays the CPU."
     ),
     before=(
         "device = \"cuda\"\ndevice_type = \"cuda\" if \"cuda\" in device else \"cpu\"\n"
@@ -46,7 +48,8 @@ DEVICE_STRING = Rule(
     ),
     after=(
         "import torch_xla\n\ndevice = \"xla\"\ndevice_type = \"xla\" if \"xla\" in device else \"cpu\"\n"
-        "parser.add_argument(\"--device\", default=\"xla\", choices=[\"cpu\", \"xla\"])\n"
+        "parser.add_argument(\"--device\", default=\"xla\", choices=[\"cpu\", \"xla\"], "
+        "type=lambda d: \"xla\" if d.startswith(\"cuda\") else d)\n"
     ),
     valid=(
         'print("running on cuda")\n',
@@ -70,6 +73,7 @@ class DeviceStrings(XlaCodemod):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._rewrite: Set[int] = set()  # id() of CUDA string nodes to replace
         self._argparse_dests: Set[str] = set()
+        self._typed: Dict[int, Optional[cst.Arg]] = {}  # id of a device option's add_argument -> its type=
 
     def visit_Module(self, node: cst.Module) -> None:
         facts = cuda_facts(self.tree, self.qualnames)
@@ -105,6 +109,13 @@ class DeviceStrings(XlaCodemod):
         dests = [o.lstrip("-").replace("-", "_") for o in options if o and o.startswith("--")]
         if not any(DEVICE_NAME_RE.search(d) for d in dests):
             return
+        keywords = {a.keyword.value: a for a in call.args if a.keyword is not None}
+        kind, default = keywords.get("type"), keywords.get("default")
+        if "action" not in keywords and (kind is None or dotted(kind.value) == "str") and (kind or default) and (
+                default is None or is_cuda_string(default.value) or string_value(default.value) in HOST_DEVICES):
+            # a device the user types: "cuda" (or "cuda:1") typed by an existing user becomes "xla"
+            self._argparse_dests.update(dests)
+            self._typed[id(call)] = kind
         for a in call.args:
             if a.keyword is not None and a.keyword.value == "default" and is_cuda_string(a.value):
                 self._argparse_dests.update(dests)
@@ -173,7 +184,27 @@ class DeviceStrings(XlaCodemod):
         return self._replace(original_node, updated_node)  # "cuda:" + str(i), "cuda:%d" % i
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call):
+        if id(original_node) in self._typed:
+            return self._typed_option(original_node, updated_node)
         return self._replace(original_node, updated_node)  # "cuda:{}".format(i)
+
+    def _typed_option(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        """``add_argument("--device", ...)``: a CUDA device typed on the command
+        line is read as the target's device string."""
+        device = self.target.device_string
+        if not self.flag(original, DEVICE_STRING.code, f'device option: "cuda" typed on the command line becomes '
+                         f'"{device}"', fix=True):
+            return updated
+        self.add_imports(self.target.device_imports)
+        mapping = cst.parse_expression(f'lambda d: "{device}" if d.startswith("cuda") else d')
+        args = [a.with_changes(value=mapping) if a.keyword is not None and a.keyword.value == "type" else a
+                for a in updated.args]
+        if self._typed[id(original)] is None:
+            last = args[-1]
+            args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            args.append(cst.Arg(mapping, keyword=cst.Name("type"), equal=cst.AssignEqual(
+                whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))))
+        return updated.with_changes(args=args)
 
     def _replace(self, original: cst.BaseExpression, updated: cst.BaseExpression) -> cst.BaseExpression:
         if id(original) not in self._rewrite:

@@ -159,7 +159,7 @@ def cuda_references(tree: TreeCache, qualnames: QualNames) -> List[Tuple[cst.CST
                 if any(q.startswith("torch.") for q in qualnames(func)):
                     found.append((n, label))
         elif kind is cst.SimpleString or kind is cst.FormattedString:
-            if is_cuda_string(n):
+            if is_cuda_string(n) and not _maps_to_xla(n, parents):
                 found.append((n, '"cuda"'))
             elif string_value(n) == "nccl":
                 found.append((n, '"nccl"'))
@@ -185,6 +185,20 @@ def cuda_references(tree: TreeCache, qualnames: QualNames) -> List[Tuple[cst.CST
     if words:  # (an int device is counted where the code speaks of CUDA)
         found += [(n, "int device") for n in ordinal_uses(tree, qualnames).values()]
     return found
+
+
+def _maps_to_xla(node: cst.CSTNode, parents: Dict[int, cst.CSTNode]) -> bool:
+    """``node`` is read in the test of a choice whose CUDA side is "xla"
+    (``"xla" if d.startswith("cuda") else d``, what XLA109 writes for a device
+    option): a CUDA name mapped to XLA, not a use of CUDA."""
+    child, up = node, parents.get(id(node))
+    for _ in range(6):
+        if up is None:
+            return False
+        if type(up) is cst.IfExp:
+            return child is up.test and string_value(up.body) == "xla"  # type: ignore[attr-defined]
+        child, up = up, parents.get(id(up))
+    return False
 
 
 # torch calls that run on CUDA and not on XLA as they are (codemods/runtime.py):
