@@ -531,3 +531,34 @@ def test_linked_data_folders_reach_the_copies(tmp_path):
     assert (side.tree / "val" / "val.txt").read_text() == "kept hidden\n"
     assert (side.tree / "mirror" / "val.txt").read_text() == "kept hidden\n"
     assert os.readlink(side.tree / "mirror") == "val"  # inside the copy: the copy's own link
+
+
+def test_the_reference_is_the_original_unmodified(tmp_path):
+    """Issue 39: the reference runs the user's own file, not a CPU conversion
+    of it (which the converter's own mistakes would break too).  A program
+    reading its own source shows which file ran: the original's text holds
+    `.cuda()`, the conversion's does not -- so the outputs differ
+    and the verdict is fail, where a converted reference agreed (pass)."""
+    dest = tmp_path / "own"
+    dest.mkdir()
+    (dest / "main.py").write_text(
+        "import torch\n\nsource = open(__file__).read()\nx = torch.ones(2)\n"
+        "if torch.cuda.is_available():\n    x = x.cuda()\n"
+        "print('moves with cuda():', 7 * int('.cu' + 'da()' in source), (x * 2).sum().item())\n")
+    result = CliRunner().invoke(main, ["verify", "--json", str(tmp_path / "r.json"), "--reference-runs", "1",
+                                       "--root", str(dest), str(dest / "main.py")])
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["config"]["reference"] == "the original, unmodified, on the CPU", result.output
+    assert report["verdict"] == "fail" and result.exit_code == 1, result.output
+
+
+def test_an_original_that_needs_cuda_is_retargeted_and_the_report_says_why(tmp_path):
+    dest = tmp_path / "needs"
+    dest.mkdir()
+    (dest / "main.py").write_text("import torch\n\nx = torch.ones(2).cuda()\nprint((x * 2).sum().item())\n")
+    result = CliRunner().invoke(main, ["verify", "--json", str(tmp_path / "r.json"), "--reference-runs", "1",
+                                       "--root", str(dest), str(dest / "main.py")])
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["verdict"] == "pass" and result.exit_code == 0, result.output
+    said = report["config"]["reference"]
+    assert said.startswith("the original retargeted to the CPU") and "NVIDIA driver" in said, said

@@ -39,6 +39,8 @@ def render(report: Report) -> None:
             events.add_row(str(e["kind"]), f"{Path(str(e['path'])).name}:{e['line']}", escape(original[:60]),
                            str(e["count"]), escape(str(e["detail"])))
         console.print(events)
+    if report.config.get("reference"):
+        console.print(f"reference: {escape(str(report.config['reference']))}")
     tol = report.config.get("tolerance") or {}
     if tol:
         console.print(f"tolerance: rtol {tol['rtol']:g}, atol {tol['atol']:g} ({escape(str(tol['why']))})")

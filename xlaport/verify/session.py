@@ -68,6 +68,8 @@ class Session:
         self._count = 0
         self._sources: Dict[str, Tuple[Dict[str, bytes], Optional[Path], List[str]]] = {}
         self._latest: Dict[str, Side] = {}  # the last copy made for each side
+        self.ref_name = "orig"  # the side the reference runs: the original, or its CPU retargeting
+        self.reference_is = "the original, unmodified, on the CPU"
 
     # -- trees and runs ------------------------------------------------------
     def side(self, name: str) -> Side:
@@ -82,7 +84,7 @@ class Session:
         """(converted modules, a converted tree to copy instead of the
         project, extra import paths) for side ``name``; once per side."""
         if name not in self._sources:
-            if name == "cuda":
+            if name in ("cuda", "orig"):
                 self._sources[name] = ({}, None, [])  # the original, unchanged
             elif name == "ref":
                 self._sources[name] = (convert_sources(self.project, "cpu"), None, [])
@@ -142,8 +144,7 @@ class Session:
                 raise VerifyError(str(exc)) from None
             ref_kind = f"record ({recorded.get('device')})"
         else:
-            refs = [self.run_once("cuda" if use_cuda else "ref", ref_kind, self.args)[1]
-                    for _ in range(opts.reference_runs)]
+            refs = self._references(use_cuda)
             ref_stdouts, ref_files = [r.stdout for r in refs], [r.files for r in refs]
             ref_autocast = [a for r in refs for a in r.data.get("autocast", [])]  # type: ignore[union-attr]
             ref_imports = dict(refs[0].data.get("imported") or {})  # type: ignore[arg-type]
@@ -181,6 +182,7 @@ class Session:
         report = judge(cand, compared, lines, graphs, opts.warmup_steps, opts.max_host_reads_per_step,
                        fallback_sites, ref_kind)
         report.config["tolerance"] = {"rtol": rtol, "atol": atol, "why": why}
+        report.config["reference"] = self.reference_is
         report.imported = {"reference": ref_imports, "candidate": dict(cand.data.get("imported") or {})}  # type: ignore[arg-type]
         self._imports(report)
         self._device_work(report, cand, cand_side, lines)
@@ -198,6 +200,27 @@ class Session:
         report.verdict = "fail" if report.failures else "pass"
         return report
 
+    def _references(self, use_cuda: bool) -> List[Run]:
+        """The reference runs: the user's original, unmodified (on CUDA
+        where there is one); only where the original cannot run on this host
+        for want of CUDA, its CPU retargeting -- said in the report."""
+        runs = self.opts.reference_runs
+        if use_cuda:
+            self.ref_name, self.reference_is = "cuda", "the original, unmodified, on CUDA"
+            return [self.run_once("cuda", "cuda", self.args)[1] for _ in range(runs)]
+        try:
+            first = self.run_once("orig", "cpu", self.args)[1]
+            self.ref_name, self.reference_is = "orig", "the original, unmodified, on the CPU"
+        except VerifyError as exc:
+            needs = needs_cuda(str(exc))
+            if needs is None:
+                raise  # the original itself fails here: nothing to verify against
+            first = self.run_once("ref", "cpu", self.args)[1]
+            self.ref_name = "ref"
+            self.reference_is = (f"the original retargeted to the CPU (its CUDA code converted for the CPU), "
+                                 f"because unmodified it needs CUDA: {needs}")
+        return [first] + [self.run_once(self.ref_name, "cpu", self.args)[1] for _ in range(runs - 1)]
+
     def _float_order(self, compared: Comparison, stdout: str, files: Dict[str, Path]) -> None:
         """Outputs that failed are run once more on the original with another
         number of CPU threads (another order of float sums): an output the
@@ -208,7 +231,7 @@ class Session:
         usual = os.environ.get("OMP_NUM_THREADS") or str(os.cpu_count() or 1)
         threads = "2" if usual == "1" else "1"
         try:
-            _, other = self.run_once("ref", "cpu", self.args, {"OMP_NUM_THREADS": threads})
+            _, other = self.run_once(self.ref_name, "cpu", self.args, {"OMP_NUM_THREADS": threads})
         except VerifyError:
             return
         moved = compare([stdout], [files], other.stdout, other.files, 0.0, 0.0)
@@ -355,7 +378,7 @@ class Session:
         first module whose output differs is where the programs diverge."""
         trace_ref, trace_cand = self.scratch / "trace-ref.pt", self.scratch / "trace-xla.pt"
         try:
-            self.run_once("cuda" if use_cuda else "ref", "cuda" if use_cuda else "cpu", self.args,
+            self.run_once(self.ref_name, "cuda" if use_cuda else "cpu", self.args,
                           {"XLAPORT_TRACE_MODULES": str(trace_ref)})
             self.run_once("xla", "xla", self.cand_args, {**xla_env, "XLA_SAVE_TENSORS_FILE": "",
                                                      "XLAPORT_TRACE_MODULES": str(trace_cand)})
@@ -442,3 +465,17 @@ def growth_reported(events: List[Dict[str, object]]) -> Tuple[List[str], int]:
             seen.append(text)
     return seen, unreported
 
+
+# what a program that cannot run without CUDA says when it is run without it
+_NEEDS_CUDA = re.compile(r"Found no NVIDIA driver|Torch not compiled with CUDA enabled|no CUDA GPUs are available|"
+                         r"CUDA driver initialization failed|ProcessGroupNCCL is only supported with GPUs|"
+                         r"Attempting to deserialize object on a CUDA device|NCCL is not available|"
+                         r"CUDA is not available|cuda runtime error|requires? (a )?(CUDA|GPU)", re.IGNORECASE)
+
+
+def needs_cuda(error: str) -> Optional[str]:
+    """The line of a failed run's error saying it needs CUDA, or None."""
+    for line in reversed(error.splitlines()):
+        if _NEEDS_CUDA.search(line):
+            return line.strip()[:200]
+    return None
