@@ -22,6 +22,7 @@ from typing import Optional
 import libcst as cst
 
 from codemods.analysis.cuda import being_ported
+from codemods.analysis.placement import DEVICE, placement
 from codemods.analysis.values import TENSOR, values
 from codemods.base import Rule, XlaCodemod, dotted
 from codemods.xla_ops_data import CPU_FALLBACK, TORCH_XLA
@@ -132,7 +133,15 @@ class XlaLimits(XlaCodemod):
         return None
 
     def _fallback_op(self, node: cst.Call) -> Optional[str]:
+        """The op ``node`` calls when torch_xla has no lowering for it and one
+        of its tensors is on the device (a tokenizer's CPU tensors compared
+        with ``torch.equal`` cost nothing on XLA)."""
         func = node.func
+        operands = [a.value for a in node.args if a.keyword is None][:2]
+        if isinstance(func, cst.Attribute):
+            operands.append(func.value)
+        if not any(placement(self.tree, o) == DEVICE for o in operands):
+            return None
         for q in self.qualnames(func):
             if q in _FUNCTIONAL:
                 return q.replace("torch.", "", 1)

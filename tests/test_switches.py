@@ -259,7 +259,8 @@ def test_a_sparse_tensor_sent_to_the_device_is_said_on_its_line_and_keeps_the_te
 
 
 def test_an_op_without_an_xla_lowering_is_reported_only_in_code_being_ported():
-    ported = "import torch\n\nx = torch.randn(4).cuda()\nh = torch.histc(x, bins=2)\ne = torch.linalg.eig(m)\n"
+    ported = ("import torch\n\nx = torch.randn(4, 4).cuda()\nh = torch.histc(x, bins=2)\ne = torch.linalg.eig(x)\n"
+              "same = torch.equal(ids, truncated_ids)\n")  # (a tokenizer's tensors: not on the device)
     found = [(f.line, f.code) for f in convert_text(ported)[1] if f.code == "XLA159"]
     assert found == [(4, "XLA159"), (5, "XLA159")]
     plain = "import torch\n\nx = torch.randn(4)\nh = torch.histc(x, bins=2)\n"
