@@ -320,3 +320,22 @@ def test_a_bool_made_from_tensors_compared_by_identity_is_still_a_host_read():
            "            print('drift')\n        if y is None:\n            pass\n")
     found = [(f.code, f.line) for f in transform(src.encode(), Settings(select=["XLA4"])).findings]
     assert found == [("XLA404", 8)], found
+
+
+def test_a_wrapped_loader_reads_batches_handed_to_numpy_back_on_the_host():
+    """XLA301 puts the batches on the device: a batch the body hands to numpy
+    (infogan's `labels.numpy()`) must come back first (`.cpu()`, a no-op on the
+    CPU); where the body rebinds that name, the loop is reported instead."""
+    source = (
+        "import torch\nfrom torch.utils.data import DataLoader\n\nmodel = Net().cuda()\n"
+        "loader = DataLoader(ds, batch_size=4)\nfor imgs, labels in loader:\n"
+        "    onehot = to_categorical(labels.numpy(), 10)\n    model(imgs.cuda()).sum().backward()\n"
+    )
+    out, findings = convert_text(source)
+    assert "for imgs, labels in pl.MpDeviceLoader(loader, torch_xla.device()):" in out
+    assert "to_categorical(labels.cpu().numpy(), 10)" in out
+    assert convert_text(out)[0] == out
+    rebound = source.replace("    onehot", "    labels = labels + 1\n    onehot")
+    out, findings = convert_text(rebound)
+    assert "MpDeviceLoader" not in out and "labels.numpy()" in out
+    assert [f.code for f in findings if f.code == "XLA301" and not f.fix]
