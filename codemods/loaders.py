@@ -16,7 +16,7 @@ import libcst as cst
 
 from codemods.analysis.prefilter import LOADER_LOOP
 from codemods.analysis import LoopCodemod, is_device_loader_expr, loop_iterable, module_facts
-from codemods.analysis.placement import MOVES, batches_stay_on_host
+from codemods.analysis.placement import MOVES, batch_meets_host_tensor, batches_stay_on_host
 from codemods.analysis.values import values as dataflow
 from codemods.base import Rule, call_name, find_all
 
@@ -153,6 +153,14 @@ class DeviceLoader(LoopCodemod):
         if self._callers_device(original):
             self.flag(inner, DEVICE_LOADER.code, "DataLoader loop in code that takes its device from the caller: "
                       "wrap the loader in `MpDeviceLoader(loader, device)` where the device is chosen", fix=False)
+            return updated
+        meets = batch_meets_host_tensor(self.tree, original)
+        if meets is not None:
+            line = self.user_line(self.position(meets)[0])
+            self.flag(inner, DEVICE_LOADER.code, f"DataLoader loop whose batches meet tensors made on the host (the "
+                      f"`{call_name(meets)}` at line {line}): a device loader would put them on the device first; "
+                      "make those tensors on the batch's device (`device=x.device`), then wrap the loader in "
+                      "`MpDeviceLoader`", fix=False, related=(meets,))
             return updated
         to_numpy, rebound = _numpy_reads(original)
         if rebound:

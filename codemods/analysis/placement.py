@@ -236,6 +236,45 @@ def batches_stay_on_host(loop: cst.For) -> bool:
                    for n in find_all(out, cst.Name))
 
 
+def batch_meets_host_tensor(tree: TreeCache, loop: cst.For) -> Optional[cst.Call]:
+    """A join (``torch.cat``/``stack``) that puts one of the loop's batches,
+    not yet moved, beside a tensor made on the host -- in the loop's body or
+    in a function of the module the batch is handed to (Informer's
+    ``torch.cat([batch_y[:, :k], torch.zeros(...)])`` in ``_process_one_batch``).
+    The original runs it on the CPU; with the loader wrapped in a device
+    loader the batch is on the device and the join fails: the loader must
+    stay as it is.  None when there is none."""
+    from codemods.analysis.calls import called_functions
+
+    work = [(loop.body, {n.value for n in find_all(loop.target, cst.Name)})]
+    seen: Set[int] = set()
+    while work:
+        body, names = work.pop()
+        if id(body) in seen:
+            continue
+        seen.add(id(body))
+        for call in find_all(body, cst.Call):
+            if call_name(call) in _JOINS and call.args:  # type: ignore[attr-defined]
+                parts = call.args[0].value  # type: ignore[attr-defined]
+                operands = [e.value for e in parts.elements] if isinstance(parts, (cst.List, cst.Tuple)) else []
+                if any(_unmoved(o, names) for o in operands) and any(placement(tree, o) == HOST for o in operands):
+                    return call  # type: ignore[return-value]
+            for fn in called_functions(tree, call) or ():  # type: ignore[arg-type]
+                params = [p.name.value for p in fn.params.params if p.name.value != "self"]
+                given = {params[i] for i, a in enumerate(a for a in call.args if a.keyword is None)  # type: ignore[attr-defined]
+                         if i < len(params) and _unmoved(a.value, names)}
+                given |= {a.keyword.value for a in call.args if a.keyword is not None and _unmoved(a.value, names)}  # type: ignore[attr-defined]
+                if given:
+                    work.append((fn.body, given))
+    return None
+
+
+def _unmoved(expr: cst.CSTNode, names: Set[str]) -> bool:
+    """``expr`` reads one of ``names`` and moves nothing to a device."""
+    return any(isinstance(n, cst.Name) and n.value in names for n in find_all(expr, cst.Name)) and not any(
+        call_name(c) in MOVES for c in find_all(expr, cst.Call))  # type: ignore[arg-type]
+
+
 def _device_argument(call: cst.Call) -> Optional[str]:
     """Where a ``device=`` argument puts what ``call`` makes; None without one."""
     for arg in call.args:
