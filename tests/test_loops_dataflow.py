@@ -339,3 +339,21 @@ def test_a_wrapped_loader_reads_batches_handed_to_numpy_back_on_the_host():
     out, findings = convert_text(rebound)
     assert "MpDeviceLoader" not in out and "labels.numpy()" in out
     assert [f.code for f in findings if f.code == "XLA301" and not f.fix]
+
+
+def test_a_loader_whose_batches_meet_host_tensors_in_a_helper_stays_as_it_is():
+    """Informer2020: the batch is handed to a method that joins it with a
+    tensor made on the host before moving the result; wrapped in a device
+    loader the batch would be on the device and `torch.cat` would fail."""
+    source = (
+        "import torch\nfrom torch.utils.data import DataLoader\n\n\nclass Exp:\n"
+        "    def train(self, loader):\n        for x, y in loader:\n            out = self._one(x, y)\n"
+        "            out.sum().backward()\n\n"
+        "    def _one(self, x, y):\n        y = y.float()\n        pad = torch.zeros([y.shape[0], 4]).float()\n"
+        "        dec = torch.cat([y[:, :2], pad], dim=1).to(self.device)\n        return self.model(x.cuda(), dec)\n\n\n"
+        "loader = DataLoader(ds)\nExp().train(loader)\n"
+    )
+    out, findings = convert_text(source)
+    assert "MpDeviceLoader" not in out
+    said = [f for f in findings if f.code == "XLA301"]
+    assert said and not said[0].fix and "the `cat` at line 14" in said[0].message
