@@ -1,6 +1,7 @@
 """Real programs come out runnable (issue 24): each class of device, guard
 and runtime spelling, as a fixture, converted and run on XLA's CPU backend
-under verify's harness -- it must exit 0 having run work on XLA."""
+with plain `python`, as its user runs it (issue 38: no harness of verify's
+around it) -- it must exit 0 having run work on XLA."""
 
 import json
 import os
@@ -28,18 +29,27 @@ except ImportError:  # pragma: no cover
 needs_xla = pytest.mark.skipif(not HAVE_XLA, reason="needs torch_xla (make setup)")
 
 
+OBSERVER = Path(__file__).resolve().parent / "observe"  # a sitecustomize that only reads torch_xla's metrics
+
+
 def run_on_xla(name: str, tmp_path: Path, *args: str):
-    """The fixture's conversion, run by verify's harness on XLA's CPU
-    backend; (harness result, stdout, stderr, the run's directory)."""
+    """The fixture's conversion run as its user runs it -- plain `python`, from
+    its own directory, on XLA's CPU backend, nothing of ours imported into it
+    (tests/observe/sitecustomize.py reads the compile and execution counts at
+    exit, only where the program imported torch_xla itself); it must exit 0
+    having run work on XLA.  (result with "metrics", stdout, stderr, the run's
+    directory)."""
     work = tmp_path / name
     work.mkdir(parents=True, exist_ok=True)
     script = work / "main.py"
     script.write_bytes(transform((FIXTURES / name / "input.py").read_bytes(), Settings()).code)
-    env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "xlaport.verify.harness", "xla", "r.json", "main.py", *args],
-                          cwd=work, env=env, capture_output=True, text=True, timeout=600)
-    result = json.loads((work / "r.json").read_text())
-    assert done.returncode == 0 and result["ok"], (result.get("error") or "") + done.stderr[-3000:]
+    metrics = work.parent / f"{name}-metrics.json"
+    env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": str(OBSERVER), "XLAPORT_TEST_METRICS": str(metrics)}
+    done = subprocess.run([sys.executable, "main.py", *args], cwd=work, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert metrics.exists(), "the program did not import torch_xla"
+    result = {"ok": True, "metrics": json.loads(metrics.read_text())}
     assert result["metrics"]["executions"] > 0, "no work ran on XLA"
     return result, done.stdout, done.stderr, work
 
