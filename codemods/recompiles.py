@@ -59,7 +59,10 @@ RAGGED = Rule(
     after=None,
 )
 
-_HOST_RANDOM = ("random.", "numpy.random.")
+# draws of one number from the host's generators (numpy's without a size, or with one argument)
+_SCALAR_DRAWS = {"random.random", "random.uniform", "random.randint", "random.randrange", "random.gauss",
+                 "random.betavariate", "numpy.random.random", "numpy.random.rand", "numpy.random.uniform",
+                 "numpy.random.randint", "numpy.random.random_sample", "numpy.random.normal"}
 _PADDING = {"torch.nn.utils.rnn.pad_sequence", "torch.nn.utils.rnn.pack_padded_sequence"}
 _LOOPS = (cst.For, cst.While)
 
@@ -76,22 +79,41 @@ class Recompiles(XlaCodemod):
 
     def regions(self, tree):
         # names bound from a host draw (`teacher_force = random.random() < ratio`), module-wide by their text
-        self._coins: Set[str] = set()
+        self._coins: Set[str] = set()  # teacher_force = random.random() < ratio
+        self._draws_bound: Set[str] = set()  # layerdrop_prob = np.random.random()
         for assign in tree.nodes((cst.Assign,)):
-            if self._draws(assign.value):  # type: ignore[attr-defined]
-                self._coins.update(dotted(t.target) or "" for t in assign.targets)  # type: ignore[attr-defined]
+            value = assign.value  # type: ignore[attr-defined]
+            if self._draws(value):
+                kind = self._coins if isinstance(value, (cst.Comparison, cst.BooleanOperation, cst.UnaryOperation)) \
+                    else self._draws_bound
+                kind.update(dotted(t.target) or "" for t in assign.targets)  # type: ignore[attr-defined]
         self._coins.discard("")
+        self._draws_bound.discard("")
         return tree.statements_where(lambda n: "random" in n.value or n.value in self._coins
+                                     or n.value in self._draws_bound
                                      or n.value in ("pad_sequence", "pack_padded_sequence"), (cst.Name,))
 
     def _draws(self, expr: cst.CSTNode) -> bool:
-        """``expr`` calls the host's random number generators."""
-        return any(isinstance(n, cst.Call) and any(q.startswith(_HOST_RANDOM) for q in self.qualnames(n.func))
-                   for n in walk(expr))
+        """``expr`` draws one number from the host's random number generators
+        (``random.random()``, ``np.random.rand()``; not an array of them --
+        ``np.random.choice(n, k)`` or a permutation is data, not a choice)."""
+        for n in walk(expr):
+            if isinstance(n, cst.Call) and any(q in _SCALAR_DRAWS for q in self.qualnames(n.func)):
+                if not any(a.keyword is not None and a.keyword.value == "size" for a in n.args) \
+                        and not (any(q.startswith("numpy.") for q in self.qualnames(n.func)) and len(n.args) > 1):
+                    return True
+        return False
 
     def _coin(self, test: cst.CSTNode) -> bool:
-        return self._draws(test) or any(isinstance(n, (cst.Name, cst.Attribute)) and dotted(n) in self._coins
-                                        for n in walk(test))
+        """``test`` compares a host draw (or a name bound to one) or reads a
+        flag bound to such a comparison."""
+        for n in walk(test):
+            if isinstance(n, cst.Comparison) and (self._draws(n) or any(
+                    isinstance(m, (cst.Name, cst.Attribute)) and dotted(m) in self._draws_bound for m in walk(n))):
+                return True
+            if isinstance(n, (cst.Name, cst.Attribute)) and dotted(n) in self._coins:
+                return True
+        return False
 
     def _loop(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
         for anc in self.ancestors(node):
