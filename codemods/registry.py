@@ -125,9 +125,9 @@ def applicable(source: bytes, codes: Sequence[str], options: Optional[Mapping[st
         found = [c for c in CODEMODS if any(r.code in wanted for r in c.rules) and any(map(present, c.triggers))]
     if not prefilter or not any(c.needs for c in found):
         return found
-    from codemods.analysis.prefilter import file_facts
+    from codemods.analysis.prefilter import facts_of
 
-    facts = file_facts(source)
+    facts = facts_of(source)
     if facts is None:  # ast cannot read it: LibCST will say why
         return found
     from codemods.analysis.prefilter import holds

@@ -21,7 +21,7 @@ from typing import Optional
 
 import libcst as cst
 
-from codemods.analysis.cuda import being_ported
+from codemods.analysis.cuda import BEING_PORTED, being_ported
 from codemods.analysis.placement import DEVICE, placement
 from codemods.analysis.values import TENSOR, values
 from codemods.base import Rule, XlaCodemod, dotted
@@ -78,8 +78,8 @@ def _spelled(op: str) -> str:
     return op
 
 
-_NAMES = frozenset({"spmm", "smm", "hspmm", "sspaddmm", "share_memory", "fold", "Fold", "unfold", "Unfold",
-                    *(_spelled(op) for op in CPU_FALLBACK)})
+_FALLBACK_NAMES = frozenset({"fold", "Fold", "unfold", "Unfold", *(_spelled(op) for op in CPU_FALLBACK)})
+_NAMES = frozenset({"spmm", "smm", "hspmm", "sspaddmm", "share_memory", *_FALLBACK_NAMES})
 
 
 class XlaLimits(XlaCodemod):
@@ -87,8 +87,8 @@ class XlaLimits(XlaCodemod):
     RULES = (XLA_CANNOT, CPU_FALLBACK_OP)
     TRIGGERS = (b"sparse", b"spmm", b"share_memory", b"fold", b"Fold",
                 *sorted({_spelled(op).encode() for op in CPU_FALLBACK}))
-    NEEDS = ("name~sparse", "name:spmm", "name:smm", "name:hspmm", "name:share_memory", "name:fold", "name:Fold",
-             "name:unfold", "name:Unfold", *sorted({f"name:{_spelled(op)}" for op in CPU_FALLBACK}))
+    NEEDS = ("name~sparse", "name:spmm", "name:smm", "name:hspmm", "name:share_memory",  # XLA158: anywhere
+             *(f"name:{n}&{BEING_PORTED}" for n in sorted(_FALLBACK_NAMES)))  # XLA159: in code being ported
 
     def regions(self, tree):
         # names the module binds to a sparse tensor (coarsely: by their text, module-wide): moving one fails

@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from codemods.analysis.prefilter import CUDA_REFERENCE_WORDS, CUDA_RUNTIME_NAMES
+from codemods.analysis.prefilter import CUDA_REFERENCE_WORDS, CUDA_RUNTIME_NAMES, facts_of, holds
 from codemods.base import TreeCache, dotted, string_value, walk
 from codemods.syntax.tree import node_types
 
@@ -210,12 +210,16 @@ _WORD_BYTES = tuple(w.encode() for w in CUDA_REFERENCE_WORDS)
 REFERENCE_BYTES = _WORD_BYTES + tuple(n.encode() for n in CUDA_RUNTIME_NAMES)
 
 
+BEING_PORTED = "code~cuda"  # (a prefilter need: the rules that speak only there add it to theirs)
+
+
 def being_ported(tree: TreeCache) -> bool:
-    """The user's file speaks of CUDA or of XLA: code being ported, where the
-    report-only rules about XLA's limits speak (read in its source, not in the
-    tree earlier rules made, where the CUDA is gone)."""
-    source = tree.source
-    return tree.knows_xla or b"torch_xla" in source or any(w in source for w in _WORD_BYTES if w != b"fused")
+    """The user's file names CUDA in its code (an identifier or a one-word
+    string, the prefilter's ``code~cuda``): code being ported, where the
+    report-only rules about XLA's costs speak -- read in the user's source,
+    not in the tree earlier rules made, where the CUDA is gone."""
+    facts = facts_of(tree.source)
+    return facts is None or holds(BEING_PORTED, facts)
 
 
 def count_references(tree: TreeCache) -> int:

@@ -149,6 +149,19 @@ def rejected(source: bytes) -> bool:
     return last is source and tree is None
 
 
+_LAST_FACTS: Tuple[bytes, Optional[FrozenSet[str]]] = (b"", None)
+
+
+def facts_of(source: bytes) -> Optional[FrozenSet[str]]:
+    """:func:`file_facts` of ``source``, read once for the file at hand (the
+    registry asks first, the rules that speak only in code being ported ask
+    again)."""
+    global _LAST_FACTS
+    if _LAST_FACTS[0] is not source:
+        _LAST_FACTS = (source, file_facts(source))
+    return _LAST_FACTS[1]
+
+
 def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
     """The facts that can hold for ``source``; None when ``ast`` cannot read
     it (then nothing is filtered and LibCST reports the problem)."""

@@ -15,7 +15,7 @@ from codemods.rule import Finding
 from xlaport.engine import Settings, SourceError, transform
 from xlaport.verify import diverge, growth, record, rng
 from xlaport.verify.compiles import LineMapper, _read_graphs, innermost_loop, judge
-from xlaport.verify.core import Options, Report, Run, VerifyError, _cuda_available, convert_sources, run_side
+from xlaport.verify.core import LEFTOVERS, Options, Report, Run, VerifyError, _cuda_available, convert_sources, run_side
 from xlaport.verify.outputs import Comparison, compare, tolerance, within_float_order
 from xlaport.verify.project import Project, Side, build_side
 
@@ -211,14 +211,17 @@ class Session:
         try:
             first = self.run_once("orig", "cpu", self.args)[1]
             self.ref_name, self.reference_is = "orig", "the original, unmodified, on the CPU"
+            needs = None if first.stdout.strip() or set(first.files) - {LEFTOVERS} else (
+                "unmodified it printed nothing and wrote no file here (no GPU: `device_count()` is 0)")
         except VerifyError as exc:
             needs = needs_cuda(str(exc))
             if needs is None:
                 raise  # the original itself fails here: nothing to verify against
+        if needs is not None:
             first = self.run_once("ref", "cpu", self.args)[1]
             self.ref_name = "ref"
-            self.reference_is = (f"the original retargeted to the CPU (its CUDA code converted for the CPU), "
-                                 f"because unmodified it needs CUDA: {needs}")
+            why = needs if needs.startswith("unmodified") else f"unmodified it needs CUDA: {needs}"
+            self.reference_is = f"the original retargeted to the CPU (its CUDA code converted for the CPU), because {why}"
         return [first] + [self.run_once(self.ref_name, "cpu", self.args)[1] for _ in range(runs - 1)]
 
     def _float_order(self, compared: Comparison, stdout: str, files: Dict[str, Path]) -> None:
