@@ -20,6 +20,7 @@ import libcst as cst
 
 from codemods.analysis.cuda import AUTOCASTS, GRAD_SCALERS, cuda_facts, is_cuda_string
 from codemods.syntax.edits import DropsStatements
+from codemods.syntax.nodes import keyword_arg
 from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all
 
 AUTOCAST = Rule(
@@ -135,8 +136,7 @@ class MixedPrecision(DropsStatements, XlaCodemod):
             if self.qualnames(args[dtype_index].value) & _FLOAT16:
                 args[dtype_index] = args[dtype_index].with_changes(value=cst.parse_expression(self.target.autocast_dtype))
         else:
-            args.insert(0, cst.Arg(cst.parse_expression(self.target.autocast_dtype), keyword=cst.Name("dtype"),
-                                   equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))))
+            args.insert(0, keyword_arg("dtype", cst.parse_expression(self.target.autocast_dtype)))
         new_args = [cst.Arg(cst.SimpleString(f'"{self.target.autocast_device}"'))] + [
             a for a in args if not (a.keyword is None)]
         new_args = [a.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))

@@ -28,6 +28,7 @@ from codemods.analysis.cuda import (
     is_device_string_choice,
 )
 from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all, string_value
+from codemods.syntax.nodes import keyword_arg
 
 
 DEVICE_STRING = Rule(
@@ -202,8 +203,7 @@ class DeviceStrings(XlaCodemod):
         if self._typed[id(original)] is None:
             last = args[-1]
             args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-            args.append(cst.Arg(mapping, keyword=cst.Name("type"), equal=cst.AssignEqual(
-                whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))))
+            args.append(keyword_arg("type", mapping))
         return updated.with_changes(args=args)
 
     def _replace(self, original: cst.BaseExpression, updated: cst.BaseExpression) -> cst.BaseExpression:

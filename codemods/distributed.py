@@ -24,7 +24,7 @@ import libcst as cst
 
 
 from codemods.base import Rule, XlaCodemod, dotted, find_all, string_value
-from codemods.syntax.nodes import source_of
+from codemods.syntax.nodes import comma_separated, keyword_arg, source_of, tight_equal
 
 PROCESS_GROUP = Rule(
     code="XLA141",
@@ -115,16 +115,7 @@ _COMPILE = {"torch.compile"}
 
 
 def _arg(name: str, value: str) -> cst.Arg:
-    return cst.Arg(cst.parse_expression(value), keyword=cst.Name(name),
-                   equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
-
-
-def _join(args: List[cst.Arg]) -> List[cst.Arg]:
-    """Arguments separated by ", " with no trailing comma."""
-    if not args:
-        return args
-    sep = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-    return [a.with_changes(comma=sep) for a in args[:-1]] + [args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)]
+    return keyword_arg(name, cst.parse_expression(value))
 
 
 def _find(call: cst.Call, keyword: str, position: Optional[int]) -> Optional[int]:
@@ -199,11 +190,11 @@ class Distributed(XlaCodemod):
         backend = cst.Arg(cst.SimpleString(f'"{self.target.process_group_backend}"'))
         if self.target.process_group_init is None:  # keep the caller's rendezvous, change the backend
             rest = [a for k, a in enumerate(updated.args) if k != i]
-            return updated.with_changes(args=_join([backend] + rest))
+            return updated.with_changes(args=comma_separated([backend] + rest))
         kept = [a for k, a in enumerate(updated.args)
                 if k != i and a.keyword is not None and a.keyword.value in ("timeout", "pg_options")]
         init_key, _, init_value = self.target.process_group_init.partition("=")
-        return updated.with_changes(args=_join([backend, _arg(init_key, init_value)] + kept))
+        return updated.with_changes(args=comma_separated([backend, _arg(init_key, init_value)] + kept))
 
     def _keep_choice(self, original: cst.Call, updated: cst.Call, i: int) -> cst.Call:
         """``init_process_group(backend=choice)`` where ``choice`` is now the
@@ -216,11 +207,10 @@ class Distributed(XlaCodemod):
             return updated
         self.add_imports(self.target.process_group_imports)
         init_key, _, init_value = self.target.process_group_init.partition("=")
-        backend = updated.args[i].with_changes(keyword=cst.Name("backend"), equal=cst.AssignEqual(
-            cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+        backend = updated.args[i].with_changes(keyword=cst.Name("backend"), equal=tight_equal())
         kept = [a for k, a in enumerate(updated.args)
                 if k != i and a.keyword is not None and a.keyword.value in ("timeout", "pg_options")]
-        return updated.with_changes(args=_join([backend, _arg(init_key, init_value)] + kept))
+        return updated.with_changes(args=comma_separated([backend, _arg(init_key, init_value)] + kept))
 
     def _holds_nccl(self, value: cst.CSTNode) -> bool:
         """A name (``args.dist_backend``) whose only value in the module is
@@ -253,7 +243,7 @@ class Distributed(XlaCodemod):
         if self.target.ddp_extra and not has_extra:
             key, _, value = self.target.ddp_extra.partition("=")
             args.append(_arg(key, value))
-        return updated.with_changes(args=_join(args))
+        return updated.with_changes(args=comma_separated(args))
 
     def _spawn(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         if not original.args:
@@ -270,16 +260,15 @@ class Distributed(XlaCodemod):
             args = [cst.Arg(cst.Integer("0"))]
             if spawn_args is not None:
                 args.append(cst.Arg(spawn_args, star="*"))
-            return cst.Call(func=fn, args=_join(args))
+            return cst.Call(func=fn, args=comma_separated(args))
         if not self.flag(original, LAUNCH.code, f"spawn -> `{self.target.launch}` (one process per XLA device)",
                          fix=True):
             return updated
         self.add_imports(self.target.launch_imports)
         args = [cst.Arg(fn)]
         if spawn_args is not None:
-            args.append(cst.Arg(spawn_args, keyword=cst.Name("args"),
-                                equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))))
-        return cst.Call(func=cst.parse_expression(self.target.launch), args=_join(args))
+            args.append(keyword_arg("args", spawn_args))
+        return cst.Call(func=cst.parse_expression(self.target.launch), args=comma_separated(args))
 
     def _sampler(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         values = {"num_replicas": "xr.world_size()", "rank": "xr.global_ordinal()"}
@@ -312,7 +301,7 @@ class Distributed(XlaCodemod):
         args = [a for k, a in enumerate(updated.args)
                 if k != i and not (a.keyword is not None and a.keyword.value in ("mode", "options"))]
         args.insert(1, _arg("backend", f'"{backend}"'))
-        return updated.with_changes(args=_join(args))
+        return updated.with_changes(args=comma_separated(args))
 
 
 def _choice_name(value: cst.CSTNode) -> str:

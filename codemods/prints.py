@@ -17,6 +17,7 @@ from typing import List
 import libcst as cst
 
 from codemods.analysis.bindings import binding_nodes
+from codemods.syntax.nodes import tight_equal
 from codemods.analysis.prefilter import LOADER_LOOP, LOG_METHODS, OUTPUT_IN_LOOP, STEP_LOOP, WRITER_METHODS
 from codemods.analysis import LoopCodemod, module_facts, reads_tensor_value
 from codemods.base import Rule, call_name, dotted
@@ -107,7 +108,7 @@ class HotPrints(LoopCodemod):
             cst.Param(
                 cst.Name(n),
                 default=cst.Name(n),
-                equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
+                equal=tight_equal(),
             )
             for n in self._bound_names(call)
         ]

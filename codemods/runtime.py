@@ -27,6 +27,7 @@ import libcst as cst
 
 from codemods.syntax import imports
 from codemods.base import Rule, XlaCodemod, dotted, statement, string_value
+from codemods.syntax.nodes import keyword_arg
 
 INFERENCE_MODE = Rule(
     code="XLA151",
@@ -216,8 +217,7 @@ class XlaRuntime(XlaCodemod):
         if not self.flag(original, LOGGING.code, "`logging.basicConfig(...)` gets `force=True` (importing "
                          "torch_xla configured logging already)", fix=True):
             return updated
-        force = cst.Arg(cst.Name("True"), keyword=cst.Name("force"),
-                        equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+        force = keyword_arg("force", cst.Name("True"))
         args = list(updated.args)
         if args:
             last = args[-1]

@@ -31,6 +31,7 @@ import libcst as cst
 from codemods.analysis.cuda import AVAILABILITY
 from codemods.base import Rule, XlaCodemod, dotted
 from codemods.syntax.edits import DropsStatements
+from codemods.syntax.nodes import comma_separated, keyword_arg
 
 LEGACY_TYPES = {"FloatTensor": "float32", "DoubleTensor": "float64", "HalfTensor": "float16",
                 "BFloat16Tensor": "bfloat16", "ByteTensor": "uint8", "CharTensor": "int8", "ShortTensor": "int16",
@@ -206,17 +207,17 @@ class TensorTypes(DropsStatements, XlaCodemod):
                 return updated_node
             args, data = _arguments(original_node, self.tree)  # type: ignore[misc]
             maker = "torch.tensor" if data else "torch.empty"
-            extra = [_keyword("dtype", cst.parse_expression(f"torch.{kind[0]}")), _keyword("device", kind[1])]
-            return cst.Call(func=cst.parse_expression(maker), args=_joined(list(updated_node.args), extra))
+            extra = [keyword_arg("dtype", cst.parse_expression(f"torch.{kind[0]}")), keyword_arg("device", kind[1])]  # type: ignore[arg-type]
+            return cst.Call(func=cst.parse_expression(maker), args=comma_separated([*updated_node.args, *extra]))
         if isinstance(func, cst.Attribute) and func.attr.value == "type" and len(original_node.args) == 1:
             target = original_node.args[0].value
             kind = self._kind(target) if self._use(target) == "cast" else None
             if kind is None or not self.flag(original_node, TENSOR_TYPE.code, f"`.type({dotted(target)})` -> "
                                              f"`.to(device=..., dtype=torch.{kind[0]})`", fix=True):
                 return updated_node
-            extra = [_keyword("device", kind[1]), _keyword("dtype", cst.parse_expression(f"torch.{kind[0]}"))]
+            extra = [keyword_arg("device", kind[1]), keyword_arg("dtype", cst.parse_expression(f"torch.{kind[0]}"))]  # type: ignore[arg-type]
             return updated_node.with_changes(func=updated_node.func.with_changes(attr=cst.Name("to")),  # type: ignore[attr-defined]
-                                             args=_joined([], extra))
+                                             args=comma_separated(extra))
         return updated_node
 
     def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
@@ -281,18 +282,6 @@ def _is_size(node: cst.CSTNode) -> bool:
     if isinstance(node, cst.Subscript):
         return (dotted(node.value) or "").endswith(".shape")
     return False
-
-
-def _keyword(name: str, value: Optional[cst.BaseExpression]) -> cst.Arg:
-    tight = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
-    return cst.Arg(value, keyword=cst.Name(name), equal=tight)  # type: ignore[arg-type]
-
-
-def _joined(args: List[cst.Arg], extra: List[cst.Arg]) -> List[cst.Arg]:
-    """``args`` then ``extra``, separated by ", "."""
-    out = [a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in args] + extra
-    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-    return [a.with_changes(comma=comma) for a in out[:-1]] + [out[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)]
 
 
 def _binds(name: cst.Name, parents: Dict[int, cst.CSTNode]) -> bool:

@@ -140,3 +140,22 @@ def walk(node: cst.CSTNode, stop: Tuple[type, ...] = ()) -> Iterator[cst.CSTNode
         if type(n) in stops and n is not node:
             continue
         extend(children(n))
+
+
+def tight_equal() -> cst.AssignEqual:
+    """The ``=`` of a keyword argument or a default, as Black and Ruff write
+    it (no spaces); a new node each time: a node may appear once in a tree."""
+    return cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
+
+
+def keyword_arg(name: str, value: cst.BaseExpression) -> cst.Arg:
+    """``name=value``."""
+    return cst.Arg(value, keyword=cst.Name(name), equal=tight_equal())
+
+
+def comma_separated(args: List[cst.Arg]) -> List[cst.Arg]:
+    """Arguments separated by ", " with no trailing comma."""
+    if not args:
+        return args
+    sep = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    return [a.with_changes(comma=sep) for a in args[:-1]] + [args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)]
