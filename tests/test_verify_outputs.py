@@ -13,7 +13,7 @@ def test_timings_are_left_out_even_when_two_reference_runs_print_the_same_value(
     out = Comparison()
     compare_text("stdout", [ref, ref], cand, 1e-3, 1e-5, out)
     assert all(o.ok for o in out.outputs), out.outputs
-    assert len(out.varies) == 3
+    assert len(out.varies) == 2  # one entry per line whose timings were left out
     # the step index and the loss are still compared
     wrong = Comparison()
     compare_text("stdout", [ref, ref], cand.replace("0.08485", "0.09999"), 1e-3, 1e-5, wrong)
@@ -95,3 +95,49 @@ def test_files_named_by_the_time_or_the_process_are_not_missing(tmp_path):
     compare_files(refs, files("events.out.tfevents.17958.vm.4537.0", "other.txt"), 1e-3, 1e-5, out)
     assert sorted(o.name for o in out.outputs if not o.ok) == ["log.txt (not written by the conversion)",
                                                                 "other.txt (not written by the reference)"]
+
+
+@pytest.mark.parametrize("ref,cand", [
+    ("epoch 1 loss 0.5000 781ms\n", "epoch 1 loss 0.5000 1m2s\n"),  # each side's duration by its own form
+    ("step 3 loss 0.25 eta 0:01:23 mem 1.2GB\n", "step 3 loss 0.25 eta 1:02:03 mem 3.4GB\n"),
+    ("2026-11-26 19:38:53 loss 0.25\n", "2026-11-27 01:00:00 loss 0.25\n"),
+])
+def test_durations_dates_and_sizes_are_not_outputs_by_their_form(ref, cand):
+    """Issue 39: one reference run, so nothing 'varies': the form alone says
+    these numbers are not results.  The loss is still compared."""
+    out = Comparison()
+    compare_text("stdout", [ref], cand, 1e-3, 1e-5, out)
+    assert [o.ok for o in out.outputs] == [True], out.outputs
+    wrong = Comparison()
+    compare_text("stdout", [ref], cand.replace("0.25", "0.35").replace("0.5000", "0.6000"), 1e-3, 1e-5, wrong)
+    assert [o.ok for o in wrong.outputs] == [False]
+
+
+def test_images_and_numpy_files_are_compared_as_arrays(tmp_path):
+    """Issue 39: an image a program writes is compared pixel by pixel (one
+    level of 255 apart is rounding); an inverted image fails; `.npy` and
+    `.npz` arrays are compared like tensors."""
+    import numpy as np
+    from PIL import Image
+
+    from xlaport.verify.outputs import compare_files
+
+    a = (np.arange(64).reshape(8, 8) * 3).astype("uint8")
+    for name, arr in (("ref.png", a), ("near.png", a + 1), ("inverted.png", 255 - a)):
+        Image.fromarray(arr).save(tmp_path / name)
+    np.save(tmp_path / "ref.npy", a / 7.0)
+    np.save(tmp_path / "near.npy", a / 7.0 + 1e-9)
+    np.savez(tmp_path / "ref.npz", x=a / 7.0)
+    np.savez(tmp_path / "neg.npz", x=-a / 7.0)
+
+    def judged(ref, cand):
+        out = Comparison()
+        suffix = ref[ref.rindex("."):]
+        compare_files([{f"out{suffix}": tmp_path / ref}], {f"out{suffix}": tmp_path / cand}, 1e-3, 1e-5, out)
+        assert not out.not_compared, out.not_compared
+        return [(o.name, o.ok) for o in out.outputs]
+
+    assert judged("ref.png", "near.png") == [("out.png", True)]
+    assert judged("ref.png", "inverted.png") == [("out.png", False)]
+    assert judged("ref.npy", "near.npy") == [("out.npy", True)]
+    assert judged("ref.npz", "neg.npz") == [("out.npz[x]", False)]

@@ -50,8 +50,9 @@ RUNS_THE_PROGRAM = ("verify runs your program, unsandboxed and with your rights,
                    "named on the command line (`-- --device cuda` for the original, `--converted-args "
                    "'--device xla'`).")
 @click.option("--device-rng", is_flag=True,
-              help="Leave random numbers drawn on the device to XLA's generator (default: draw them from the CPU "
-                   "generator, as the reference does, so that a correct port agrees value for value).")
+              help="Compare the values of the run as it is, random numbers drawn on the device by XLA's generator "
+                   "(default: where they differ, compare a second run whose device draws come from the CPU "
+                   "generator, as the reference drew them; the run that is judged is never changed).")
 @click.option("--record", "record_to", type=click.Path(dir_okay=False), default=None,
               help="Run only the reference (on CUDA where there is a GPU) and store its outputs here.")
 @click.option("--against", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -117,6 +118,10 @@ def verify(script, script_args, root, converted, device, reference, rtol, atol, 
     if report.error:
         click.echo(f"verify: could not verify: {report.error}", err=True)
         sys.exit(2)
+    if report.verdict == "nothing to port":  # what `convert` says of it, and as `convert`, exit 0
+        click.echo(f"verify: {report.config['nothing_to_port']}; there is no conversion to verify "
+                   "(`--converted` verifies one you made)")
+        sys.exit(0)
     if report.verdict == "recorded":
         click.echo(f"recorded {report.metrics['runs']} {report.metrics['reference']} reference run(s) to {record_to}")
         sys.exit(0)

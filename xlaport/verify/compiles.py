@@ -13,8 +13,15 @@ if TYPE_CHECKING:
 
 
 def judge(cand: "Run", compared, lines: "LineMapper", graphs: Path, warmup_steps: int,
-          max_host_reads_per_step: Optional[float], fallback_sites: List[Dict[str, object]], ref_kind: str) -> "Report":
-    """Outputs, compile behaviour per step, host reads and fallbacks."""
+          max_host_reads_per_step: Optional[float], ref_kind: str,
+          traced: Optional[Dict[str, object]] = None) -> "Report":
+    """Outputs, compile behaviour per step, host reads and fallbacks.  The
+    steps and graph cuts are the judged run's; ``traced`` is a diagnostic
+    run's record of each host read and CPU fallback by line and step, where
+    one was made (``Session._traced``)."""
+    traced = traced or {}
+    fallback_sites: List[Dict[str, object]] = list(traced.get("fallback_sites") or [])  # type: ignore[call-overload]
+    traced_steps = judge_steps(list(traced["steps"]), warmup_steps) if traced.get("steps") else None  # type: ignore[call-overload]
     outputs = compared.outputs
     cand_script = lines.converted
     steps = list(cand.data.get("steps", []))  # type: ignore[arg-type]
@@ -27,7 +34,7 @@ def judge(cand: "Run", compared, lines: "LineMapper", graphs: Path, warmup_steps
         "cached_compiles": m.get("cached_compiles", 0),
         "executions": m.get("executions", 0),
         "host_reads": m.get("transfers_from_device", 0),
-        "host_reads_per_step": judged["host_reads_per_step"],
+        "host_reads_per_step": (traced_steps or judged)["host_reads_per_step"],
         "scalar_reads": m.get("scalar_reads", 0),
         "fallbacks": m.get("fallbacks", {}),
         "compile_seconds": m.get("compile_seconds", 0.0),
@@ -66,7 +73,7 @@ def judge(cand: "Run", compared, lines: "LineMapper", graphs: Path, warmup_steps
                                       f"one graph with different ops at this sync's step {steps_at} (another "
                                       "branch, e.g. a final step): compiled once, not once per step"))
     metrics["steady_state_recompiles"] = steady_recompiles
-    for read in cand.data.get("host_reads", []):  # type: ignore[union-attr]
+    for read in (traced.get("host_reads") or cand.data.get("host_reads", [])):  # type: ignore[union-attr]
         events.append(lines.event("host_read", (read["path"], read["line"]), read["count"], read["detail"]))
     for fb in fallback_sites:
         events.append(lines.event("fallback", (fb["path"], fb["line"]), fb["count"], fb["detail"]))
@@ -79,12 +86,12 @@ def judge(cand: "Run", compared, lines: "LineMapper", graphs: Path, warmup_steps
         failures.append(f"{steady_recompiles} recompilation(s) after {warmup_steps} warm-up step(s)")
     # with steps, only fallbacks in the steady-state loop fail (others are
     # events); without steps nothing tells the hot loop apart, so any does
-    hot_fallbacks = judged["fallbacks_after_warmup"] if steps else dict(m.get("fallbacks") or {})  # type: ignore[arg-type]
+    hot_fallbacks = traced_steps["fallbacks_after_warmup"] if traced_steps else dict(m.get("fallbacks") or {})  # type: ignore[index]
     metrics["fallbacks_after_warmup"] = hot_fallbacks
     if hot_fallbacks:
         ops = ", ".join(f"{op} x{n}" for op, n in hot_fallbacks.items())  # type: ignore[union-attr]
         failures.append(f"CPU fallbacks in the loop after warm-up: {ops}")
-    per_step = judged["host_reads_per_step"]
+    per_step = metrics["host_reads_per_step"]
     if max_host_reads_per_step is not None and per_step is not None and per_step > max_host_reads_per_step:  # type: ignore[operator]
         failures.append(f"{per_step:g} host read(s) per step > --max-host-reads-per-step {max_host_reads_per_step:g}")
     from xlaport.verify.core import Report

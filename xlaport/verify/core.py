@@ -9,24 +9,25 @@ the user's rights: the reference twice, the candidate at least once.
 
 from __future__ import annotations
 
-import json
+import itertools
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from xlaport.engine import Settings
-from xlaport.verify import record
+from xlaport.verify import observer, record, syncs
 from xlaport.verify.outputs import Compared
 from xlaport.verify.project import Project, ProjectError, Side, changed_files
 
 ROOT = Path(__file__).resolve().parents[2]
-LEFTOVERS = "xlaport-leftovers.pt"
+LEFTOVERS = observer.LEFTOVERS
 
 
 class VerifyError(Exception):
@@ -37,6 +38,11 @@ class VerifyError(Exception):
 
     so_far: Optional[Dict[str, object]] = None
     ended: str = ""
+
+
+class NothingToPort(Exception):
+    """The project holds no CUDA or accelerator code: what ``convert`` says
+    (``xlaport.program``), said by verify too, before anything runs."""
 
 
 @dataclass
@@ -99,6 +105,11 @@ def convert_sources(project: Project, target: str, settings: Optional[Settings] 
     files = project.python_files()
     entries = [Entry(p, project.root) for p in files]
     results = process(entries, settings, jobs=0 if len(entries) > 8 else 1)
+    if target != "cpu":
+        from xlaport.program import leave_alone, nothing_to_port
+
+        if nothing_to_port(results):
+            raise NothingToPort(leave_alone(results))
     out: Dict[str, bytes] = {}
     for r in results:
         rel = r.path.relative_to(project.root).as_posix()
@@ -116,19 +127,25 @@ def convert_file(script: Path, target: str, out_dir: Path, settings: Optional[Se
     return out
 
 
+OBSERVE = Path(__file__).resolve().parent / "observe"  # the sitecustomize every run starts with
+
+
 def run_side(side: Side, mode: str, args: Sequence[str], timeout: float, python: str = sys.executable,
              extra_env: Optional[Dict[str, str]] = None, run_dir: Optional[Path] = None,
              extra_path: Sequence[str] = ()) -> Run:
-    """Run the side's copy of the program under the harness in a child
-    process, from its working directory; ``mode`` is cpu, cuda (reference)
-    or xla (candidate).  Its whole process group goes when it ends, is
-    killed at ``timeout``, or the verification is stopped."""
+    """Run the side's copy of the program as its user runs it -- ``python
+    SCRIPT ARGS`` from its working directory, nothing imported or wrapped
+    (:mod:`xlaport.verify.observer` only watches) -- in a child process;
+    ``mode`` is cpu, cuda (reference) or xla (candidate).  Its whole process
+    group goes when it ends, is killed at ``timeout``, or the verification
+    is stopped."""
     run_dir = run_dir or side.tree.parent
-    result_path = run_dir / f"{side.name}-result.json"
+    prefix = run_dir / f"{side.name}-{mode}-{next(_RUNS)}"
     env = dict(os.environ)
     user_paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                   if p and not _inside(Path(p), side.project.root)]
-    env["PYTHONPATH"] = os.pathsep.join([*side.import_path(), *extra_path, str(ROOT), *user_paths])
+    env["PYTHONPATH"] = os.pathsep.join([str(OBSERVE), *side.import_path(), *extra_path, str(ROOT), *user_paths])
+    env["XLAPORT_OBSERVE"] = str(prefix)
     env["XLAPORT_SIDE_TREE"] = str(side.tree)
     env["XLAPORT_USER_ROOT"] = str(side.project.root)
     env["XLAPORT_LEFTOVERS"] = str(run_dir / f"{side.name}-{LEFTOVERS}")
@@ -139,9 +156,12 @@ def run_side(side: Side, mode: str, args: Sequence[str], timeout: float, python:
     elif mode == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     env.update(extra_env or {})
+    Path(env["XLAPORT_LEFTOVERS"]).unlink(missing_ok=True)
+    dump = Path(env["XLA_SAVE_TENSORS_FILE"]).parent if env.get("XLA_SAVE_TENSORS_FILE") else None
     mapped = [side.project.map_arg(a, side.tree) for a in args]
-    cmd = [python, "-m", "xlaport.verify.harness", mode, str(result_path), str(side.script), *mapped]
-    out_path, err_path = run_dir / f"{side.name}.stdout", run_dir / f"{side.name}.stderr"
+    cmd = [python, str(side.script), *mapped]
+    out_path, err_path = Path(f"{prefix}.stdout"), Path(f"{prefix}.stderr")
+    started = time.monotonic()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         # files, not pipes: a child the program leaves running (a TensorBoard
         # writer, a logging service) holds no pipe open that we would wait on
@@ -150,64 +170,103 @@ def run_side(side: Side, mode: str, args: Sequence[str], timeout: float, python:
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _kill(proc)
-            so_far = _so_far(result_path)
+            _kill(proc, prefix)
+            so_far = _so_far(dump, time.monotonic() - started)
             error = VerifyError(f"{side.project.rel_script} ({mode} run) ran past --timeout {timeout:g}s and was "
                                 f"killed{_progress(so_far)}")
             error.so_far = so_far
             raise error
         finally:
-            _kill(proc)  # nothing it started stays behind (and on Ctrl-C, it goes too)
+            _kill(proc, prefix)  # nothing it started stays behind (and on Ctrl-C, it goes too)
     stderr = err_path.read_text(errors="replace")
-    if not result_path.exists():
-        so_far = _so_far(result_path)
-        code = proc.returncode
-        how = f"killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() \
-            else f"exit {code}"
-        error = VerifyError(f"{side.project.rel_script} ({mode} run) died ({how}){_progress(so_far)}:\n"
-                            f"{stderr[-4000:]}")
-        error.so_far, error.ended = so_far, f"({how}){_progress(so_far)}"
-        raise error
-    data = json.loads(result_path.read_text())
-    if not data["ok"]:
-        said = stderr.strip()[-3000:]
-        raise VerifyError(f"{side.project.rel_script} ({mode} run) failed: {data['error'][-3000:]}"
-                          + (f"\n{said}" if said and said not in data["error"] else ""))
+    code = proc.returncode
+    if code != 0:
+        so_far = _so_far(dump, time.monotonic() - started)
+        if code < 0 and -code in signal.valid_signals():
+            how = f"killed by {signal.Signals(-code).name}"
+            error = VerifyError(f"{side.project.rel_script} ({mode} run) died ({how}){_progress(so_far)}:\n"
+                                f"{stderr[-4000:]}")
+            error.so_far, error.ended = so_far, f"({how}){_progress(so_far)}"
+            raise error
+        said = stderr.strip()[-3000:] or f"exited with status {code}"
+        raise VerifyError(f"{side.project.rel_script} ({mode} run) failed: {said}")
+    recorded = observer.records(str(prefix))
+    data: Dict[str, object] = {"stdout": out_path.read_text(errors="replace")}
+    for rec in sorted(recorded, key=lambda r: r.get("pid") != proc.pid):  # the program's own process first
+        for key, value in rec.items():
+            if key == "metrics":
+                data["metrics"] = _summed(data.get("metrics"), value)  # type: ignore[arg-type]
+            else:
+                data.setdefault(key, value)
+    data["seconds"] = time.monotonic() - started
+    if dump is not None and "steps" not in data:
+        data.update(syncs.observed(dump, _user_file))
     files = side.outputs()
     leftovers = Path(env["XLAPORT_LEFTOVERS"])
     if leftovers.exists():
         files[LEFTOVERS] = leftovers
-    return Run(True, data["stdout"], data.get("metrics", {}), files, None, side.cwd, data)
+    return Run(True, str(data["stdout"]), dict(data.get("metrics") or {}), files, None, side.cwd,  # type: ignore[call-overload]
+               data)
+
+
+_RUNS = itertools.count(1)
+
+
+def _summed(a: Optional[Dict[str, object]], b: Dict[str, object]) -> Dict[str, object]:
+    """The counters of two processes of one run, added up."""
+    if not a:
+        return dict(b)
+    out = dict(a)
+    for key, value in b.items():
+        if isinstance(value, dict):
+            merged = dict(out.get(key) or {})  # type: ignore[call-overload]
+            for k, v in value.items():
+                merged[k] = merged.get(k, 0) + v
+            out[key] = merged
+        elif isinstance(value, (int, float)) and key != "seconds":
+            out[key] = out.get(key, 0) + value  # type: ignore[operator]
+    return out
+
+
+def _user_file(path: str) -> bool:
+    from xlaport.verify.harness import _is_user_file
+
+    return _is_user_file(path)
 
 
 def _progress(so_far: Optional[Dict[str, object]]) -> str:
-    """`` (after 235 s: 106 steps, 319 compiles taking 211 s, 319 executions)``, or ""."""
+    """`` (after 235 s: 106 steps, 319 compiles, 319 executions)``, or ""."""
     if so_far is None:
         return ""
-    return (f" (after {so_far['time']:.0f} s: {so_far['steps']:.0f} steps, {so_far['compiles']:.0f} compiles taking "
-            f"{so_far['compile_seconds']:.0f} s, {so_far['executions']:.0f} executions)")
+    return (f" (after {so_far['time']:.0f} s: {so_far['steps']:.0f} steps, {so_far['compiles']:.0f} compiles, "
+            f"{so_far['executions']:.0f} executions)")
 
 
-def _so_far(result_path: Path) -> Optional[Dict[str, object]]:
-    """What an XLA run killed at the timeout had done by then (the
-    harness's progress file: steps, compiles, compile_seconds, executions,
-    time; own: the modules of its tree it had imported), or None."""
-    from xlaport.verify.harness import progress_file
-
-    try:
-        data = json.loads(Path(progress_file(str(result_path))).read_text())
-        own = [str(m) for m in data.get("own", [])]
-        return {**{k: float(data[k]) for k in ("steps", "compiles", "compile_seconds", "executions", "time")},
-                "own": own}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+def _so_far(dump: Optional[Path], seconds: float) -> Optional[Dict[str, object]]:
+    """What an XLA run killed or dead before its end had done by then, from
+    torch_xla's graph dump (steps, compiles, executions, time; own_files: the
+    user files on its stacks), or None."""
+    if dump is None:
         return None
+    return syncs.so_far(dump, _user_file, seconds)
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: subprocess.Popen, prefix: Optional[Path] = None) -> None:
+    """The run's process group, and every process that still carries its
+    mark (``XLAPORT_OBSERVE=prefix`` in its environment): a child that left
+    the group (``setsid``, a double fork) goes too."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    if prefix is not None:
+        mark = f"XLAPORT_OBSERVE={prefix}\0".encode()
+        for entry in Path("/proc").glob("[0-9]*"):
+            try:
+                if int(entry.name) != os.getpid() and mark in (entry / "environ").read_bytes() + b"\0":
+                    os.kill(int(entry.name), signal.SIGKILL)
+            except (OSError, ValueError):
+                continue
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:

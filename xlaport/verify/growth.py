@@ -39,9 +39,10 @@ def parse_lengths(spec: str) -> Tuple[str, List[str]]:
     three points tell growth from a one-off compile."""
     name, sep, values = spec.rpartition("=")
     parts = [v.strip() for v in values.split(",") if v.strip()]
-    if not sep or not name or len(parts) not in (2, 3) or (name.startswith("@") and not name[1:].isdigit()):
-        raise ValueError(f"--lengths takes ARG=A,B[,C] (e.g. --steps=4,8 or @0=4,8 for the first positional "
-                         f"argument), not {spec!r}")
+    if not sep or not name or len(parts) not in (2, 3) or (name.startswith("@") and not name[1:].isdigit()) \
+            or not name.startswith(("-", "@")):
+        raise ValueError(f"--lengths takes ARG=A,B[,C], the script's option as it is written (e.g. --steps=4,8) "
+                         f"or @N for its N-th positional argument (@0=4,8), not {spec!r}")
     if len(parts) == 2:
         try:
             a, b = int(parts[0]), int(parts[1])
@@ -105,3 +106,36 @@ def judge_lengths(name: str, values: Sequence[str], compiles: Sequence[int], gra
         failures.append(f"the largest graph grows with {name}: {sizes}: a loop runs on the device without a "
                         f"barrier{where}")
     return failures
+
+
+def fixed_costs(report, name: str, compiles: Sequence[int]) -> None:  # type: ignore[no-untyped-def]
+    """Compilations after warm-up that ``--lengths`` shows do not change with
+    the length (6/6/6: a last step that takes another branch, a constant
+    step at the end of a schedule) are fixed costs: said, each on its line,
+    not failed as recompilations."""
+    if len(set(compiles)) != 1:
+        return
+    steady = [f for f in report.failures if "recompilation(s) after" in f]
+    if not steady:
+        return
+    report.failures = [f for f in report.failures if f not in steady]
+    for e in report.events:
+        if e["kind"] == "recompile":
+            e["kind"] = "fixed_cost"
+            e["detail"] = (f"{e['detail']}; the same {compiles[0]} compiles at every {name}: compiled a fixed "
+                           "number of times, not once per step")
+    report.config["fixed_costs"] = f"{steady[0]}, but {compiles[0]} compiles at every {name}: fixed costs, not growth"
+
+
+def check_option(name: str, args: Sequence[str], sources: Sequence[str]) -> None:
+    """Before anything runs: ``name`` is an option the script takes (given in
+    ``args``, or declared in one of the project's ``sources``), or a
+    positional argument it was given.  Raises ValueError saying which."""
+    if name.startswith("@"):
+        with_length(args, name, "1")
+        return
+    if any(a == name or a.startswith(name + "=") for a in args):
+        return
+    if not any(f'"{name}"' in text or f"'{name}'" in text for text in sources):
+        raise ValueError(f"--lengths {name}: the script takes no option {name} (its arguments do not give it and no "
+                         f"module of the project declares it)")

@@ -15,8 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
+from xlaport.verify.crashes import LOG_LINE
+
 _NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
-TENSOR_FILES = {".pt", ".pth", ".bin", ".ckpt", ".pkl", ".tar"}
+TENSOR_FILES = {".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle", ".tar"}
+ARRAY_FILES = {".npy", ".npz"}
+IMAGE_FILES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
+IMAGE_ATOL = 1.0  # one level of 255: a float a hair off rounds to the next level
 TEXT_FILES = {".txt", ".json", ".csv", ".log", ".yaml", ".yml", ".md", ".tsv"}
 HARNESS_FILES = {".xlaport-result.json", "xlaport-leftovers.pt"}
 
@@ -63,41 +68,66 @@ def normalise_devices(text: str) -> str:
     return _DEVICE_TEXT.sub("<device>", text)
 
 
+# A line a native library writes to the process's stdout (Gloo's "[Gloo] Rank
+# 0 is connected to 0 peer ranks", glog's "W1126 19:38:53.87 ..."): it says
+# which backend ran, not what the program computed
+_LIBRARY_LINE = re.compile(r"^\s*(?:\[(?:Gloo|NCCL|rank\d+|c10d)\b[^\]]*\]|" + LOG_LINE.pattern.lstrip("^") + ")")
+
+
+def library_lines(text: str) -> List[str]:
+    return [line for line in text.splitlines() if _LIBRARY_LINE.match(line)]
+
+
 def _numbered_lines(text: str) -> List[str]:
-    return [line for line in normalise_devices(text).splitlines() if _NUMBER.search(line)]
+    return [line for line in normalise_devices(text).splitlines()
+            if _NUMBER.search(line) and not _LIBRARY_LINE.match(line)]
 
 
-# A number with a time or throughput unit, or after a word that announces a
-# duration, is a timing: it varies between runs even when two runs happen to
-# print the same rounded value.
-_UNIT_AFTER = re.compile(r"\s*(ms|s|sec|secs|seconds|min|mins|minutes|it/s|s/it|ms/batch|ms/step|samples/s|"
-                         r"img/s|imgs/s|tok/s|tokens/s|steps/s|batches/s)(?![A-Za-z])", re.IGNORECASE)
-_WORD_BEFORE = re.compile(r"(time|elapsed|took|duration|dt|eta|speed|throughput)\s*[:=]?\s*$", re.IGNORECASE)
+# A number with a time, throughput or memory unit, after a word that announces
+# a duration, or inside a clock time, a date or a compound duration (1m2s,
+# 0:01:23), is not a result: it varies between runs and machines even when
+# two runs happen to print the same rounded value.
+_UNIT_AFTER = re.compile(r"\s*(ms|us|µs|ns|s|sec|secs|seconds|min|mins|minutes|h|hr|hrs|hours|it/s|s/it|ms/batch|"
+                         r"ms/step|samples/s|img/s|imgs/s|tok/s|tokens/s|steps/s|batches/s|"
+                         r"[KMGT]i?B|bytes|[KMGT]B/s)(?![A-Za-z])", re.IGNORECASE)
+_WORD_BEFORE = re.compile(r"(time|elapsed|took|duration|dt|eta|speed|throughput|memory|mem|allocated|reserved|"
+                          r"date)\s*[:=]?\s*$", re.IGNORECASE)
+_TIME_LIKE = re.compile(r"\d+h\s*\d+m(?:\s*\d+(?:\.\d+)?s)?|\d+m\s*\d+(?:\.\d+)?s|"  # 1h2m, 1m2s
+                        r"\b\d{1,2}:\d{2}(?::\d{2})?(?:\.\d+)?\b|"  # 0:01:23, 12:30
+                        r"\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2})?(?:\.\d+)?)?")  # dates
 
 
 def _timings(line: str) -> Set[int]:
-    """Indices of the numbers in ``line`` that are timings."""
+    """Indices of the numbers in ``line`` that are timings, dates or sizes."""
+    spans = [m.span() for m in _TIME_LIKE.finditer(line)]
     found: Set[int] = set()
     for j, m in enumerate(_NUMBER.finditer(line)):
-        if _UNIT_AFTER.match(line, m.end()) or _WORD_BEFORE.search(line[: m.start()]):
+        if _UNIT_AFTER.match(line, m.end()) or _WORD_BEFORE.search(line[: m.start()]) \
+                or any(a <= m.start() < b for a, b in spans):
             found.add(j)
     return found
 
 
+def _values(line: str) -> List[str]:
+    """The numbers of ``line`` that are results: not timings, dates or sizes
+    (each side's own by its own form: `781ms` and `1m2s` are both left out)."""
+    timing = _timings(line)
+    return [m.group() for j, m in enumerate(_NUMBER.finditer(line)) if j not in timing]
+
+
 def _stable_positions(refs: Sequence[str]) -> Tuple[Optional[Set[Tuple[int, int]]], List[str]]:
-    """(line, number) positions that vary between the reference texts (or
-    are timings), and a description of each; None when the texts do not even
-    line up."""
+    """(line, number) positions of the results (:func:`_values`) that vary
+    between the reference texts, and a description of each, with the lines
+    whose timings were left out; None when the texts do not even line up."""
     lines = [_numbered_lines(t) for t in refs]
     if any(len(l) != len(lines[0]) for l in lines):
         return None, []
     varying: Set[Tuple[int, int]] = set()
     described: List[str] = []
     for i, group in enumerate(zip(*lines)):
-        for j in _timings(group[0]):
-            varying.add((i, j))
-            described.append(f"line {i + 1}, number {j + 1} (a timing): {group[0].strip()[:60]}")
-        numbers = [_NUMBER.findall(l) for l in group]
+        if _timings(group[0]):
+            described.append(f"line {i + 1} (timings, dates or sizes, by their form): {group[0].strip()[:60]}")
+        numbers = [_values(l) for l in group]
         if any(len(n) != len(numbers[0]) for n in numbers):
             varying |= {(i, j) for j in range(max(len(n) for n in numbers))}
             described.append(f"line {i + 1}: {group[0].strip()[:60]}")
@@ -114,12 +144,15 @@ def compare_text(label: str, refs: Sequence[str], cand: str, rtol: float, atol: 
     ones that vary between the reference runs."""
     varying, described = _stable_positions(refs)
     out.varies += [f"{label} {d}" for d in described]
+    for side, text in (("reference", refs[0]), ("conversion", cand)):
+        out.not_compared += [f"{label}: written by a library on the {side}'s side: {line.strip()[:80]}"
+                             for line in dict.fromkeys(library_lines(text))]
     ref_lines, cand_lines = _numbered_lines(refs[0]), _numbered_lines(cand)
     if varying is None or len(ref_lines) != len(cand_lines):
         out.outputs.append(Compared(label, False, math.inf, math.inf))
         return
     for i, (r, c) in enumerate(zip(ref_lines, cand_lines)):
-        rn, cn = _NUMBER.findall(r), _NUMBER.findall(c)
+        rn, cn = _values(r), _values(c)
         if len(rn) != len(cn):
             out.outputs.append(Compared(f"{label} line {i + 1}", False, math.inf, math.inf))
             continue
@@ -223,8 +256,10 @@ def compare_files(refs: Sequence[Dict[str, Path]], cand: Dict[str, Path], rtol: 
             out.outputs.append(Compared(f"{name} (not written by {side})", False, math.inf, math.inf))
             continue
         suffix = Path(name).suffix.lower()
-        if suffix in TENSOR_FILES:
-            _compare_saved(name, [r[name] for r in refs if name in r], cand[name], rtol, atol, out, follow)
+        if suffix in TENSOR_FILES | ARRAY_FILES | IMAGE_FILES:
+            load = load_image if suffix in IMAGE_FILES else load_arrays if suffix in ARRAY_FILES else load_any
+            _compare_saved(name, [r[name] for r in refs if name in r], cand[name], rtol,
+                           max(atol, IMAGE_ATOL) if suffix in IMAGE_FILES else atol, out, follow, load)
         elif suffix in TEXT_FILES:
             try:
                 texts = [r[name].read_text(errors="replace") for r in refs if name in r]
@@ -237,13 +272,37 @@ def compare_files(refs: Sequence[Dict[str, Path]], cand: Dict[str, Path], rtol: 
             out.not_compared.append(f"{name}: a {suffix or 'binary'} file xlaport cannot read; its bytes differ")
 
 
-def _compare_saved(name: str, refs: List[Path], cand: Path, rtol: float, atol: float, out: Comparison,
-                   follow: bool = False) -> None:
+def load_image(path: Path):  # type: ignore[no-untyped-def]
+    """An image file as a float tensor of its pixels (Pillow reads it)."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    with Image.open(path) as img:
+        return torch.from_numpy(np.asarray(img).astype("float64"))
+
+
+def load_arrays(path: Path):  # type: ignore[no-untyped-def]
+    """A ``.npy`` array or the arrays of a ``.npz``, as tensors (no pickles)."""
+    import numpy as np
     import torch
 
+    data = np.load(path, allow_pickle=False)
+    if isinstance(data, np.ndarray):
+        return torch.from_numpy(np.asarray(data, dtype="float64") if data.dtype.kind in "biuf" else data)
+    with data:
+        return {k: torch.from_numpy(np.asarray(data[k], dtype="float64")) for k in data.files
+                if data[k].dtype.kind in "biuf"}
+
+
+def _compare_saved(name: str, refs: List[Path], cand: Path, rtol: float, atol: float, out: Comparison,
+                   follow: bool = False, load=None) -> None:  # type: ignore[no-untyped-def]
+    import torch
+
+    load = load or load_any
     try:
-        loaded = [load_any(p) for p in refs]
-        mine = load_any(cand)
+        loaded = [load(p) for p in refs]
+        mine = load(cand)
     except Exception as exc:  # noqa: BLE001 -- anything torch.load raises
         out.not_compared.append(f"{name}: cannot load ({type(exc).__name__}: {str(exc)[:80]})")
         return

@@ -30,6 +30,15 @@ def render(report: Report) -> None:
             + f", fallbacks: {m['fallbacks'] or 'none'}"
             + (f" ({m['fallbacks_after_warmup']} after warm-up)" if m.get("fallbacks_after_warmup") else "")
         )
+    if m.get("lengths"):
+        lengths = Table(title="Compiles at each length (--lengths)")
+        for col in ("length", "compiles", "largest graph (IR nodes)"):
+            lengths.add_column(col)
+        for r in m["lengths"]:  # type: ignore[union-attr]
+            lengths.add_row(str(r["value"]), str(r["compiles"]), str(r["largest_graph"]))
+        console.print(lengths)
+    if report.config.get("fixed_costs"):
+        console.print(f"fixed costs: {escape(str(report.config['fixed_costs']))}")
     if report.events:
         events = Table(title="Where")
         for col in ("kind", "line", "original line", "count", "detail"):
@@ -41,6 +50,8 @@ def render(report: Report) -> None:
         console.print(events)
     if report.config.get("reference"):
         console.print(f"reference: {escape(str(report.config['reference']))}")
+    if report.config.get("values_from"):
+        console.print(f"values compared from: {escape(str(report.config['values_from']))}")
     tol = report.config.get("tolerance") or {}
     if tol:
         console.print(f"tolerance: rtol {tol['rtol']:g}, atol {tol['atol']:g} ({escape(str(tol['why']))})")

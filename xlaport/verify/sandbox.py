@@ -1,4 +1,4 @@
-"""In the harness: keep a side inside its own tree, and say what it imported.
+"""In the program's processes (started by the observer): keep a side inside its own tree, and say what it imported.
 
 Large files of the project reach a side's tree as links to the user's files.
 Writing through such a link would write the user's file, so a write opened
@@ -57,15 +57,18 @@ def protect(tree: str) -> None:
     builtins.open = guarded_open
     io.open = guarded_open
     os.open = guarded_os_open
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        real_save = torch.save
 
-        def guarded_save(obj, f, *args, **kwargs):  # type: ignore[no-untyped-def]
-            _materialize(f, tree)
-            return real_save(obj, f, *args, **kwargs)
 
-        torch.save = guarded_save
+def protect_save(tree: str, torch) -> None:  # type: ignore[no-untyped-def]
+    """The same for ``torch.save``, which opens its file in C++."""
+    tree = os.path.abspath(tree)
+    real_save = torch.save
+
+    def save(obj, f, *args, **kwargs):  # type: ignore[no-untyped-def]
+        _materialize(f, tree)
+        return real_save(obj, f, *args, **kwargs)
+
+    torch.save = save
 
 
 def imported(trees: Dict[str, str]) -> Dict[str, List[str]]:

@@ -6,58 +6,19 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import sys
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from codemods.rule import Finding
 from xlaport.engine import Settings, SourceError, transform
 from xlaport.verify import diverge, growth, record, rng
 from xlaport.verify.compiles import LineMapper, _read_graphs, innermost_loop, judge
-from xlaport.verify.core import LEFTOVERS, Options, Report, Run, VerifyError, _cuda_available, convert_sources, run_side
+from xlaport.verify.core import (LEFTOVERS, NothingToPort, Options, Report, Run, VerifyError, _cuda_available, _inside, convert_sources,
+                                 run_side)
 from xlaport.verify.outputs import Comparison, compare, tolerance, within_float_order
+from xlaport.verify.crashes import _innermost, _what_killed, needs_cuda
 from xlaport.verify.project import Project, Side, build_side
-
-_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
-
-
-# a log line of XLA's runtime (glog): "E0000 00:00:1795647580.49 8957 file.cc:54] ..."
-_LOG_LINE = re.compile(r"^[EWIF]\d{4} \d\d:\d\d:\d\d")
-_LOG_SOURCE = re.compile(r"^.*?\.(cc|cpp|h):\d+\]\s*")  # "...execution_engine.cc:54] " before a log message
-
-
-def _innermost(error: str, own: Callable[[str], bool]) -> Optional[Tuple[str, int]]:
-    """The innermost frame in the user's files: the last of a traceback
-    (most recent call last), the first of a thread in a fault handler's
-    dump (most recent call first: a fatal error, an abort in XLA)."""
-    if "(most recent call first)" in error:
-        for block in error.split("(most recent call first)")[1:]:
-            found = [(p, int(n)) for p, n in _FRAME.findall(block) if own(p)]
-            if found:
-                return found[0]
-        return None
-    found = [(p, int(n)) for p, n in _FRAME.findall(error) if own(p)]
-    return found[-1] if found else None
-
-
-def _what_killed(error: str) -> str:
-    """The line that says why the run ended: a fatal error with the line
-    before it that gave its cause (``LLVM ERROR: Unable to allocate section
-    memory!``), else the last line that is not a runtime log line."""
-    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
-    if not lines:
-        return "it crashed"
-    fatal = next((k for k, line in enumerate(lines) if line.startswith("Fatal Python error:")), None)
-    if fatal is not None:
-        cause = next((line for line in reversed(lines[:fatal]) if not _LOG_LINE.match(line)
-                      and not line.startswith(("WARNING: All log messages", "Current thread", "Thread 0x"))), None)
-        if cause:  # (a runtime log line cut in two by another thread's output keeps its message only)
-            cause = _LOG_SOURCE.sub("", cause)
-        return f"{cause} ({lines[fatal]})" if cause else lines[fatal]
-    told = [line for line in lines if not _LOG_LINE.match(line)]
-    return told[-1] if told else lines[-1]
-
 
 class Session:
     def __init__(self, project: Project, converted: Optional[Path], args: List[str], opts: Options,
@@ -131,6 +92,20 @@ class Session:
     def run(self) -> Report:
         opts = self.opts
         length_spec = growth.parse_lengths(opts.lengths) if opts.lengths else None  # checked before anything runs
+        if self.converted is None:
+            try:
+                self.sources("xla")  # (converted once, kept for the candidate)
+            except NothingToPort as said:
+                report = Report("nothing to port")
+                report.config["nothing_to_port"] = str(said)
+                return report
+        if length_spec is not None:
+            sources = [p.read_text(errors="replace") for p in self.project.root.rglob("*.py")
+                       if ".venv" not in p.parts and "site-packages" not in p.parts][:2000]
+            try:
+                growth.check_option(length_spec[0], self.cand_args, sources)
+            except ValueError as exc:
+                raise VerifyError(str(exc)) from None
         if opts.reference == "cuda" and not _cuda_available(opts.python):
             raise VerifyError("--reference cuda: no CUDA device here (use --reference auto or cpu)")
         use_cuda = opts.reference == "cuda" or (opts.reference == "auto" and _cuda_available(opts.python))
@@ -162,31 +137,47 @@ class Session:
         graphs = self.scratch / "graphs" / "graphs.txt"
         graphs.parent.mkdir()
         xla_env = {"PJRT_DEVICE": opts.device.upper(), "XLA_IR_DEBUG": "1", "XLA_SAVE_TENSORS_FILE": str(graphs),
-                   "XLA_SAVE_TENSORS_FMT": "text", **({"XLAPORT_DEVICE_RNG": "1"} if opts.device_rng else {})}
+                   "XLA_SAVE_TENSORS_FMT": "text"}
         try:
             cand_side, cand = self.run_once("xla", "xla", self.cand_args, xla_env)
         except VerifyError as exc:  # the original ran: a conversion that cannot is a failed one
             return self._crashed(str(exc), exc.so_far, exc.ended)
-        fallback_sites: List[Dict[str, object]] = []
-        if cand.metrics.get("fallbacks"):  # a second run ties each fallback to the line that called the op
-            _, traced = self.run_once("xla", "xla", self.cand_args, {**xla_env, "XLAPORT_TRACE_FALLBACKS": "1",
-                                                                 "XLA_SAVE_TENSORS_FILE": ""})
-            fallback_sites = list(traced.data.get("fallback_sites", []))  # type: ignore[arg-type]
+        traced = self._traced(cand, xla_env)
         lines = LineMapper(self.project.script, cand_side.script, cand_side.tree, self.project.root, self._shown())
         length_runs = self._lengths(length_spec, xla_env) if length_spec is not None else []
         rtol, atol, why = tolerance(opts.rtol, opts.atol, ref_autocast + list(cand.data.get("autocast", [])))  # type: ignore[arg-type]
         compared = compare(ref_stdouts, ref_files, cand.stdout, cand.files, rtol, atol,
                            follow=opts.rtol is None and opts.atol is None)
+        values, values_graphs = cand, graphs
+        if any(not o.ok for o in compared.outputs) and not opts.device_rng and _drew_on_device(graphs):
+            # XLA's generator is not the CPU's: the values are compared on a
+            # diagnostic run whose device draws come from the CPU generator
+            values_graphs = self.scratch / "graphs-rng" / "graphs.txt"
+            values_graphs.parent.mkdir()
+            try:
+                _, values = self.run_once("xla", "xla", self.cand_args, {
+                    **xla_env, "XLAPORT_DIAGNOSE": "rng", "XLA_SAVE_TENSORS_FILE": str(values_graphs)})
+                compared = compare(ref_stdouts, ref_files, values.stdout, values.files, rtol, atol,
+                                   follow=opts.rtol is None and opts.atol is None)
+            except VerifyError as exc:
+                values, values_graphs = cand, graphs
+                compared.not_compared.append(f"a run with the device's random draws from the CPU generator could "
+                                             f"not run ({str(exc)[:200]})")
         if any(not o.ok for o in compared.outputs) and ref_kind == "cpu":
             self._float_order(compared, ref_stdouts[0], ref_files[0])
-        report = judge(cand, compared, lines, graphs, opts.warmup_steps, opts.max_host_reads_per_step,
-                       fallback_sites, ref_kind)
+        report = judge(cand, compared, lines, graphs, opts.warmup_steps, opts.max_host_reads_per_step, ref_kind,
+                       traced)
         report.config["tolerance"] = {"rtol": rtol, "atol": atol, "why": why}
         report.config["reference"] = self.reference_is
         report.imported = {"reference": ref_imports, "candidate": dict(cand.data.get("imported") or {})}  # type: ignore[arg-type]
         self._imports(report)
         self._device_work(report, cand, cand_side, lines)
-        self._random(report, cand, graphs, lines)
+        self._random(report, values, values_graphs, lines)
+        if values is not cand:
+            n = sum(dict(values.data.get("rng_routed") or {}).values())  # type: ignore[call-overload]
+            report.config["values_from"] = (f"a second run of the conversion whose {n} random draw(s) on the device came "
+                                            "from the CPU generator, as the reference drew them (the judged run "
+                                            "drew them from XLA's)")
         predicted(report.events)
         if length_spec is not None:
             report.metrics["lengths"] = length_runs
@@ -195,10 +186,31 @@ class Session:
                                                     [int(r["compiles"]) for r in length_runs],  # type: ignore[call-overload]
                                                     [int(r["largest_graph"]) for r in length_runs], loops,
                                                     growth_reported(report.events))
+            growth.fixed_costs(report, length_spec[0], [int(r["compiles"]) for r in length_runs])  # type: ignore[call-overload]
         if any(not o.ok for o in report.outputs) and opts.against is None:
             self._diverge(report, rtol, atol, use_cuda, xla_env)
+        if not any("(random, not compared)" not in o.name for o in report.outputs):
+            left = len(report.varies) + len(report.not_compared)
+            report.failures.append("no value was compared: the runs printed no number and left no file or tensor "
+                                   "that both made" + (f" ({left} left out: see above)" if left else "")
+                                   + "; a pass needs values")
         report.verdict = "fail" if report.failures else "pass"
         return report
+
+    def _traced(self, cand: Run, xla_env: Dict[str, str]) -> Optional[Dict[str, object]]:
+        """A diagnostic run that ties each CPU fallback and host read to its
+        line and step, where the judged run had fallbacks, or more transfers
+        from the device per step than ``--max-host-reads-per-step`` allows (a
+        read of a value already computed cuts no graph: the dump does not
+        show it).  The judged run itself is never instrumented."""
+        steps = len(cand.data.get("steps") or [])  # type: ignore[arg-type]
+        limit = self.opts.max_host_reads_per_step
+        transfers = float(cand.metrics.get("transfers_from_device", 0) or 0)  # type: ignore[arg-type]
+        if not cand.metrics.get("fallbacks") and (limit is None or transfers / max(steps, 1) <= limit):
+            return None
+        _, run = self.run_once("xla", "xla", self.cand_args, {**xla_env, "XLAPORT_DIAGNOSE": "trace",
+                                                              "XLA_SAVE_TENSORS_FILE": ""})
+        return run.data
 
     def _references(self, use_cuda: bool) -> List[Run]:
         """The reference runs: the user's original, unmodified (on CUDA
@@ -271,7 +283,9 @@ class Session:
         from codemods.host_reads import NEW_SHAPE_EVERY_STEP
 
         found: List[str] = []
-        for rel in own_files(so_far["own"], side):  # type: ignore[arg-type]
+        stacked = [Path(str(f)) for f in so_far.get("own_files") or []]  # type: ignore[union-attr]
+        rels = [p.relative_to(side.tree) for p in stacked if _inside(p, side.tree)]
+        for rel in list(dict.fromkeys([side.project.rel_script, *rels])):
             path = self.project.root / rel
             try:
                 outcome = transform(path.read_bytes(), Settings(select=list(NEW_SHAPE_EVERY_STEP)), str(path))
@@ -282,7 +296,7 @@ class Session:
                 + (f" and {len(found) - 5} more" if len(found) > 5 else "")) if found else \
             "lint reports no line that changes a shape every step"
         return (f"{so_far['compiles']:.0f} compiles in {so_far['steps']:.0f} steps: a new graph nearly every step, "
-                f"each compiled anew ({so_far['compile_seconds']:.0f} s of compiling); {said}")
+                f"each compiled anew; {said}")
 
     def _lengths(self, spec: Tuple[str, List[str]], xla_env: Dict[str, str]) -> List[Dict[str, object]]:
         name, values = spec
@@ -393,6 +407,11 @@ class Session:
         report.failures += list(diverge.where(found))
 
 
+def _drew_on_device(graphs: Path) -> bool:
+    """Did the run draw random numbers with XLA's own generator?"""
+    return any(rng.unrouted(g["ir"]) for g in _read_graphs(graphs.parent))  # type: ignore[arg-type]
+
+
 def own_files(names: List[str], side: Side) -> List[Path]:
     """The script and the side's own modules ``names``, as paths in its tree."""
     found: List[Path] = [side.project.rel_script]
@@ -467,18 +486,3 @@ def growth_reported(events: List[Dict[str, object]]) -> Tuple[List[str], int]:
         if text not in seen:
             seen.append(text)
     return seen, unreported
-
-
-# what a program that cannot run without CUDA says when it is run without it
-_NEEDS_CUDA = re.compile(r"Found no NVIDIA driver|Torch not compiled with CUDA enabled|no CUDA GPUs are available|"
-                         r"CUDA driver initialization failed|ProcessGroupNCCL is only supported with GPUs|"
-                         r"Attempting to deserialize object on a CUDA device|NCCL is not available|"
-                         r"CUDA is not available|cuda runtime error|requires? (a )?(CUDA|GPU)", re.IGNORECASE)
-
-
-def needs_cuda(error: str) -> Optional[str]:
-    """The line of a failed run's error saying it needs CUDA, or None."""
-    for line in reversed(error.splitlines()):
-        if _NEEDS_CUDA.search(line):
-            return line.strip()[:200]
-    return None
