@@ -141,3 +141,51 @@ def test_images_and_numpy_files_are_compared_as_arrays(tmp_path):
     assert judged("ref.png", "inverted.png") == [("out.png", False)]
     assert judged("ref.npy", "near.npy") == [("out.npy", True)]
     assert judged("ref.npz", "neg.npz") == [("out.npz[x]", False)]
+
+
+def _adamw_weights(steps, bf16):
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    for m in model:
+        if isinstance(m, torch.nn.Linear):
+            torch.nn.init.zeros_(m.bias)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(64, 16), torch.randn(64, 4)
+    for _ in range(steps):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = (model(x).float() - y).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_tensors_are_judged_norm_wise_at_the_precision_that_ran(tmp_path):
+    """Issue 39: bf16 autocast with AdamW and zero-initialised biases failed
+    on the relative error of bias elements near zero; judged against each
+    tensor's own norm it passes, and a dropped step or a sign error in one
+    bias element still fails."""
+    import torch
+
+    from xlaport.verify.outputs import compare_files, tolerance
+
+    ref, port = _adamw_weights(3, bf16=False), _adamw_weights(3, bf16=True)
+    dropped = _adamw_weights(2, bf16=True)
+    flipped = {k: v.clone() for k, v in port.items()}
+    flipped["0.bias"][3] = -flipped["0.bias"][3]
+    rtol, atol, _ = tolerance(None, None, ["torch.bfloat16"])
+    paths = {}
+    for name, weights in (("ref", ref), ("port", port), ("dropped", dropped), ("flipped", flipped)):
+        paths[name] = tmp_path / f"{name}.pt"
+        torch.save(weights, paths[name])
+
+    def failed(name):
+        out = Comparison()
+        compare_files([{"w.pt": paths["ref"]}], {"w.pt": paths[name]}, rtol, atol, out, follow=True)
+        return sorted(o.name for o in out.outputs if not o.ok)
+
+    assert failed("port") == []
+    assert failed("dropped") == ["w.pt[0.bias]", "w.pt[2.bias]"]  # (3 steps move the weights less than bf16 noise)
+    assert failed("flipped") == ["w.pt[0.bias]"]

@@ -13,12 +13,19 @@ of its own, never the run that is judged.
 from __future__ import annotations
 
 import atexit
+import os
 from typing import Dict, List, Optional, Tuple
 
 BUDGET = 3000  # module calls recorded per side
 
 
 def install(path: str) -> None:
+    """Hooks on every module call, except those a data loader makes (a
+    dataset's transforms, ``Resize`` and the like, run in a loader's thread
+    on one side and inline on the other)."""
+    import sys
+    import threading
+
     import torch
 
     records: List[Dict[str, object]] = []
@@ -29,7 +36,24 @@ def install(path: str) -> None:
     def name_of(module) -> str:  # type: ignore[no-untyped-def]
         return names.get(id(module), type(module).__name__)
 
+    main = threading.main_thread()
+
+    def loading() -> bool:
+        if threading.current_thread() is not main:
+            return True
+        frame = sys._getframe(2)
+        while frame is not None:
+            if f"{os.sep}torch{os.sep}utils{os.sep}data{os.sep}" in frame.f_code.co_filename:
+                return True
+            frame = frame.f_back
+        return False
+
+    skipped = set()
+
     def pre(module, args):  # type: ignore[no-untyped-def]
+        if loading():
+            skipped.add(id(module))
+            return
         if depth[0] == 0:
             passes[0] += 1
             for sub_name, sub in module.named_modules():
@@ -37,6 +61,9 @@ def install(path: str) -> None:
         depth[0] += 1
 
     def post(module, args, output):  # type: ignore[no-untyped-def]
+        if id(module) in skipped:
+            skipped.discard(id(module))
+            return
         depth[0] -= 1
         if len(records) >= BUDGET:
             return
@@ -68,6 +95,8 @@ def first_divergence(ref_path: str, cand_path: str, rtol: float, atol: float) ->
     every recorded call agrees (or nothing was recorded)."""
     import torch
 
+    from xlaport.verify.outputs import close
+
     try:
         ref = torch.load(ref_path, weights_only=False)
         cand = torch.load(cand_path, weights_only=False)
@@ -81,7 +110,7 @@ def first_divergence(ref_path: str, cand_path: str, rtol: float, atol: float) ->
             if x.shape != y.shape:
                 return {"module": a["name"], "pass": a["pass"], "call": k + 1, "max_abs_err": None,
                         "detail": f"shapes differ: {tuple(x.shape)} vs {tuple(y.shape)}"}
-            if not torch.allclose(y, x, rtol=rtol, atol=atol, equal_nan=True):
+            if not close(x, y, rtol, atol):
                 err = float((x - y).abs().max()) if x.numel() else 0.0
                 return {"module": a["name"], "pass": a["pass"], "call": k + 1, "max_abs_err": err,
                         "detail": f"first output beyond tolerance (max abs err {err:.3g})"}

@@ -9,7 +9,8 @@ run without touching it:
   innermost line of user code on its stack);
 * any other sync is a read that cut the graph (``.item()``, ``print``, a
   branch on a tensor), at its user line;
-* a graph whose hash was not seen before was compiled.
+* a graph whose hash was not seen before was compiled; one seen before was
+  taken from the cache.
 
 Empty steps (a barrier with nothing pending) write no graph and are not
 counted; they compile and execute nothing.
@@ -49,12 +50,13 @@ def observed(directory: Path, is_user: Callable[[str], bool]) -> Dict[str, objec
     seen: set = set()
     steps: List[Dict[str, object]] = []
     reads: Dict[Tuple[str, int], int] = collections.Counter()
-    cuts = 0
+    cuts = hits = 0
     own: List[str] = []
     low = set()
     for n, g in enumerate(graphs, start=1):
         frames = g["frames"]  # type: ignore[assignment]
         if g["hash"] is not None:
+            hits += g["hash"] in seen
             seen.add(g["hash"])
         path, line = _user_frame(frames, is_user)  # type: ignore[arg-type]
         for _, p, _ in frames:  # type: ignore[misc]
@@ -66,7 +68,7 @@ def observed(directory: Path, is_user: Callable[[str], bool]) -> Dict[str, objec
             elif " f16[" in ir or "(f16[" in ir:
                 low.add("torch.float16")
         if _is_barrier(frames):  # type: ignore[arg-type]
-            steps.append({"compiles": len(seen), "executions": n, "transfers": cuts, "cached_compiles": 0,
+            steps.append({"compiles": len(seen), "executions": n, "transfers": cuts, "cached_compiles": hits,
                           "fallbacks": {}, "time": 0.0, "path": path, "line": line})
         else:
             cuts += 1
