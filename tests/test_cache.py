@@ -128,3 +128,28 @@ def test_lint_leaves_the_imports_pass_to_the_convert_that_reads_its_entry(cached
     for name in ("train.py", "gpu.py"):
         assert (src / name).read_bytes() == (expected / name).read_bytes()
     assert not any("imports" in json.loads(p.read_text()) for p in cached.rglob("*.json"))
+
+
+def test_a_change_to_the_projects_ruff_configuration_restyles(cached, tmp_path):
+    """Issue 42, item 7: the styled output `convert` writes was cached under
+    the Ruff version alone; with `line-length` changed, the cached answer
+    differed from `--no-cache`.  The Ruff configuration is part of it now."""
+    src = tmp_path / "proj"
+    src.mkdir()
+    (src / "pyproject.toml").write_text("[tool.ruff]\nline-length = 120\n")
+    (src / "train.py").write_text(
+        "import torch\n\nmodel = torch.nn.Linear(4, 4).cuda()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for step in range(3):\n"
+        "    loss = model(torch.randn(8, 4).cuda()).pow(2).mean() + model(torch.randn(8, 4).cuda()).abs().mean() * 0.5\n"
+        "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n")
+
+    def convert(out, *extra):
+        result = CliRunner().invoke(main, ["convert", str(src / "train.py"), "-o", str(tmp_path / out), "-q", *extra])
+        assert result.exit_code in (0, 1), result.output
+        return (tmp_path / out / "train.py").read_text()
+
+    wide = convert("o1")
+    (src / "pyproject.toml").write_text("[tool.ruff]\nline-length = 88\n")
+    cached_answer, fresh = convert("o2"), convert("o3", "--no-cache")
+    assert cached_answer == fresh
+    assert wide != fresh  # (the configuration does change the style: the test can fail)

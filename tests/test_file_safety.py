@@ -395,3 +395,113 @@ def test_a_broken_pool_leaves_no_manager_thread_for_the_exit_hook():
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert "managers left: 0" in result.stdout, result.stdout + result.stderr
+
+
+def test_a_hard_linked_file_killed_mid_rewrite_gets_its_old_content_back(tmp_path):
+    """Issue 42, item 5: a hard-linked file is rewritten in place (write,
+    then truncate).  A SIGKILL between the two left the conversion followed
+    by the original's tail under every name.  Now the old content is kept
+    beside it first, and the next run puts it back."""
+    f = tmp_path / "train.py"
+    original = CUDA + "# a long tail that the shorter conversion would leave behind\n" * 40
+    f.write_text(original)
+    link = tmp_path / "same_file.py"
+    os.link(f, link)
+    dying = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "import xlaport.files as files\n"
+        "real_open = open\n"
+        "class Dying:\n"
+        "    def __init__(self, fh): self.fh = fh\n"
+        "    def __enter__(self): return self\n"
+        "    def __exit__(self, *a): self.fh.close()\n"
+        "    def write(self, data): return self.fh.write(data)\n"
+        "    def truncate(self): self.fh.flush(); os.kill(os.getpid(), signal.SIGKILL)\n"
+        "files.open = lambda *a, **k: Dying(real_open(*a, **k))\n"
+        "files.atomic_write(Path(sys.argv[1]), b'import torch_xla\\n')\n")
+    killed = subprocess.run([sys.executable, "-c", dying, str(f)], capture_output=True, timeout=60)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    torn = link.read_text()
+    assert torn.startswith("import torch_xla\n") and torn != original  # the conversion, then the old tail
+    journals = [p.name for p in tmp_path.iterdir() if p.name.endswith(".xlaport-undo")]
+    assert len(journals) == 1, journals
+    result = xlaport("lint", f)
+    assert "its old content is back" in result.output
+    assert f.read_text() == original and link.read_text() == original
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".xlaport-undo")]
+    # and a run that is not interrupted leaves no journal behind
+    assert xlaport("convert", f).exit_code == 0
+    assert "torch_xla" in link.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["same_file.py", "train.py"]
+
+
+def test_an_output_file_that_is_a_hard_link_of_an_input_is_refused_and_reports_replace(tmp_path):
+    """Issue 42, item 6: `lint x.py --output-file xh.py`, xh.py a hard link
+    of x.py, wrote the report into x.py; files are compared by device and
+    inode now, and a report onto a link of some other file replaces its own
+    name only."""
+    x = tmp_path / "x.py"
+    x.write_text(CUDA)
+    os.link(x, tmp_path / "xh.py")
+    result = xlaport("lint", x, "--output-file", tmp_path / "xh.py")
+    assert result.exit_code == 2 and "is an input file" in result.output
+    assert x.read_text() == CUDA
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    os.link(notes, tmp_path / "report.txt")
+    assert xlaport("lint", x, "--output-file", tmp_path / "report.txt").exit_code == 1
+    assert notes.read_text() == "mine\n" and "XLA101" in (tmp_path / "report.txt").read_text()
+    verified = xlaport("verify", x, "--json", tmp_path / "xh.py")
+    assert verified.exit_code == 2 and "it would be replaced" in verified.output
+    assert x.read_text() == CUDA
+
+
+def test_a_file_that_does_not_parse_is_reported_even_with_no_trigger_word(tmp_path):
+    """Issue 42, item 8: the prefilter skipped a file that holds none of the
+    rules' trigger words before anything parsed it, so a syntax error there
+    was never reported (exit 0).  Python's own parser reads it now."""
+    (tmp_path / "broken.py").write_text("def f(:\n    pass\n")
+    (tmp_path / "fine.py").write_text("def g():\n    return 1\n")
+    result = xlaport("lint", "--format", "concise", "--no-cache", tmp_path)
+    assert result.exit_code == 2, result.output
+    assert "broken.py:1:7: XLA001 cannot parse: invalid syntax" in result.output
+    assert "fine.py" not in result.output
+
+
+def test_an_output_tree_keeps_directory_links_and_says_what_it_did_with_file_links(tmp_path):
+    """Issue 42, item 9: `convert DIR -o OUT` dropped directory symlinks
+    silently, and said "skipped" of a file symlink it recreates."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "train.py").write_text(CUDA)
+    shared = tmp_path / "shared_data"
+    shared.mkdir()
+    (shared / "x.txt").write_text("1\n")
+    os.symlink(shared, tree / "data")
+    os.symlink("train.py", tree / "alias.py")
+    out = tmp_path / "out"
+    result = xlaport("convert", tree, "-o", out)
+    assert result.exit_code == 0, result.output
+    assert (out / "data").is_symlink() and os.readlink(out / "data") == str(shared)
+    assert (out / "alias.py").is_symlink() and os.readlink(out / "alias.py") == "train.py"
+    assert "skipped" not in result.output and "the link itself" in result.output
+    assert xlaport("convert", tree, "-o", out).exit_code == 0  # again: the links are already there
+
+
+def test_a_cr_only_file_keeps_its_last_line_ending(tmp_path):
+    """Issue 42, item 10: LibCST drops the final `\\r` of a file whose lines
+    end in CR alone; the conversion ends as its input did."""
+    f = tmp_path / "cr.py"
+    f.write_bytes(CUDA.replace("\n", "\r").encode())
+    assert xlaport("convert", f, "--no-cache").exit_code == 0
+    data = f.read_bytes()
+    assert data.endswith(b".to(torch_xla.device())\r") and b"\n" not in data
+    assert xlaport("convert", f, "--no-cache").exit_code == 0 and f.read_bytes() == data  # idempotent
+
+
+def test_a_file_name_holding_a_newline_keeps_each_finding_on_one_line(tmp_path):
+    (tmp_path / "a\nb.py").write_text(CUDA)
+    result = xlaport("lint", "--format", "concise", "--no-cache", tmp_path)
+    lines = [line for line in result.output.splitlines() if "XLA101 [*]" in line]
+    assert lines and lines[0].endswith("a\\nb.py:2:5: XLA101 [*] `.cuda()` -> `.to(<XLA device>)`"), result.output

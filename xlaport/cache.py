@@ -125,7 +125,7 @@ def _sha(data: bytes) -> str:
 
 
 def encode(output: Optional[bytes], original: bytes, findings: List[Finding], problem, cuda,
-           styled: Optional[bytes] = None, restyled: bool = False, imports=None) -> Dict[str, object]:  # type: ignore[no-untyped-def]
+           styled: Optional[bytes] = None, restyled: bool = False, imports=None, path: str = "") -> Dict[str, object]:  # type: ignore[no-untyped-def]
     """An entry, tied to the input it answers for and to its own output by
     their digests (checked on read: see :func:`decode`).  ``restyled``: the
     entry also holds ``styled``, the output as `convert` writes it (None:
@@ -133,7 +133,7 @@ def encode(output: Optional[bytes], original: bytes, findings: List[Finding], pr
     (``engine.finish_imports``; an entry `lint` made)."""
     changed = output is not None and output != original
     return {
-        **(encode_style(styled) if restyled else {}),
+        **(encode_style(styled, path) if restyled else {}),
         **({"imports": [[list(r) for r in imports[0]], [list(r) for r in imports[1]]]} if imports else {}),
         "input": _sha(original),
         "output": base64.b64encode(output).decode() if changed else None,  # type: ignore[arg-type]
@@ -219,21 +219,22 @@ def pending_imports(entry: Dict[str, object]):  # type: ignore[no-untyped-def]
     return [tuple(r) for r in held[0]], [tuple(r) for r in held[1]]
 
 
-def encode_style(styled: Optional[bytes]) -> Dict[str, object]:
+def encode_style(styled: Optional[bytes], path: str) -> Dict[str, object]:
     """The fields of an entry that hold the output as `convert` writes it
-    (``xlaport.style``), for the Ruff that styled it."""
-    from xlaport.style import ruff_version
+    (``xlaport.style``), for the Ruff and the Ruff configuration that styled
+    it."""
+    from xlaport.style import style_key
 
-    return {"ruff": ruff_version(), "styled": base64.b64encode(styled).decode() if styled is not None else None,
+    return {"ruff": style_key(path), "styled": base64.b64encode(styled).decode() if styled is not None else None,
             "styled_sha": _sha(styled) if styled is not None else None}
 
 
-def styled_output(entry: Dict[str, object]):  # type: ignore[no-untyped-def]
+def styled_output(entry: Dict[str, object], path: str):  # type: ignore[no-untyped-def]
     """(known, styled output or None) from an entry: not known when it was
-    made without styling, or by another Ruff."""
-    from xlaport.style import ruff_version
+    made without styling, or by another Ruff or Ruff configuration."""
+    from xlaport.style import style_key
 
-    if entry.get("ruff") != ruff_version():
+    if entry.get("ruff") != style_key(path):
         return False, None
     if entry.get("styled") is None:
         return True, None

@@ -8,6 +8,7 @@ imports its runtime only when it runs.  Printing lives in ``xlaport.output``.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import sys
@@ -21,7 +22,7 @@ from codemods import registry
 from codemods.target import DEFAULT_TARGET, TARGETS
 from xlaport import output
 from xlaport.config import load_config
-from xlaport.files import Entry, discover, remove_stale_temps
+from xlaport.files import Entry, discover, remove_stale_temps, same_file, undo_interrupted, write_report
 from xlaport.runner import ERROR_CODE, FILE_ERROR, FINDINGS_ONLY, FileResult, process
 from xlaport.program import leave_alone, nothing_to_port
 from xlaport.settings import Settings
@@ -100,6 +101,8 @@ class Run:
     notice: Optional[str] = None  # a line about the whole run (xlaport.program)
 
     def process(self) -> List[FileResult]:
+        for path in undo_interrupted({e.path.parent for e in self.entries if e.path is not None}):
+            _echo(f"{path}: an interrupted run was rewriting it in place: its old content is back", err=True)
         results = _process(self.entries, self.settings, self.jobs, self.no_cache,
                            show_progress=self.fmt == "text" and not self.quiet and not self.output_file)
         if not self.port_cpu and nothing_to_port(results):
@@ -110,9 +113,10 @@ class Run:
         """The findings, in the chosen format, to stdout or --output-file."""
         show_fixes = not self.quiet
         if self.output_file:
+            text = io.StringIO()
+            output.write(results, self.fmt, text, show_fixes, self.statistics)
             try:
-                with open(self.output_file, "w", encoding="utf-8") as fh:
-                    output.write(results, self.fmt, fh, show_fixes, self.statistics)
+                write_report(Path(self.output_file), text.getvalue().encode("utf-8"))
             except OSError as exc:
                 _echo(f"xlaport: cannot write --output-file {self.output_file}: {exc.strerror or exc}", err=True)
                 sys.exit(2)
@@ -174,9 +178,8 @@ def _prepare(paths, select, ignore, target, exclude, force_exclude, no_gitignore
                            respect_gitignore=not no_gitignore and config.get("respect_gitignore", True) is not False,
                            missing_ok=diff_base is not None)
     if output_file:
-        target = os.path.realpath(output_file)
         for e in entries:
-            if e.data is None and os.path.realpath(e.path) == target:
+            if e.data is None and same_file(e.path, Path(output_file)):  # also a hard link of an input
                 raise click.UsageError(f"--output-file {output_file} is an input file: the report would replace it")
     port_all = port_cpu if port_cpu is not None else bool(config.get("port_cpu", False))
     return Run(settings, entries, fmt, quiet, verbose, statistics, output_file, jobs, no_cache, port_all)
@@ -243,7 +246,7 @@ def _closing(results: List[FileResult], run: Run, first_line: str, after: str, f
         return
     for r in results:
         if r.notice:
-            _echo(f"{r.path}: skipped: {r.notice}", err=True)
+            _echo(f"{r.path}: {r.notice}", err=True)
     if run.notice:
         _echo(run.notice, err=True)
     _echo(first_line, err=True)

@@ -150,7 +150,16 @@ def transform(source: bytes, settings: Settings, filename: str = "",
     findings = _without_repeats(outcome.findings)
     findings.sort(key=lambda f: (f.line, f.col, f.code))
     outcome.findings = findings
+    outcome.code = keep_final_newline(source, outcome.code)
     return outcome
+
+
+def keep_final_newline(source: bytes, code: bytes) -> bytes:
+    """LibCST drops the last line ending of a file whose lines end in CR
+    alone (``\r``): the output ends as the input did."""
+    if source.endswith(b"\r") and code and not code.endswith((b"\r", b"\n")):
+        return code + b"\r"
+    return code
 
 
 def _switches_to_keep(source: bytes, findings: List[Finding], left: List[Tuple[int, str]],

@@ -153,7 +153,8 @@ def _walk(root: Path, exclude: Sequence[str]) -> Iterator[Entry]:
                 if not path.exists():
                     yield Entry(path, root, error="broken or looping symbolic link")
                 else:
-                    yield Entry(path, root, notice="symbolic link: skipped")
+                    yield Entry(path, root, notice="symbolic link: not converted through (an output tree gets "
+                                                    "the link itself)")
                 continue
             special = _not_regular(path)
             yield Entry(path, root, error=special) if special else Entry(path, root)
@@ -262,6 +263,21 @@ def atomic_write(path: Path, data: bytes, like: Optional[Path] = None, expected:
         raise
 
 
+def same_file(a: Path, b: Path) -> bool:
+    """One file under two names (the same path, a symlink, a hard link)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def write_report(path: Path, data: bytes) -> None:
+    """A report (``--output-file``, ``--json``) written by replacement: a
+    name that is a hard link of another file gets a file of its own, and
+    the other names keep their content."""
+    atomic_write(path, data, like=path if path.is_file() else None)
+
+
 def _current(path: Path) -> Optional[bytes]:
     try:
         return read_bytes(path)
@@ -280,22 +296,65 @@ def _keep_owner(path: str, st: os.stat_result) -> None:
             continue
 
 
+UNDO_SUFFIX = ".xlaport-undo"
+
+
+def _journal(path: Path) -> Path:
+    return path.parent / f".{path.name}.{os.getpid()}{UNDO_SUFFIX}"
+
+
 def _rewrite_in_place(path: Path, data: bytes) -> None:
-    """Replace a hard-linked file's content, keeping its inode.  SIGINT and
-    SIGTERM wait until the content is whole (a few system calls)."""
+    """Replace a hard-linked file's content, keeping its inode.  The old
+    content is first kept whole beside it (``.NAME.PID.xlaport-undo``, made
+    by a rename): a run killed, crashed or cut off by a power failure while
+    the file is half rewritten leaves that journal, and the next run puts
+    the old content back (:func:`undo_interrupted`).  SIGINT and SIGTERM
+    wait until the content is whole (a few system calls)."""
     import signal
 
+    journal = _journal(path)
+    atomic_write(journal, read_bytes(path), like=path)
     held = {signal.SIGINT, signal.SIGTERM}
     old = signal.pthread_sigmask(signal.SIG_BLOCK, held) if hasattr(signal, "pthread_sigmask") else None
     try:
-        with open(path, "r+b") as fh:
-            fh.write(data)
-            fh.truncate()
-            fh.flush()
-            os.fsync(fh.fileno())
+        _overwrite(path, data)
+        os.unlink(journal)
     finally:
         if old is not None:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _overwrite(path: Path, data: bytes) -> None:
+    with open(path, "r+b") as fh:
+        fh.write(data)
+        fh.truncate()
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def undo_interrupted(directories: Iterable[Path]) -> List[Path]:
+    """Files of ``directories`` that a killed run was rewriting in place,
+    given their old content back from its journal (whose writer is gone:
+    a running writer's is left alone).  Returns the files restored."""
+    restored: List[Path] = []
+    for directory in directories:
+        try:
+            names = [e.name for e in os.scandir(directory) if e.name.endswith(UNDO_SUFFIX) and e.is_file()]
+        except OSError:
+            continue
+        for name in names:
+            target, _, pid = name[1:-len(UNDO_SUFFIX)].rpartition(".")
+            if not target or not pid.isdigit() or _alive(int(pid)):
+                continue
+            journal, path = Path(directory) / name, Path(directory) / target
+            try:
+                if path.is_file() and not path.is_symlink() and read_bytes(path) != read_bytes(journal):
+                    _overwrite(path, read_bytes(journal))
+                    restored.append(path)
+                os.unlink(journal)
+            except (OSError, FileProblem):
+                continue
+    return restored
 
 
 def remove_stale_temps(directories: Iterable[Path]) -> List[Path]:

@@ -68,10 +68,19 @@ def cuda_counts(results: Sequence[FileResult]) -> Dict[str, int]:
     return {"found": found, "rewritten": max(found - left, 0), "left_for_review": left}
 
 
+def shown_path(path: str) -> str:
+    """A path as one line of text shows it: control characters (a newline in
+    a file name) escaped as Python writes them, so that one finding stays
+    one line."""
+    if path.isprintable():
+        return path
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in path)
+
+
 def location(f: Finding) -> str:
     if f.cell is not None:
-        return f"{f.path}:cell {f.cell}:{f.line}:{f.col}"
-    return f"{f.path}:{f.line}:{f.col}"
+        return f"{shown_path(f.path)}:cell {f.cell}:{f.line}:{f.col}"
+    return f"{shown_path(f.path)}:{f.line}:{f.col}"
 
 
 # ------------------------------------------------------------------ writers

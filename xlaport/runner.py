@@ -93,7 +93,7 @@ def _work(args: Tuple[str, bytes, Settings]) -> Optional[Outcome]:
     path, data, settings = args
     triggered = _triggered(data, settings)
     if not triggered:
-        return None
+        return _unreadable(path, data)
     from xlaport.engine import SourceError
 
     try:
@@ -110,6 +110,25 @@ def _work(args: Tuple[str, bytes, Settings]) -> Optional[Outcome]:
     if problems:
         return out, findings, ("; ".join(problems), None, None), cuda, styled, pending
     return out, findings, None, cuda, styled, pending
+
+
+def _unreadable(path: str, data: bytes) -> Optional[Outcome]:
+    """A file no rule concerns is still one Python must read: where it does
+    not (a syntax error, bytes that do not decode), that is said on its line
+    (XLA001), as for every other file.  Python's own parser only: LibCST is
+    imported only to word the error."""
+    if path.endswith(".ipynb"):
+        return None  # (a notebook's cells are read by xlaport.notebook)
+    try:
+        compile(data, path, "exec", flags=0x400, dont_inherit=True)  # ast.PyCF_ONLY_AST
+        return None
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        from xlaport.engine import python_error
+
+        error = python_error(data)
+        if error is None:
+            return None
+        return None, [], (error.message, error.line, error.col), (0, 0), None, None
 
 
 def _styled(path: str, data: bytes, out: Optional[bytes]) -> Optional[bytes]:
@@ -180,7 +199,7 @@ def process(entries: Sequence[Entry], settings: Settings, jobs: int = 0, cache: 
         if cache is not None and not (outcome is not None and outcome[2] is not None and outcome[2][0] == DIED):
             cache.put(key, nothing(job[1]) if outcome is None else encode(
                 outcome[0], job[1], *outcome[1:4], styled=outcome[4], restyled=bool(job[2].options.get("restyle")),
-                imports=outcome[5]))
+                imports=outcome[5], path=job[0]))
     return results
 
 
@@ -204,10 +223,10 @@ def _with_style(cache: Cache, key: str, entry, outcome, path: str, data: bytes):
     output the entry holds, or (an entry `lint` made) styled now and kept."""
     from xlaport.cache import styled_output
 
-    known, styled = styled_output(entry)
+    known, styled = styled_output(entry, path)
     if not known and outcome[2] is None:
         styled = _styled(path, data, outcome[0])
-        cache.put(key, {**entry, **encode_style(styled)})
+        cache.put(key, {**entry, **encode_style(styled, path)})
     return (*outcome[:4], styled, outcome[5])
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import hashlib
 import subprocess
 from functools import lru_cache
 from typing import List, Optional, Set
@@ -46,6 +47,55 @@ def ruff_version() -> str:
         return subprocess.run([ruff, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "none"
+
+
+# where Ruff finds the configuration of a file: the nearest of these in its
+# directory or above (a pyproject.toml counts where it holds [tool.ruff]),
+# else the user's own
+_CONFIGS = ("pyproject.toml", "ruff.toml", ".ruff.toml")
+
+
+def style_key(path: str) -> str:
+    """What the style `convert` writes for ``path`` depends on: the Ruff
+    version and the Ruff configuration that applies there (every candidate
+    file from its directory up, and the user's: a superset, so a change to
+    any of them restyles)."""
+    directory = os.path.dirname(os.path.abspath(path or "converted.py"))
+    return f"{ruff_version()} {_config_digest(_config_files(directory))}"
+
+
+def _config_files(directory: str):  # type: ignore[no-untyped-def]
+    """(path, size, mtime) of every configuration file Ruff may read for a
+    file in ``directory`` (stat calls only: the digest is cached by them)."""
+    home = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    found = []
+    for candidate in [os.path.join(home, "ruff", "ruff.toml")] + [
+            os.path.join(d, name) for d in _ancestors(directory) for name in _CONFIGS]:
+        try:
+            st = os.stat(candidate)
+            found.append((candidate, st.st_size, st.st_mtime_ns))
+        except OSError:
+            continue
+    return tuple(found)
+
+
+def _ancestors(directory: str) -> List[str]:
+    out = [directory]
+    while os.path.dirname(out[-1]) != out[-1]:
+        out.append(os.path.dirname(out[-1]))
+    return out
+
+
+@lru_cache(maxsize=256)
+def _config_digest(files) -> str:  # type: ignore[no-untyped-def]
+    h = hashlib.sha256()
+    for path, _, _ in files:
+        try:
+            with open(path, "rb") as fh:
+                h.update(path.encode() + b"\0" + fh.read())
+        except OSError:
+            continue
+    return h.hexdigest()[:20]
 
 
 def _ruff(args: List[str], path: str, source: bytes) -> Optional[subprocess.CompletedProcess]:

@@ -208,6 +208,8 @@ def copy_tree_files(root: Path, out: Path, skip: Sequence[Path], manifest: Manif
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         base = Path(dirpath)
         dirnames[:] = [d for d in dirnames if d != "__pycache__" and os.path.realpath(base / d) != out_abs]
+        for name in [d for d in dirnames if (base / d).is_symlink()]:  # a link to a directory: the link itself
+            _copy_link(base / name, out / (base / name).relative_to(root), manifest, problems)
         for name in filenames:
             src = base / name
             if os.path.abspath(src) in skipped:
@@ -215,18 +217,8 @@ def copy_tree_files(root: Path, out: Path, skip: Sequence[Path], manifest: Manif
             dst = out / src.relative_to(root)
             try:
                 if src.is_symlink():
-                    link = os.readlink(src)
-                    if dst.is_symlink() and os.readlink(dst) == link:
-                        continue
-                    why = manifest.refuses(dst, src, _digest(link.encode("utf-8", "surrogateescape")))
-                    if why:
-                        problems.append((src, f"not copied: {why}"))
-                        continue
-                    dst.parent.mkdir(parents=True, exist_ok=True)
-                    if os.path.lexists(dst):
-                        dst.unlink()
-                    os.symlink(link, dst)
-                    continue  # (a link is recognised by its target, not recorded)
+                    _copy_link(src, dst, manifest, problems)
+                    continue
                 if not src.is_file():
                     continue  # a FIFO, a socket: nothing to copy
                 digest = _file_digest(src)
@@ -240,6 +232,29 @@ def copy_tree_files(root: Path, out: Path, skip: Sequence[Path], manifest: Manif
             except (OSError, FileProblem) as exc:
                 problems.append((src, f"cannot copy: {getattr(exc, 'strerror', None) or exc}"))
     return problems
+
+
+def _copy_link(src: Path, dst: Path, manifest: Manifest, problems: List[Tuple[Path, str]]) -> None:
+    """A symbolic link (to a file or a directory) copied as the same link,
+    never over something the manifest does not give xlaport.  (A link is
+    recognised by its target, not recorded.)"""
+    try:
+        link = os.readlink(src)
+        if dst.is_symlink() and os.readlink(dst) == link:
+            return
+        if os.path.isdir(dst) and not dst.is_symlink():
+            problems.append((src, f"not copied: {dst} exists and is a directory: left as it is"))
+            return
+        why = manifest.refuses(dst, src, _digest(link.encode("utf-8", "surrogateescape")))
+        if why:
+            problems.append((src, f"not copied: {why}"))
+            return
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if os.path.lexists(dst):
+            dst.unlink()
+        os.symlink(link, dst)
+    except OSError as exc:
+        problems.append((src, f"cannot copy: {exc.strerror or exc}"))
 
 
 _LINE_IN_MESSAGE = re.compile(r"\b(lines?) (\d+(?:, \d+)*)\b")

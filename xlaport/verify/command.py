@@ -145,6 +145,8 @@ def _check_outputs(project, script: str, converted: Optional[str], against: Opti
     """Files verify writes are refused, before anything runs, where they
     would replace the script, an input, or anything in the project's tree;
     and a --record's store is replaced only if verify made it."""
+    from xlaport.files import same_file
+
     inputs = {Path(p).resolve() for p in (script, converted, against) if p}
     for option, value in outputs.items():
         if not value:
@@ -153,7 +155,7 @@ def _check_outputs(project, script: str, converted: Optional[str], against: Opti
         hint = f"--{option.replace('_out', '').replace('_', '-')}"
         if not path.parent.is_dir():
             raise click.BadParameter(f"the directory of {value} does not exist", param_hint=hint)
-        if path in inputs or path.is_dir():
+        if path in inputs or path.is_dir() or any(same_file(path, p) for p in inputs):  # a hard link of one too
             raise click.BadParameter(f"{value} is an input of this verification: it would be replaced",
                                      param_hint=hint)
         try:
@@ -172,9 +174,9 @@ def _check_outputs(project, script: str, converted: Optional[str], against: Opti
 
 
 def _write(path: Path, text: str) -> None:
-    from xlaport.files import atomic_write
+    from xlaport.files import write_report
 
-    atomic_write(path, text.encode("utf-8"))
+    write_report(path, text.encode("utf-8"))
 
 
 class _Stopped(KeyboardInterrupt):
