@@ -4,7 +4,7 @@ the same run.
 
 Both conversions start from the installed diffusers (0.30.3, the `diffusers`
 extra) and from `fixtures/diffusers_sd/input.py`; each converted script runs
-under verify's harness on XLA (PJRT_DEVICE=CPU unless set), importing its own
+as verify runs it on XLA (PJRT_DEVICE=CPU unless set), importing its own
 converted package.  For 4, 8 and 16 inference steps it prints the number of
 XLA compilations, the seconds spent compiling, the executions and the wall
 time of the script, and the ratio swap-only / xlaport.
@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench_fixtures import measure  # noqa: E402  (same harness run, best of N)
+from bench_fixtures import measure  # noqa: E402  (the same run as verify's, best of N)
 
 DRIVER = ROOT / "fixtures" / "diffusers_sd" / "input.py"
 CONVERSIONS = (("swap-only", ["--select", "XLA1"]), ("xlaport", []))

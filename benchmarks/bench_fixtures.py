@@ -1,9 +1,9 @@
 """Compile behaviour and speed of xlaport's conversion against a device-swap-only
 conversion (`--select XLA1`), for each fixture, measured in the same run.
 
-Both conversions of a fixture run on XLA (PJRT_DEVICE=CPU unless set) under
-verify's harness, which imports torch_xla before the clock starts, so the time
-is the script's own: tracing, compiling, executing.  Reports compile count
+Both conversions of a fixture run on XLA (PJRT_DEVICE=CPU unless set) as
+verify runs them -- plain `python SCRIPT`, watched, not changed -- so the time
+is the script's whole run: importing, tracing, compiling, executing.  Reports compile count
 (XLA CompileTime samples), compile seconds, wall seconds and steps/s, and the
 ratio xlaport / swap-only.
 

@@ -110,7 +110,7 @@ xla = pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="
 
 
 def _verify_sd(converted, steps):
-    from xlaport.verify.core import verify
+    from xlaport.verify.verification import verify
 
     out, _ = converted
     report = verify(ROOT / "fixtures" / "diffusers_sd" / "input.py", converted=out / "input.py",

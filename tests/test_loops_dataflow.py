@@ -47,7 +47,7 @@ def test_host_reads_in_a_loop_found_by_dataflow_are_every_step():
 @pytest.mark.xla
 @needs_xla
 def test_broken_off_loop_prints_every_line_the_cpu_run_prints():
-    from xlaport.verify.core import verify
+    from xlaport.verify.verification import verify
 
     report = verify(FIXTURES / "break_print" / "input.py", timeout=300, root=FIXTURES / "break_print")
     assert report.verdict == "pass", report.failures
@@ -58,7 +58,7 @@ def test_broken_off_loop_prints_every_line_the_cpu_run_prints():
 @pytest.mark.xla
 @needs_xla
 def test_compvis_sampler_compiles_the_same_at_two_lengths():
-    from xlaport.verify.core import verify
+    from xlaport.verify.verification import verify
 
     report = verify(FIXTURES / "compvis_sampler" / "input.py", lengths="--steps=4,8", timeout=300,
                     root=FIXTURES / "compvis_sampler")
@@ -194,7 +194,7 @@ def test_functions_called_from_the_step_loop_run_every_step():
 def test_models_known_by_dataflow_get_barriers_and_compile_the_same_at_two_lengths(tmp_path):
     """`net` (a parameter) and `policy` match no model name: before the
     dataflow analysis both loops ran as one graph that grew with --steps."""
-    from xlaport.verify.core import verify
+    from xlaport.verify.verification import verify
 
     source = FIXTURES / "edm_policy" / "input.py"
     report = verify(source, lengths="--steps=4,8", timeout=300)
@@ -220,7 +220,7 @@ def test_a_loop_around_a_sampler_needs_no_barrier_of_its_own(tmp_path):
     """fixtures/outer_loop: the round loop calls a function holding the
     denoising loop; only the inner loop gets a barrier, and the conversion
     compiles the same graphs at 3 rounds and at 6."""
-    from xlaport.verify.core import verify
+    from xlaport.verify.verification import verify
 
     source = FIXTURES / "outer_loop" / "input.py"
     expected = (FIXTURES / "outer_loop" / "expected.py").read_text()

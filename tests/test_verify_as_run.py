@@ -185,7 +185,8 @@ def test_lengths_are_checked_against_the_scripts_arguments_before_anything_runs(
         growth.check_option("@1", ["data.txt"], [source])
     proj = tmp_path / "p"
     proj.mkdir()
-    (proj / "train.py").write_text("import sys\nopen(sys.argv[1], 'w').write('ran')\nprint(1.5)\n")
+    (proj / "train.py").write_text("import sys\n\nimport torch\n\nopen(sys.argv[1], 'w').write('ran')\n"
+                                   "print(torch.ones(2, device='cuda' if torch.cuda.is_available() else 'cpu').sum())\n")
     marker = tmp_path / "ran"
     result = CliRunner().invoke(main, ["verify", "--root", str(proj), "--lengths", "--steps=1,2", str(proj / "train.py"),
                                        "--", str(marker)])

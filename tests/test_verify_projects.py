@@ -144,7 +144,7 @@ def test_an_editable_install_imports_each_sides_own_copy(tmp_path):
                           capture_output=True, text=True)
     if done.returncode != 0:
         pytest.skip(f"pip install -e failed (no registry?): {done.stderr[-300:]}")
-    from xlaport.verify.core import verify
+    from xlaport.verify.verification import verify
 
     report = verify(src / "scripts" / "train.py", python=str(venv / "bin" / "python"), timeout=300, cwd=src)
     assert report.error is None and report.verdict == "pass", report.error or report.failures
@@ -353,7 +353,7 @@ def test_events_are_tied_to_related_lines_and_to_growth_in_the_cut_loop(tmp_path
     XLA407 on the call that passes the loop counter (the finding's related
     line); one in another module's function by the XLA408 of the loop whose
     barrier cut the graph; a host read only by a finding on its own line."""
-    from xlaport.verify.session import predicted
+    from xlaport.verify.predicted import predicted
 
     (tmp_path / "model.py").write_text("import torch\n\ndef embed(idx):\n    return torch.arange(0, idx.size(1))\n")
     main = ("import torch\nfrom model import embed\n\ndef get_batch(source, i):\n    return source[i:i + 2]\n\n"
@@ -388,7 +388,7 @@ def _line_of_fixture(name, text):
 
 def test_a_growth_names_the_findings_that_predicted_its_recompilations():
     from xlaport.verify.growth import judge_lengths
-    from xlaport.verify.session import growth_reported
+    from xlaport.verify.predicted import growth_reported
 
     events = [{"kind": "recompile", "predicted_at": ["XLA407", "/p/model.py", 9]},
               {"kind": "recompile", "predicted_at": ["XLA407", "/p/model.py", 9]},
@@ -468,7 +468,8 @@ def test_a_device_named_on_the_command_line_gets_the_conversions_own_arguments(t
     dest.mkdir()
     (dest / "main.py").write_text(
         "import argparse\n\nimport torch\n\nparser = argparse.ArgumentParser()\n"
-        "parser.add_argument('--device', default='cpu')\nparser.add_argument('--steps', type=int, default=3)\n"
+        "parser.add_argument('--device', default='cpu', help='cpu|cuda|mps')\n"
+        "parser.add_argument('--steps', type=int, default=3)\n"
         "args = parser.parse_args()\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(4, 2).to(args.device)\n"
         "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nx = torch.randn(8, 4).to(args.device)\n"
         "for _ in range(args.steps):\n    loss = model(x).pow(2).mean()\n    opt.zero_grad()\n    loss.backward()\n"

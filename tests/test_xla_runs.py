@@ -14,7 +14,7 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 
 def _verify(name, *args):
-    from xlaport.verify.core import verify
+    from xlaport.verify.verification import verify
 
     report = verify(FIXTURES / name / "input.py", args=args, timeout=300, root=FIXTURES / name)
     assert report.error is None, report.error
@@ -44,7 +44,7 @@ def test_sampling_one_graph_per_step_and_flat_transfers():
 
 
 def test_verify_reports_crash_as_error(tmp_path):
-    from xlaport.verify.core import verify
+    from xlaport.verify.verification import verify
 
     bad = tmp_path / "crash.py"
     bad.write_text("import torch\nx = torch.ones(2).cuda()\nraise RuntimeError('boom')\n")
@@ -53,9 +53,9 @@ def test_verify_reports_crash_as_error(tmp_path):
 
 
 def test_verify_kills_a_hanging_script(tmp_path):
-    from xlaport.verify.core import verify
+    from xlaport.verify.verification import verify
 
     hang = tmp_path / "hang.py"
-    hang.write_text("import time\nwhile True:\n    time.sleep(1)\n")
+    hang.write_text("import time\n\ndevice = 'cuda'\nwhile True:\n    time.sleep(1)\n")
     report = verify(hang, timeout=5)
     assert report.verdict == "error" and "timeout" in report.error

@@ -72,9 +72,9 @@ def verify(script, script_args, root, converted, device, reference, rtol, atol, 
     The program is run as you run it: its whole project tree, from your
     working directory, with SCRIPT_ARGS.  Exit 0: pass; 1: outputs differ or
     a budget is exceeded; 2: could not verify; 130/143: interrupted."""
-    from xlaport.verify.core import verify as run_verify
     from xlaport.verify.project import Project, ProjectError
     from xlaport.verify.report import plot_steps, render
+    from xlaport.verify.verification import verify as run_verify
 
     try:
         project = Project.of(Path(script), Path(root) if root else None)

@@ -8,8 +8,10 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
+from xlaport.verify.syncs import read_graphs
+
 if TYPE_CHECKING:
-    from xlaport.verify.core import Report, Run
+    from xlaport.verify.model import Report, Run
 
 
 def judge(cand: "Run", compared, lines: "LineMapper", graphs: Path, warmup_steps: int,
@@ -45,7 +47,7 @@ def judge(cand: "Run", compared, lines: "LineMapper", graphs: Path, warmup_steps
     }
     events: List[Dict[str, object]] = []
     steady_recompiles = 0
-    dumped = _read_graphs(graphs.parent) if judged["recompile_sites"] else []
+    dumped = read_graphs(graphs.parent) if judged["recompile_sites"] else []
     for site in judged["recompile_sites"]:  # type: ignore[union-attr]
         at_site = _at_site(dumped, site)
         kinds = classify_recompiles(at_site, site)
@@ -94,7 +96,7 @@ def judge(cand: "Run", compared, lines: "LineMapper", graphs: Path, warmup_steps
     per_step = metrics["host_reads_per_step"]
     if max_host_reads_per_step is not None and per_step is not None and per_step > max_host_reads_per_step:  # type: ignore[operator]
         failures.append(f"{per_step:g} host read(s) per step > --max-host-reads-per-step {max_host_reads_per_step:g}")
-    from xlaport.verify.core import Report
+    from xlaport.verify.model import Report
 
     report = Report("fail" if failures else "pass", outputs, metrics, events)
     report.failures = failures
@@ -145,21 +147,6 @@ def judge_steps(steps: List[Dict[str, object]], warmup: int) -> Dict[str, object
 
 _LOCATION = re.compile(r"location=(?:[^@,]*@)?([^,:]+):(\d+)")
 _IR_ID = re.compile(r"%\d+")
-
-
-def _read_graphs(directory: Path) -> List[Dict[str, object]]:
-    """The graphs torch_xla dumped (XLA_SAVE_TENSORS_FILE, text format), in
-    order: their sync site frames, hash and IR lines."""
-    graphs: List[Dict[str, object]] = []
-    for dump in sorted(directory.glob("graphs.txt*")):
-        text = dump.read_text(errors="replace")
-        for chunk in text.split("[ScheduleSyncTensorsGraph]")[1:]:
-            frames = re.findall(r"^\s+(\S+) \((.+):(\d+)\)$", chunk.split("## BEGIN_GRAPH")[0], re.M)
-            body = chunk.split("## BEGIN_GRAPH", 1)[1] if "## BEGIN_GRAPH" in chunk else ""
-            ir = [l.strip() for l in body.split("\n}", 1)[0].splitlines() if l.strip().startswith("%")]
-            h = re.search(r"Graph Hash: (\w+)", body)
-            graphs.append({"frames": frames, "hash": h.group(1) if h else None, "ir": ir})
-    return graphs
 
 
 _OP = re.compile(r"^%\d+ = \S+ ([\w:.]+)\(")

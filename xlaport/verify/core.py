@@ -1,93 +1,27 @@
-"""Run reference and candidate, compare outputs, judge compile behaviour.
-
-The unit is the program as the user runs it (``xlaport.verify.project``):
-each run happens in a fresh copy of the project tree -- the reference's
-modules retargeted to the CPU, the candidate's converted -- from the same
-relative working directory.  Verify executes the program, unsandboxed, with
-the user's rights: the reference twice, the candidate at least once.
+"""One run of one side: the program as the user runs it, in a fresh copy of
+its project tree (``xlaport.verify.project``) -- the original, its CPU
+retargeting, or the conversion -- from the same relative working
+directory, watched (``xlaport.verify.observer``), stopped with all it
+started.  Verify executes the program, unsandboxed, with the user's rights.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 from xlaport.engine import Settings
-from xlaport.verify import observer, record, syncs
-from xlaport.verify.outputs import Compared
-from xlaport.verify.project import Project, ProjectError, Side, changed_files
+from xlaport.verify import observer, syncs
+from xlaport.verify.model import LEFTOVERS, NothingToPort, Run, VerifyError
+from xlaport.verify.project import Project, Side
 
 ROOT = Path(__file__).resolve().parents[2]
-LEFTOVERS = observer.LEFTOVERS
-
-
-class VerifyError(Exception):
-    """The program could not be verified (crash, timeout, missing runtime).
-    ``so_far``: what an XLA run killed at the timeout had done by then;
-    ``ended``: how a run that died ended and how far it got
-    (``killed by SIGABRT (after 92 s: 1 steps, ...)``)."""
-
-    so_far: Optional[Dict[str, object]] = None
-    ended: str = ""
-
-
-class NothingToPort(Exception):
-    """The project holds no CUDA or accelerator code: what ``convert`` says
-    (``xlaport.program``), said by verify too, before anything runs."""
-
-
-@dataclass
-class Run:
-    ok: bool
-    stdout: str
-    metrics: Dict[str, object]
-    files: Dict[str, Path]
-    error: Optional[str]
-    workdir: Path
-    data: Dict[str, object] = field(default_factory=dict)  # everything the harness recorded
-
-
-@dataclass
-class Report:
-    verdict: str
-    outputs: List[Compared] = field(default_factory=list)
-    metrics: Dict[str, object] = field(default_factory=dict)
-    events: List[Dict[str, object]] = field(default_factory=list)
-    error: Optional[str] = None
-    failures: List[str] = field(default_factory=list)
-    varies: List[str] = field(default_factory=list)
-    not_compared: List[str] = field(default_factory=list)
-    float_order: List[str] = field(default_factory=list)  # compared, within the original's float-order noise
-    config: Dict[str, object] = field(default_factory=dict)
-    random: List[str] = field(default_factory=list)  # random, not compared: op and line
-    imported: Dict[str, Dict[str, List[str]]] = field(default_factory=dict)  # side -> tree -> modules
-    divergence: Optional[Dict[str, object]] = None
-
-    def as_dict(self) -> Dict[str, object]:
-        return {
-            "verdict": self.verdict,
-            "config": self.config,
-            "outputs": [o.__dict__ for o in self.outputs],
-            "varies_between_runs": self.varies,
-            "not_compared": self.not_compared,
-            "within_float_order_noise": self.float_order,
-            "random_not_compared": self.random,
-            "divergence": self.divergence,
-            "imported": self.imported,
-            "metrics": self.metrics,
-            "events": self.events,
-            "failures": self.failures,
-            "error": self.error,
-        }
 
 
 # ------------------------------------------------------------------ the sides
@@ -167,6 +101,7 @@ def run_side(side: Side, mode: str, args: Sequence[str], timeout: float, python:
         # writer, a logging service) holds no pipe open that we would wait on
         proc = subprocess.Popen(cmd, cwd=side.cwd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
+        _LIVE[proc.pid] = (proc, prefix)
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -178,6 +113,7 @@ def run_side(side: Side, mode: str, args: Sequence[str], timeout: float, python:
             raise error
         finally:
             _kill(proc, prefix)  # nothing it started stays behind (and on Ctrl-C, it goes too)
+            _LIVE.pop(proc.pid, None)
     stderr = err_path.read_text(errors="replace")
     code = proc.returncode
     if code != 0:
@@ -210,6 +146,15 @@ def run_side(side: Side, mode: str, args: Sequence[str], timeout: float, python:
 
 
 _RUNS = itertools.count(1)
+# the runs under way (a candidate runs beside the references): what
+# kill_all stops when the verification ends early
+_LIVE: Dict[int, Tuple[subprocess.Popen, Path]] = {}
+
+
+def kill_all() -> None:
+    """Every run still under way, and all it started."""
+    for proc, prefix in list(_LIVE.values()):
+        _kill(proc, prefix)
 
 
 def _summed(a: Optional[Dict[str, object]], b: Dict[str, object]) -> Dict[str, object]:
@@ -289,90 +234,3 @@ def _cuda_available(python: str) -> bool:
     return probe.returncode == 0
 
 
-# ------------------------------------------------------------------ verify
-
-
-@dataclass
-class Options:
-    """What a verification was asked to do (the command line's options)."""
-
-    rtol: Optional[float] = None  # None: follow the dtypes (see outputs.tolerance)
-    atol: Optional[float] = None
-    timeout: float = 600
-    max_host_reads_per_step: Optional[float] = None
-    python: str = sys.executable
-    warmup_steps: int = 2
-    reference: str = "auto"
-    device: str = "cpu"
-    reference_runs: int = 2
-    lengths: Optional[str] = None
-    keep: bool = False
-    record_to: Optional[Path] = None
-    against: Optional[Path] = None
-    root: Optional[Path] = None
-    device_rng: bool = False  # True: leave the device's random numbers to XLA's generator
-    # the conversion's own arguments, where they differ from the reference's (a device named on the command line)
-    converted_args: Optional[List[str]] = None
-
-
-def verify(script: Path, converted: Optional[Path] = None, args: Sequence[str] = (), rtol: Optional[float] = None,
-           atol: Optional[float] = None, timeout: float = 600, max_host_reads_per_step: Optional[float] = None,
-           python: str = sys.executable, warmup_steps: int = 2, reference: str = "auto", device: str = "cpu",
-           reference_runs: int = 2, lengths: Optional[str] = None, keep: bool = False,
-           record_to: Optional[Path] = None, against: Optional[Path] = None, root: Optional[Path] = None,
-           device_rng: bool = False, cwd: Optional[Path] = None,
-           converted_args: Optional[Sequence[str]] = None) -> Report:
-    """Run the reference and the candidate, compare, and judge (see the README).
-
-    ``record_to``: run only the reference and store it there; ``against``:
-    compare with such a record instead of running the original.  Temporary
-    directories are removed unless ``keep`` -- also when the verification is
-    interrupted (KeyboardInterrupt goes on to the caller)."""
-    opts = Options(rtol, atol, timeout, max_host_reads_per_step, python, warmup_steps, reference, device,
-                   max(1, reference_runs), lengths, keep, record_to, against, root, device_rng,
-                   list(converted_args) if converted_args is not None else None)
-    try:
-        project = Project.of(Path(script), root, cwd)
-    except ProjectError as exc:
-        return Report("error", error=str(exc))
-    config: Dict[str, object] = {
-        "script": str(project.script), "root": str(project.root), "cwd": str(project.cwd),
-        "converted": str(converted) if converted else None, "args": list(args), "rtol": rtol, "atol": atol,
-        "warmup_steps": warmup_steps, "reference": reference, "device": device, "reference_runs": reference_runs,
-        "lengths": lengths, "against": str(against) if against else None, "device_rng": device_rng,
-        "converted_args": list(converted_args) if converted_args is not None else None,
-        "environment": record.environment(python),
-    }
-    scratch = Path(tempfile.mkdtemp(prefix="xlaport-verify-", dir=_scratch_base(project.root)))
-    if keep:
-        config["kept"] = str(scratch)
-    before = project.fingerprint()
-    try:
-        from xlaport.verify.session import Session
-
-        report = Session(project, converted, list(args), opts, scratch).run()
-    except (VerifyError, ProjectError) as exc:
-        report = Report("error", error=str(exc))
-    finally:
-        if not keep:
-            shutil.rmtree(scratch, ignore_errors=True)
-    touched = changed_files(before, project.fingerprint())
-    if touched:  # never expected: said loudly if it happens
-        report.error = (report.error + "\n" if report.error else "") + \
-            f"the user's tree changed during the verification: {', '.join(touched[:10])}"
-        report.verdict = "error"
-    report.config = {**config, **report.config}
-    return report
-
-
-def _scratch_base(root: Path) -> Optional[str]:
-    """A temporary directory outside the project (never inside the tree it copies)."""
-    base = Path(tempfile.gettempdir()).resolve()
-    if _inside(base, root):
-        home = Path.home() / ".cache" / "xlaport"
-        home.mkdir(parents=True, exist_ok=True)
-        return str(home)
-    return None
-
-
-Runner = Callable[..., Run]

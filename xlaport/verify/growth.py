@@ -18,7 +18,7 @@ the next (three lengths tell growth from a one-off compile).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from xlaport.engine import Settings, SourceError, transform
 
@@ -127,7 +127,7 @@ def fixed_costs(report, name: str, compiles: Sequence[int]) -> None:  # type: ig
     report.config["fixed_costs"] = f"{steady[0]}, but {compiles[0]} compiles at every {name}: fixed costs, not growth"
 
 
-def check_option(name: str, args: Sequence[str], sources: Sequence[str]) -> None:
+def check_option(name: str, args: Sequence[str], sources: Iterable[str]) -> None:
     """Before anything runs: ``name`` is an option the script takes (given in
     ``args``, or declared in one of the project's ``sources``), or a
     positional argument it was given.  Raises ValueError saying which."""

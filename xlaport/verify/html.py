@@ -13,7 +13,7 @@ from html import escape
 from pathlib import Path
 from typing import Dict, List
 
-from xlaport.verify.core import Report
+from xlaport.verify.model import Report
 
 _CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}

@@ -34,7 +34,6 @@ import time
 from typing import Callable, Dict, List, Optional
 
 SEED = 0
-LEFTOVERS = "xlaport-leftovers.pt"
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from xlaport.verify.core import Report
+from xlaport.verify.model import Report
 
 
 def render(report: Report) -> None:

@@ -75,13 +75,16 @@ def imported(trees: Dict[str, str]) -> Dict[str, List[str]]:
     """``{label: [module, ...]}``: the modules loaded from each named tree."""
     found: Dict[str, List[str]] = {label: [] for label in trees}
     roots = {label: os.path.realpath(t) + os.sep for label, t in trees.items() if t}
+    ours = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep  # xlaport's own (its observer)
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
         if not isinstance(path, str) or not os.path.isabs(path):
             continue  # built in, or a lazy stand-in (torch.ops)
         real = os.path.realpath(path)
-        if f"{os.sep}site-packages{os.sep}" in real or f"{os.sep}dist-packages{os.sep}" in real:
-            continue  # installed packages (a virtual environment inside the project too)
+        if f"{os.sep}site-packages{os.sep}" in real or f"{os.sep}dist-packages{os.sep}" in real \
+                or real.startswith(ours) or name == "xlaport" or name.startswith("xlaport.") \
+                or real.endswith(os.path.join("xlaport", "verify", "observe", "sitecustomize.py")):
+            continue  # (xlaport itself, also where the project is a checkout of xlaport)  # installed packages (a virtual environment inside the project too)
         for label, root in roots.items():
             if real.startswith(root):
                 found[label].append(name)

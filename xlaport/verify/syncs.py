@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -39,14 +40,27 @@ def _user_frame(frames: List[Tuple[str, str, str]], is_user: Callable[[str], boo
     return None, None
 
 
+def read_graphs(directory: Path) -> List[Dict[str, object]]:
+    """The graphs torch_xla dumped (XLA_SAVE_TENSORS_FILE, text format), in
+    order: their sync site frames, hash and IR lines."""
+    graphs: List[Dict[str, object]] = []
+    for dump in sorted(directory.glob("graphs.txt*")):
+        text = dump.read_text(errors="replace")
+        for chunk in text.split("[ScheduleSyncTensorsGraph]")[1:]:
+            frames = re.findall(r"^\s+(\S+) \((.+):(\d+)\)$", chunk.split("## BEGIN_GRAPH")[0], re.M)
+            body = chunk.split("## BEGIN_GRAPH", 1)[1] if "## BEGIN_GRAPH" in chunk else ""
+            ir = [l.strip() for l in body.split("\n}", 1)[0].splitlines() if l.strip().startswith("%")]
+            h = re.search(r"Graph Hash: (\w+)", body)
+            graphs.append({"frames": frames, "hash": h.group(1) if h else None, "ir": ir})
+    return graphs
+
+
 def observed(directory: Path, is_user: Callable[[str], bool]) -> Dict[str, object]:
     """``steps`` (cumulative snapshots, as :func:`compiles.judge_steps`
     reads them), ``host_reads`` (syncs that were not steps, by user line),
     ``autocast`` (the low-precision float types the graphs computed in),
     ``syncs`` and ``own_files`` (the user files on the graphs' stacks)."""
-    from xlaport.verify.compiles import _read_graphs
-
-    graphs = _read_graphs(directory)
+    graphs = read_graphs(directory)
     seen: set = set()
     steps: List[Dict[str, object]] = []
     reads: Dict[Tuple[str, int], int] = collections.Counter()
