@@ -16,18 +16,11 @@ import libcst as cst
 from codemods import registry
 from codemods.analysis.cuda import count_references
 from codemods.analysis.switches import decided_spans
-from codemods.coverage import CATCH_ALL, COVERAGE_KEY, LEFT_KEY, SWITCHED_KEY, CudaCatchAll
-from codemods.xla_limits import XLA_CANNOT
-from codemods.syntax import imports
-from codemods.analysis import prefilter
-from codemods.syntax.parsing import parse_module
-from codemods.syntax.splice import spliced_code
 from codemods.base import (
-    Context,
     FINDINGS_KEY,
     KEPT_SWITCHES_KEY,
-    ORIGINAL_LINE_KEY,
     OPTIONS_KEY,
+    ORIGINAL_LINE_KEY,
     SELECT_KEY,
     SILENCED_KEY,
     SOURCE_KEY,
@@ -35,13 +28,25 @@ from codemods.base import (
     TARGET_KEY,
     TREE_KEY,
     UNPLACED_KEY,
-    Unplaced,
+    Context,
     Finding,
     TreeCache,
+    Unplaced,
     place,
 )
-from xlaport.settings import Settings  # noqa: F401 -- re-exported
+from codemods.coverage import (
+    CATCH_ALL,
+    COVERAGE_KEY,
+    LEFT_KEY,
+    SWITCHED_KEY,
+    CudaCatchAll,
+)
+from codemods.syntax import imports, pyast
+from codemods.syntax.parsing import parse_module
+from codemods.syntax.splice import spliced_code
+from codemods.xla_limits import XLA_CANNOT
 from xlaport.linemap import LazyLineMap
+from xlaport.settings import Settings  # noqa: F401 -- re-exported
 
 
 class SourceError(Exception):
@@ -209,7 +214,7 @@ def _convert(source: bytes, settings: Settings, filename: str, triggered: Option
         # a rewritten CUDA test must own what it switches on, whichever rules
         # are selected: the catch-all lists what is left (and reports nothing)
         codemods = applicable(source, settings, [*codes, CATCH_ALL.code])
-    if prefilter.rejected(source):
+    if pyast.rejected(source):
         # Python could not read it: too deep a nesting crashes LibCST's
         # native parser (a segfault, 5,000 nested brackets) -- say so first
         problem = python_error(source)
@@ -244,7 +249,7 @@ def _convert(source: bytes, settings: Settings, filename: str, triggered: Option
         context.scratch[TREE_KEY] = TreeCache(tree, source, original_text)
         made.append(context.scratch[TREE_KEY])
         # the prefilter's ``ast`` parse of this same source, for statement lines
-        context.scratch[TREE_KEY].memo["ast"] = prefilter.parsed(source)
+        context.scratch[TREE_KEY].memo["ast"] = pyast.parsed(source)
 
         def flush(cache: TreeCache) -> None:
             """Place the findings on the current tree (one position pass for

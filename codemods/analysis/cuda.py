@@ -21,15 +21,24 @@ each rule that rewrites on it checks the use it rewrites.
 from __future__ import annotations
 
 import re
-from typing import Callable, Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from codemods.analysis.prefilter import CUDA_REFERENCE_WORDS, CUDA_RUNTIME_NAMES, facts_of, holds
-from codemods.base import TreeCache, dotted, string_value, walk
-from codemods.syntax.tree import node_types
-
-QualNames = Callable[[cst.CSTNode], Set[str]]
+from codemods.analysis.device_calls import (  # noqa: F401 (read here too)
+    LAUNCHERS,
+    SPAWNS,
+    QualNames,
+    device_arguments,
+)
+from codemods.analysis.ordinals import ordinal_uses
+from codemods.analysis.prefilter import (
+    CUDA_REFERENCE_WORDS,
+    CUDA_RUNTIME_NAMES,
+    facts_of,
+    holds,
+)
+from codemods.syntax.tree import TreeCache, dotted, node_types, string_value, walk
 
 CUDA_STRING_RE = re.compile(r"^cuda(:\d+)?$")
 HOST_DEVICES = {"cpu", "mps"}
@@ -40,8 +49,6 @@ AUTOCASTS = {"torch.cuda.amp.autocast", "torch.autocast", "torch.amp.autocast", 
              "torch.cuda.amp.autocast_mode.autocast"}
 AVAILABILITY = {"torch.cuda.is_available", "torch.accelerator.is_available", "torch.backends.mps.is_available"}
 # what starts worker processes, before conversion and after (idempotence)
-LAUNCHERS = {"torch_xla.launch", "torch_xla.distributed.xla_multiprocessing.spawn"}
-SPAWNS = {"torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn", "torch.multiprocessing.start_processes"}
 
 
 def is_cuda_string(node: cst.CSTNode) -> bool:
@@ -180,8 +187,6 @@ def cuda_references(tree: TreeCache, qualnames: QualNames) -> List[Tuple[cst.CST
                 found.append((n, '"cuda"'))
         elif kind is cst.DictElement and string_value(n.key) == "pin_memory" and not is_false(n.value):
             found.append((n, "pin_memory="))
-    from codemods.analysis.ordinals import ordinal_uses  # (it reads this module)
-
     if words:  # (an int device is counted where the code speaks of CUDA)
         found += [(n, "int device") for n in ordinal_uses(tree, qualnames).values()]
     return found
@@ -329,18 +334,6 @@ class CudaFacts:
         return text.split(".")[-1] in {"scaler", "grad_scaler", "loss_scaler", "amp_scaler"}
 
 
-def device_arguments(call: cst.Call, qualnames: QualNames) -> List[cst.BaseExpression]:
-    """The arguments of ``call`` that sit where a device goes: ``device=``,
-    the first of ``.to(...)`` and of ``torch.device(...)``."""
-    found = [a.value for a in call.args if a.keyword is not None and a.keyword.value == "device"]
-    positional = [a.value for a in call.args if a.keyword is None and not a.star]
-    func = call.func
-    if positional and ((isinstance(func, cst.Attribute) and func.attr.value == "to")
-                       or "torch.device" in qualnames(func)):
-        found.append(positional[0])
-    return found
-
-
 _DEVICE_MAKERS = {"torch.device", "torch_xla.device", "torch_xla.core.xla_model.xla_device",
                   "torch_xla.runtime.xla_device", "torch.accelerator.current_accelerator"}
 
@@ -352,7 +345,10 @@ def _is_device_object(value: cst.CSTNode, qualnames: QualNames, tree: TreeCache)
         return bool(qualnames(value.func) & _DEVICE_MAKERS)
     if not (isinstance(value, cst.Attribute) and value.attr.value == "device"):
         return False
-    from codemods.analysis.values import TENSOR, values  # (values reads this module's neighbours)
+    from codemods.analysis.values import (  # (values reads this module's neighbours)
+        TENSOR,
+        values,
+    )
 
     base = value.value
     return "accelerator" in (dotted(base) or "").split(".")[-1] or TENSOR in values(tree).of(base)

@@ -23,8 +23,8 @@ from typing import Dict, Optional, Set, Tuple
 import libcst as cst
 
 from codemods.analysis.cuda import AVAILABILITY, in_cuda_module, is_cuda_string
-from codemods.target import XLA_CUDA_API
 from codemods.syntax.tree import TreeCache, call_name, dotted, string_value, walk
+from codemods.target import XLA_CUDA_API
 
 QualNames = object  # Callable[[cst.CSTNode], Set[str]]
 

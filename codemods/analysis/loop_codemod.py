@@ -18,17 +18,16 @@ from codemods.analysis.loops import (
     in_model_code,
     is_device_loader_expr,
     loop_iterable,
+    loop_step_kind,
     model_functions,
     module_facts,
     step_functions,
-    loop_step_kind,
 )
 from codemods.analysis.nesting import is_outer_loop
 from codemods.analysis.tensors import tensor_names
 from codemods.analysis.values import DEVICE_LOADER, LOADER, UNKNOWN
 from codemods.analysis.values import values as dataflow
 from codemods.base import SOURCE_KEY, XlaCodemod, call_name, dotted, find_all
-
 
 DATALOADER_NAMES = {
     "torch.utils.data.DataLoader",

@@ -23,23 +23,38 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 import libcst as cst
 
+from codemods.analysis.bindings import binding_nodes
+from codemods.analysis.calls import FunctionSet, called_functions
+from codemods.analysis.state import _carries_model_state, _root
+from codemods.analysis.steps import LOADER_NAME_RE, STEP_CALLS, callers_closure
+from codemods.analysis.syncs import (  # noqa: F401 -- part of this module's API
+    _NESTED,
+    Loop,
+    QualNames,
+    body_statements,
+    has_barrier,
+    is_barrier_call,
+    syncing_functions,
+)
 from codemods.analysis.values import (
     OPTIMIZER,
     SAMPLER,
     SCALER,
     UNKNOWN,
     Values,
+)
+from codemods.analysis.values import (
     values as values_of,
 )
-from codemods.analysis.bindings import binding_nodes
-from codemods.analysis.calls import FunctionSet, called_functions
-from codemods.analysis.state import _carries_model_state, _root
-from codemods.analysis.steps import LOADER_NAME_RE, STEP_CALLS, callers_closure
-from codemods.analysis.syncs import (  # noqa: F401 -- part of this module's API
-    _NESTED, Loop, QualNames, body_statements, has_barrier, is_barrier_call, syncing_functions,
+from codemods.syntax.tree import (
+    TreeCache,
+    call_name,
+    children,
+    dotted,
+    find_all,
+    node_types,
+    tree_of,
 )
-from codemods.base import TreeCache, call_name, dotted, find_all
-from codemods.syntax.tree import children, node_types, tree_of
 
 _NESTED_TYPES = node_types(_NESTED)
 _DEFS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)

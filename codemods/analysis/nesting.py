@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional, Set
 import libcst as cst
 
 from codemods.analysis.values import values as values_of
-from codemods.base import TreeCache, dotted, find_all
+from codemods.syntax.tree import TreeCache, dotted, find_all
 
 _NESTED = (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)
 _LOOP_BLOCKS = "LoopSequentialPipelineBlocks"

@@ -16,7 +16,7 @@ integer -- whatever it is called:
 * ``args.gpu`` where the module's argparse declares ``--gpu`` with ``type=int``;
 * ``self.gpu_id`` where every value the class stores in it is an ordinal.
 
-Where an expression is used as a device is ``cuda.device_arguments``.
+Where an expression is used as a device is ``device_calls.device_arguments``.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from typing import Dict, Optional, Set
 import libcst as cst
 
 from codemods.analysis.bindings import binding_nodes
-from codemods.analysis.cuda import LAUNCHERS, SPAWNS, device_arguments
-from codemods.analysis.values import Values, values as values_of
+from codemods.analysis.device_calls import LAUNCHERS, SPAWNS, device_arguments
+from codemods.analysis.values import Values
+from codemods.analysis.values import values as values_of
 from codemods.syntax.tree import TreeCache, call_name, dotted, string_value
 
 _INDEX_CALLS = {"torch.distributed.get_rank", "torch.distributed.get_local_rank", "torch.cuda.current_device",

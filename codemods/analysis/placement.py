@@ -31,8 +31,9 @@ import libcst as cst
 from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.loops import loop_iterable
 from codemods.analysis.tensors import is_tensor_expr
-from codemods.analysis.values import DEVICE as DEVICE_KIND, DEVICE_LOADER, DEVICE_STR, LOADER, MODULE, Values, \
-    values as values_of
+from codemods.analysis.values import DEVICE as DEVICE_KIND
+from codemods.analysis.values import DEVICE_LOADER, DEVICE_STR, LOADER, MODULE, Values
+from codemods.analysis.values import values as values_of
 from codemods.syntax.tree import TreeCache, call_name, find_all, string_value
 
 HOST, DEVICE = "host", "device"

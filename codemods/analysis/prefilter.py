@@ -55,7 +55,13 @@ import ast
 import re
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
-from codemods.analysis.steps import LOADER_NAME_RE, STEP_CALLS, called_like_a_model, callers_closure
+from codemods.analysis.steps import (
+    LOADER_NAME_RE,
+    STEP_CALLS,
+    called_like_a_model,
+    callers_closure,
+)
+from codemods.syntax import pyast
 
 _LOADER_RE = LOADER_NAME_RE
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
@@ -132,23 +138,6 @@ def _last_name(node: ast.AST) -> Optional[str]:
     return None
 
 
-# the last source parsed here and its tree: the engine reads statement lines
-# from it (``parsed``) rather than parse the same file with ``ast`` again
-_LAST: Tuple[bytes, Optional[ast.Module]] = (b"", None)
-
-
-def parsed(source: bytes) -> Optional[ast.Module]:
-    """The ``ast`` tree of ``source`` if it was the last file read here."""
-    last, tree = _LAST
-    return tree if last is source else None
-
-
-def rejected(source: bytes) -> bool:
-    """Python's own parser refused ``source``, the last file read here."""
-    last, tree = _LAST
-    return last is source and tree is None
-
-
 _LAST_FACTS: Tuple[bytes, Optional[FrozenSet[str]]] = (b"", None)
 
 
@@ -165,13 +154,9 @@ def facts_of(source: bytes) -> Optional[FrozenSet[str]]:
 def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
     """The facts that can hold for ``source``; None when ``ast`` cannot read
     it (then nothing is filtered and LibCST reports the problem)."""
-    global _LAST
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        _LAST = (source, None)
+    tree = pyast.parse(source)
+    if tree is None:
         return None
-    _LAST = (source, tree)
     facts: Set[str] = set()
     names: Set[str] = set()
     loop_calls: Set[str] = set()  # names called anywhere inside a loop

@@ -18,6 +18,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 import libcst as cst
 
+from codemods.analysis.steps import called_like_a_model
 from codemods.analysis.values import (
     LOADED,
     LR_SCHEDULER,
@@ -28,7 +29,6 @@ from codemods.analysis.values import (
     Values,
     definitely_not,
 )
-from codemods.analysis.steps import called_like_a_model
 from codemods.syntax.tree import call_name, children, dotted, find_all, node_types, walk
 
 Loop = Union[cst.For, cst.While]

@@ -8,7 +8,7 @@ from typing import Callable, Iterable, Optional, Set
 
 import libcst as cst
 
-from codemods.base import call_name, dotted, find_all
+from codemods.syntax.tree import call_name, dotted, find_all
 
 QualNames = Callable[[cst.CSTNode], Set[str]]
 _DEFS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)

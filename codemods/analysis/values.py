@@ -36,11 +36,40 @@ import libcst as cst
 from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.calls import calls_named
 from codemods.analysis.kinds import (  # noqa: F401 -- the kinds are part of this module's API
-    DEVICE, DEVICE_LOADER, DEVICE_STR, HOST, LOADED, LOADER, LR_SCHEDULER, MODULE, NONE, OBJECT, OPTIMIZER,
-    SAMPLER, SCALER, STATELESS, TENSOR, UNKNOWN, MODEL_LIBS, Kinds, union_kinds, definitely_not, library_kinds,
-    pretrained_kinds, is_stateless_class, PRETRAINED_METHODS,
+    DEVICE,
+    DEVICE_LOADER,
+    DEVICE_STR,
+    HOST,
+    LOADED,
+    LOADER,
+    LR_SCHEDULER,
+    MODEL_LIBS,
+    MODULE,
+    NONE,
+    OBJECT,
+    OPTIMIZER,
+    PRETRAINED_METHODS,
+    SAMPLER,
+    SCALER,
+    STATELESS,
+    TENSOR,
+    UNKNOWN,
+    Kinds,
+    definitely_not,
+    is_stateless_class,
+    library_kinds,
+    pretrained_kinds,
+    union_kinds,
 )
-from codemods.syntax.tree import TreeCache, call_name, children, dotted, find_all, node_types, string_value
+from codemods.syntax.tree import (
+    TreeCache,
+    call_name,
+    children,
+    dotted,
+    find_all,
+    node_types,
+    string_value,
+)
 
 _KEEP_KIND = {"to", "cuda", "cpu", "half", "float", "double", "bfloat16", "eval", "train", "requires_grad_",
               "detach", "clone", "contiguous", "share_memory", "type_as", "xpu"}

@@ -25,15 +25,39 @@ from __future__ import annotations
 import ast
 import re
 from contextlib import contextmanager, nullcontext
-from typing import TYPE_CHECKING, ContextManager, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import (
+    ContextManager,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Protocol,
+    Sequence,
+    Set,
+    Tuple,
+)
 
 import libcst as cst
 from libcst._position import CodePosition, CodeRange
 from libcst.metadata import PositionProvider
 from libcst.metadata.position_provider import PositionProvidingCodegenState
 
-if TYPE_CHECKING:
-    from codemods.syntax.tree import TreeCache
+from codemods.syntax.nodes import walk
+
+
+class IndexedTree(Protocol):
+    """What :func:`tree_positions` reads of an indexed tree (``tree.TreeCache``
+    is one): the module, its text where known, each node's parent, and
+    where its statements start."""
+
+    module: cst.Module
+    text: Optional[str]
+    parents: Dict[int, cst.CSTNode]
+
+    def statement_positions(self) -> Dict[int, Tuple[int, int, int, int]]: ...
+
+    def statement_starts(self) -> Optional[Dict[int, int]]: ...
 
 
 _NOTHING = nullcontext()
@@ -107,7 +131,7 @@ def start_positions(module: cst.Module, nodes: Iterable[cst.CSTNode],
     return _generate(module, module, nodes, 1, ())
 
 
-def tree_positions(tree: "TreeCache", nodes: List[cst.CSTNode]) -> Dict[int, Position]:
+def tree_positions(tree: IndexedTree, nodes: List[cst.CSTNode]) -> Dict[int, Position]:
     """``TreeCache.start_positions`` where no full position metadata was
     computed: a statement's position is read from ast; only the innermost
     statements that hold the other nodes and whose start ast gives are
@@ -150,8 +174,6 @@ def _generate(module: cst.Module, root: cst.CSTNode, nodes: List[cst.CSTNode], l
     """Generate the code of ``root`` (the module, or a statement starting at
     ``line`` inside blocks indented by ``indents``), recording the ranges
     of ``nodes`` only."""
-    from codemods.syntax.tree import walk
-
     # a node's range can come from its children's (an indented block starts at
     # its first statement and ends with its last): record those too
     wanted = {id(d) for n in nodes for d in walk(n)}

@@ -479,7 +479,7 @@ def _ports_xla(source: bytes) -> bool:
     so that what the rules add on the way never counts."""
     import ast
 
-    from codemods.analysis.prefilter import parsed
+    from codemods.syntax.pyast import parsed
 
     tree = parsed(source)
     if tree is None:

@@ -124,7 +124,7 @@ def run_side(side: Side, mode: str, args: Sequence[str], timeout: float, python:
                                 f"{stderr[-4000:]}")
             error.so_far, error.ended = so_far, f"({how}){_progress(so_far)}"
             raise error
-        said = stderr.strip()[-3000:] or f"exited with status {code}"
+        said = _told(stderr) or f"exited with status {code}"
         raise VerifyError(f"{side.project.rel_script} ({mode} run) failed: {said}")
     recorded = observer.records(str(prefix))
     data: Dict[str, object] = {"stdout": out_path.read_text(errors="replace")}
@@ -155,6 +155,17 @@ def kill_all() -> None:
     """Every run still under way, and all it started."""
     for proc, prefix in list(_LIVE.values()):
         _kill(proc, prefix)
+
+
+def _told(stderr: str, most: int = 6000) -> str:
+    """What a failed run said, short enough to show: its last Python
+    traceback from the start (the frames and the exception, whose message
+    may go on for pages), else the end of its stderr."""
+    text = stderr.strip()
+    start = text.rfind("Traceback (most recent call last):")
+    if start >= 0 and len(text) - start > most:
+        return text[start:start + most] + "\n[...]"
+    return text[start:] if start >= 0 else text[-3000:]
 
 
 def _summed(a: Optional[Dict[str, object]], b: Dict[str, object]) -> Dict[str, object]:
