@@ -274,7 +274,9 @@ def same_file(a: Path, b: Path) -> bool:
 def write_report(path: Path, data: bytes) -> None:
     """A report (``--output-file``, ``--json``) written by replacement: a
     name that is a hard link of another file gets a file of its own, and
-    the other names keep their content."""
+    the other names keep their content.  Its folder must exist."""
+    if not path.parent.is_dir():
+        raise FileNotFoundError(2, "No such file or directory", str(path.parent))
     atomic_write(path, data, like=path if path.is_file() else None)
 
 
