@@ -233,3 +233,27 @@ def test_a_long_crash_keeps_its_traceback_and_exception():
     told = _told(stderr)
     assert told.startswith("Traceback") and 'File "/p/train.py", line 57' in told
     assert _what_killed(told).startswith("NotImplementedError: Could not run 'aten::_to_sparse'")
+
+
+def test_the_precision_noise_run_turns_autocast_off_and_a_judged_run_is_left_alone(tmp_path):
+    """The diagnostic run that measures the precision noise runs every
+    autocast region in full precision; without it, the observer changes
+    nothing (autocast on, as the program asked)."""
+    import os
+    import subprocess
+    import sys
+
+    from xlaport.verify.core import OBSERVE, ROOT
+
+    script = tmp_path / "amp.py"
+    script.write_text("import torch\nwith torch.autocast('cpu', dtype=torch.bfloat16):\n"
+                      "    y = torch.ones(2, 2) @ torch.ones(2, 2)\n    on = torch.is_autocast_enabled('cpu')\n"
+                      "print(on, y.dtype)\n")
+
+    def run(**env):
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env={
+            **os.environ, "PYTHONPATH": f"{OBSERVE}{os.pathsep}{ROOT}", "XLAPORT_OBSERVE": str(tmp_path / "r"), **env})
+        return done.stdout.strip()
+
+    assert run() == "True torch.bfloat16"
+    assert run(XLAPORT_DIAGNOSE="no_autocast") == "False torch.float32"

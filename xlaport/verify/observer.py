@@ -17,7 +17,8 @@ verify puts on its path, only
 
 Diagnostic runs -- never the run that is judged -- add one instrument each,
 named by ``XLAPORT_DIAGNOSE``: ``trace`` (per step, the host reads and CPU
-fallbacks and the line of each) and ``rng`` (the device's random draws taken from the CPU generator, to
+fallbacks and the line of each), ``no_autocast`` (the precision noise:
+autocast regions run in full precision) and ``rng`` (the device's random draws taken from the CPU generator, to
 compare values with a reference that drew them there); and with
 ``XLAPORT_TRACE_MODULES``, each module's outputs (where two runs part).
 """
@@ -115,11 +116,25 @@ def _on_torch(torch, state: _State) -> None:  # type: ignore[no-untyped-def]
         routed: Dict[str, int] = {}
         state.extras["rng_routed"] = routed
         rng.install(routed)
+    if diagnose == "no_autocast":
+        _autocast_off(torch)
     trace = os.environ.get("XLAPORT_TRACE_MODULES")
     if trace:
         from xlaport.verify import diverge
 
         diverge.install(trace)
+
+
+def _autocast_off(torch) -> None:  # type: ignore[no-untyped-def]
+    """Every autocast region runs in the program's own precision (a
+    diagnostic run: how far the low precision moves the outputs)."""
+    kind = torch.amp.autocast_mode.autocast
+    init = kind.__init__
+
+    def full_precision(self, device_type, dtype=None, enabled=True, cache_enabled=None):  # type: ignore[no-untyped-def]
+        init(self, device_type, dtype=dtype, enabled=False, cache_enabled=cache_enabled)
+
+    kind.__init__ = full_precision
 
 
 def _record_before_torch_xla_exits(state: _State) -> None:
