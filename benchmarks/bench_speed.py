@@ -119,7 +119,7 @@ def _parse_cst(path):
 
 
 def _parse_own(path):
-    """xlaport's own parse (``codemods.syntax.parsing``: LibCST's, its nodes unchecked)."""
+    """xlaport's own parse (``codemods.syntax.parsing``: LibCST's public API)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     from codemods.syntax.parsing import parse_module

@@ -42,7 +42,7 @@ from codemods.coverage import (
     CudaCatchAll,
 )
 from codemods.syntax import imports, pyast
-from codemods.syntax.parsing import parse_module
+from codemods.syntax.parsing import LibcstRejects, parse_module
 from codemods.syntax.splice import spliced_code
 from codemods.xla_limits import XLA_CANNOT
 from xlaport.linemap import LazyLineMap
@@ -90,6 +90,8 @@ def parse(source: bytes) -> cst.Module:
         raise decode_error(source, exc) from None
     except LookupError as exc:
         raise SourceError(f"cannot decode: {exc}", 1, 1) from None
+    except LibcstRejects as exc:
+        raise SourceError(exc.message, exc.line, 1 if exc.line else None) from None
     except (SyntaxError, RecursionError, ValueError) as exc:
         raise python_error(source) or SourceError(f"cannot parse: {exc}") from None
 
