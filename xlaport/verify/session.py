@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
 import threading
 from pathlib import Path
@@ -226,6 +227,7 @@ class Session:
         where there are cores for both (it depends on nothing they do); its
         future, or None (then it runs after them)."""
         if (os.cpu_count() or 1) < 2 or os.environ.get("XLAPORT_VERIFY_SERIAL") == "1" or \
+                os.environ.get("XLAPORT_TORCHRUN") or self._shares_the_host() or \
                 (importlib.util.find_spec("torch_xla") is None and self.opts.python == sys.executable):
             return None
         import concurrent.futures
@@ -236,6 +238,18 @@ class Session:
         future = pool.submit(self.run_once, "xla", "xla", self.cand_args, xla_env)
         pool.shutdown(wait=False)
         return future
+
+    def _shares_the_host(self) -> bool:
+        """Whether two runs of the program at once could meet: it starts
+        processes or opens ports (a fixed MASTER_PORT, a process group),
+        which two runs side by side would both claim."""
+        for path in self.project.python_files():
+            try:
+                if _SHARED.search(path.read_bytes()):
+                    return True
+            except OSError:
+                continue
+        return False
 
     def _traced(self, cand: Run, xla_env: Dict[str, str]) -> Optional[Dict[str, object]]:
         """A diagnostic run that ties each CPU fallback and host read to its
@@ -477,6 +491,11 @@ class Session:
 _RUNNING_VAR = (" (torch_xla 2.9 updates BatchNorm's running_var with the biased batch variance, PyTorch with the "
                 "unbiased one: the buffers part by n/(n-1) per step because of torch_xla, not of the conversion; "
                 "eval-mode outputs follow them)")
+
+
+# what makes two runs of one program at once collide (a port, a process group)
+_SHARED = re.compile(rb"init_process_group|MASTER_PORT|MASTER_ADDR|\.spawn\(|start_processes|torch_xla\.launch|"
+                     rb"\bsocket\b|\.bind\(|multiprocessing|subprocess")
 
 
 def _drew_on_device(graphs: Path) -> bool:
