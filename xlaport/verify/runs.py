@@ -1,0 +1,206 @@
+"""The runs of one verification: a fresh copy of the project for each
+(``xlaport.verify.project``), the sources each side gets, the references
+(the original, or its CPU retargeting where it needs CUDA), the judged run of
+the conversion (beside the references where it can), the runs at other
+lengths and the diagnostic run that ties reads and fallbacks to lines."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+import threading
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from xlaport.verify import growth
+from xlaport.verify.core import convert_sources, run_side
+from xlaport.verify.crashes import needs_cuda
+from xlaport.verify.model import (
+    LEFTOVERS,
+    Options,
+    Run,
+    VerifyError,
+)
+from xlaport.verify.project import Project, Side, build_side
+from xlaport.verify.syncs import read_graphs
+
+
+class Runs:
+    """Making and running the sides of one verification."""
+
+    def __init__(self, project: Project, converted: Optional[Path], args: List[str], opts: Options,
+                 scratch: Path) -> None:
+        self.project, self.converted, self.args, self.opts, self.scratch = project, converted, args, opts, scratch
+        # the conversion runs with its own arguments where the user gave them (`--device xla` for `--device cuda`)
+        self.cand_args = list(opts.converted_args) if opts.converted_args is not None else args
+        self._count = 0
+        self._lock = threading.Lock()
+        self._sources: Dict[str, Tuple[Dict[str, bytes], Optional[Path], List[str]]] = {}
+        self._latest: Dict[str, Side] = {}  # the last copy made for each side
+        self.ref_name = "orig"  # the side the reference runs: the original, or its CPU retargeting
+        self.reference_is = "the original, unmodified, on the CPU"
+
+    # -- trees and runs ------------------------------------------------------
+
+    def side(self, name: str) -> Side:
+        """A fresh copy of the project for one run of side ``name``."""
+        sources, files_from, _ = self.sources(name)
+        with self._lock:  # (the candidate may be starting beside the references)
+            self._count += 1
+            dest = self.scratch / f"{name}-{self._count}" / self.project.root.name
+        self._latest[name] = build_side(self.project, name, dest, sources, files_from)
+        return self._latest[name]
+
+    def sources(self, name: str) -> Tuple[Dict[str, bytes], Optional[Path], List[str]]:
+        """(converted modules, a converted tree to copy instead of the
+        project, extra import paths) for side ``name``; once per side."""
+        if name not in self._sources:
+            if name in ("cuda", "orig"):
+                self._sources[name] = ({}, None, [])  # the original, unchanged
+            elif name == "ref":
+                self._sources[name] = (convert_sources(self.project, "cpu"), None, [])
+            else:
+                self._sources[name] = self._candidate_sources()
+        return self._sources[name]
+
+    def _candidate_sources(self) -> Tuple[Dict[str, bytes], Optional[Path], List[str]]:
+        """The default conversion of every module; or the converted tree
+        ``--converted`` points into (a directory, or the converted script at
+        the same place in its tree); or, for a converted script outside such
+        a tree, the default conversion with that script, and its directory
+        on the import path (a converted package beside it)."""
+        converted = self.converted
+        if converted is None:
+            return convert_sources(self.project, "torch_xla-2.9"), None, []
+        converted = converted.resolve()
+        if converted.is_dir():
+            return {}, converted, []
+        rel = self.project.rel_script
+        tree = converted
+        for _ in rel.parts:
+            tree = tree.parent
+        if converted.name == rel.name and (tree / rel).resolve() == converted and tree != self.project.root:
+            return {}, tree, []
+        sources = dict(convert_sources(self.project, "torch_xla-2.9"))
+        sources[rel.as_posix()] = converted.read_bytes()
+        return sources, None, [str(converted.parent)]
+
+    def _shown(self) -> Tuple[Optional[Path], Optional[Path]]:
+        """(the converted tree, the converted script) the user named, for
+        pointing at the candidate's files where the user can open them."""
+        tree = self.sources("xla")[1]
+        if tree is not None:
+            return tree, None
+        return None, (self.converted.resolve() if self.converted is not None else None)
+
+    def run_once(self, name: str, mode: str, args: List[str], env: Optional[Dict[str, str]] = None) -> Tuple[Side, Run]:
+        side = self.side(name)
+        extra = self.sources(name)[2]
+        return side, run_side(side, mode, args, self.opts.timeout, self.opts.python, env, extra_path=extra)
+
+    # -- the verification ----------------------------------------------------
+
+    def _xla_env(self) -> Tuple[Path, Dict[str, str]]:
+        """The judged XLA run's graph dump and environment (made once)."""
+        graphs = self.scratch / "graphs" / "graphs.txt"
+        graphs.parent.mkdir(exist_ok=True)
+        return graphs, {"PJRT_DEVICE": self.opts.device.upper(), "XLA_IR_DEBUG": "1",
+                        "XLA_SAVE_TENSORS_FILE": str(graphs), "XLA_SAVE_TENSORS_FMT": "text"}
+
+    def _start_candidate(self):  # type: ignore[no-untyped-def]
+        """The judged run of the conversion, started beside the references
+        where there are cores for both (it depends on nothing they do); its
+        future, or None (then it runs after them)."""
+        if (os.cpu_count() or 1) < 2 or os.environ.get("XLAPORT_VERIFY_SERIAL") == "1" or \
+                os.environ.get("XLAPORT_TORCHRUN") or self._shares_the_host() or \
+                (importlib.util.find_spec("torch_xla") is None and self.opts.python == sys.executable):
+            return None
+        import concurrent.futures
+
+        self.sources("xla")  # (converted here, not in the thread)
+        _, xla_env = self._xla_env()
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        future = pool.submit(self.run_once, "xla", "xla", self.cand_args, xla_env)
+        pool.shutdown(wait=False)
+        return future
+
+    def _shares_the_host(self) -> bool:
+        """Whether two runs of the program at once could meet: it starts
+        processes or opens ports (a fixed MASTER_PORT, a process group),
+        which two runs side by side would both claim."""
+        for path in self.project.python_files():
+            try:
+                if _SHARED.search(path.read_bytes()):
+                    return True
+            except OSError:
+                continue
+        return False
+
+    def _references(self, use_cuda: bool) -> List[Run]:
+        """The reference runs: the user's original, unmodified (on CUDA
+        where there is one); only where the original cannot run on this host
+        for want of CUDA, its CPU retargeting -- said in the report."""
+        runs = self.opts.reference_runs
+        if use_cuda:
+            self.ref_name, self.reference_is = "cuda", "the original, unmodified, on CUDA"
+            return [self.run_once("cuda", "cuda", self.args)[1] for _ in range(runs)]
+        try:
+            first = self.run_once("orig", "cpu", self.args)[1]
+            self.ref_name, self.reference_is = "orig", "the original, unmodified, on the CPU"
+            needs = None if first.stdout.strip() or set(first.files) - {LEFTOVERS} else (
+                "unmodified it printed nothing and wrote no file here (no GPU: `device_count()` is 0)")
+        except VerifyError as exc:
+            needs = needs_cuda(str(exc))
+            if needs is None:
+                raise  # the original itself fails here: nothing to verify against
+        if needs is not None:
+            first = self.run_once("ref", "cpu", self.args)[1]
+            self.ref_name = "ref"
+            why = needs if needs.startswith("unmodified") else f"unmodified it needs CUDA: {needs}"
+            self.reference_is = f"the original retargeted to the CPU (its CUDA code converted for the CPU), because {why}"
+        return [first] + [self.run_once(self.ref_name, "cpu", self.args)[1] for _ in range(runs - 1)]
+
+    def _lengths(self, spec: Tuple[str, List[str]], xla_env: Dict[str, str]) -> List[Dict[str, object]]:
+        """The conversion at each length.  Its compiles are the graphs its
+        dump holds that were new to it (hashes), so the runs share a
+        persistent compilation cache (torch_xla's ``XLA_PERSISTENT_CACHE_PATH``):
+        a graph the shorter run compiled is loaded, not compiled again, by
+        the longer one, and still counted."""
+        name, values = spec
+        out: List[Dict[str, object]] = []
+        cache = self.scratch / "xla-cache"
+        cache.mkdir(exist_ok=True)
+        for k, value in enumerate(values):
+            dump = self.scratch / f"graphs-{k}" / "graphs.txt"
+            dump.parent.mkdir()
+            try:
+                args = growth.with_length(self.cand_args, name, value)
+            except ValueError as exc:
+                raise VerifyError(str(exc)) from None
+            _, run = self.run_once("xla", "xla", args, {**xla_env, "XLA_SAVE_TENSORS_FILE": str(dump),
+                                                        "XLA_PERSISTENT_CACHE_PATH": str(cache)})
+            out.append({"value": value, "compiles": int(run.data.get("compiles_seen", 0)),  # type: ignore[call-overload]
+                        "largest_graph": growth.largest_graph(read_graphs(dump.parent))})
+        return out
+
+    def _traced(self, cand: Run, xla_env: Dict[str, str]) -> Optional[Dict[str, object]]:
+        """A diagnostic run that ties each CPU fallback and host read to its
+        line and step, where the judged run had fallbacks, or more transfers
+        from the device per step than ``--max-host-reads-per-step`` allows (a
+        read of a value already computed cuts no graph: the dump does not
+        show it).  The judged run itself is never instrumented."""
+        steps = len(cand.data.get("steps") or [])  # type: ignore[arg-type]
+        limit = self.opts.max_host_reads_per_step
+        transfers = float(cand.metrics.get("transfers_from_device", 0) or 0)  # type: ignore[arg-type]
+        if not cand.metrics.get("fallbacks") and (limit is None or transfers / max(steps, 1) <= limit):
+            return None
+        _, run = self.run_once("xla", "xla", self.cand_args, {**xla_env, "XLAPORT_DIAGNOSE": "trace",
+                                                              "XLA_SAVE_TENSORS_FILE": ""})
+        return run.data
+
+
+# what makes two runs of one program at once collide (a port, a process group)
+_SHARED = re.compile(rb"init_process_group|MASTER_PORT|MASTER_ADDR|\.spawn\(|start_processes|torch_xla\.launch|"
+                     rb"\bsocket\b|\.bind\(|multiprocessing|subprocess")
