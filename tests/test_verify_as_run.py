@@ -257,3 +257,17 @@ def test_the_precision_noise_run_turns_autocast_off_and_a_judged_run_is_left_alo
 
     assert run() == "True torch.bfloat16"
     assert run(XLAPORT_DIAGNOSE="no_autocast") == "False torch.float32"
+
+
+@pytest.mark.xla
+@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla not installed")
+def test_values_moved_by_the_accelerator_side_of_a_test_name_that_test(tmp_path):
+    """pytorch/examples' mnist shuffles its data only where an accelerator is
+    available: the conversion takes that side, the original on a CPU host
+    the other, and the values differ for that alone.  The failure names the
+    test's line and how to compare like with like."""
+    result, report = _verify(tmp_path, "accel_branch")
+    assert report["verdict"] == "fail", result.output
+    said = [f for f in report["failures"] if "accelerator's side" in f]
+    assert said and "train.py:7 (`cuda.is_available()` -> `True`)" in said[0] and "--reference cuda" in said[0], \
+        report["failures"]

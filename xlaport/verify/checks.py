@@ -182,6 +182,23 @@ class Checks:
         report.failures = [f for f in report.failures if f not in {o.name.replace(' (random, not compared)', '')
                                                                    for o in differing}]
 
+    def _switched(self, report: Report) -> None:
+        """Outputs differ, and the reference was the original on this CPU
+        host: where the conversion turned an accelerator test true, it runs
+        the side the original runs only on a GPU, and what that side does
+        differently (another data order, workers, precision) moves values
+        by itself.  Said, with the lines, and how to compare like with like."""
+        own = list((report.imported.get("candidate") or {}).get("own") or [])
+        files = [self.project.root / rel for rel in own_files(own, self._latest["xla"])]  # the script first
+        found = switched_tests(list(dict.fromkeys(files)), self.project.root)
+        if found:
+            shown = "; ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+            report.failures.append(
+                f"the conversion takes the accelerator's side of {shown}; on this host without a GPU the original "
+                "took the other side, so what that side does differently (data order, workers, precision) can move "
+                "the values by itself: compare against a GPU run of the original (--reference cuda on a GPU host, "
+                "or --record there and --against here)")
+
     def _diverge(self, report: Report, rtol: float, atol: float, use_cuda: bool, xla_env: Dict[str, str]) -> None:
         """Both sides once more, each module's forward output recorded: the
         first module whose output differs is where the programs diverge."""
@@ -209,3 +226,18 @@ def own_files(names: List[str], side: Side) -> List[Path]:
                 if (base / candidate).exists():
                     found.append((base / candidate).relative_to(side.tree))
     return list(dict.fromkeys(found))
+
+
+def switched_tests(files: List[Path], root: Path) -> List[str]:
+    """The accelerator tests the conversion turned true (XLA104/XLA105), as
+    ``main.py:97 (`accelerator.is_available()` -> `True`)``."""
+    found: List[str] = []
+    for path in files[:200]:
+        try:
+            outcome = transform(path.read_bytes(), Settings(), str(path))  # (all rules: a test is kept
+            # as it is where the code it switches on still holds CUDA no other rule converts)
+        except (OSError, SourceError):
+            continue
+        found += [f"{path.relative_to(root).as_posix()}:{f.line} ({f.message})" for f in outcome.findings
+                  if f.fix and f.code in ("XLA104", "XLA105")]
+    return found

@@ -132,6 +132,8 @@ class Session(Runs, Checks):
             report.failures = [f + _RUNNING_VAR if f.endswith("running_var]") else f for f in report.failures]
         if any(not o.ok for o in report.outputs) and opts.against is None:
             self._diverge(report, rtol, atol, use_cuda, xla_env)
+            if self.ref_name == "orig" and not use_cuda and self.converted is None:
+                self._switched(report)
         if not any("(random, not compared)" not in o.name for o in report.outputs):
             left = len(report.varies) + len(report.not_compared)
             report.failures.append("no value was compared: the runs printed no number and left no file or tensor "
