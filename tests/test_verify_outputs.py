@@ -189,3 +189,12 @@ def test_tensors_are_judged_norm_wise_at_the_precision_that_ran(tmp_path):
     assert failed("port") == []
     assert failed("dropped") == ["w.pt[0.bias]", "w.pt[2.bias]"]  # (3 steps move the weights less than bf16 noise)
     assert failed("flipped") == ["w.pt[0.bias]"]
+
+
+def test_a_word_that_ends_like_a_duration_word_is_not_one():
+    """`beta1=0.5` is no `eta`: the words that announce a duration are whole
+    words (dcgan's argument dump lost its numbers to this)."""
+    from xlaport.verify.outputs import _values
+
+    assert _values("Namespace(beta1=0.5, lr=0.0002, niter=1)") == ["1", "0.5", "0.0002", "1"]
+    assert _values("eta 12 loss 0.5") == ["0.5"]

@@ -90,7 +90,7 @@ def _numbered_lines(text: str) -> List[str]:
 _UNIT_AFTER = re.compile(r"\s*(ms|us|µs|ns|s|sec|secs|seconds|min|mins|minutes|h|hr|hrs|hours|it/s|s/it|ms/batch|"
                          r"ms/step|samples/s|img/s|imgs/s|tok/s|tokens/s|steps/s|batches/s|"
                          r"[KMGT]i?B|bytes|[KMGT]B/s)(?![A-Za-z])", re.IGNORECASE)
-_WORD_BEFORE = re.compile(r"(time|elapsed|took|duration|dt|eta|speed|throughput|memory|mem|allocated|reserved|"
+_WORD_BEFORE = re.compile(r"\b(time|elapsed|took|duration|dt|eta|speed|throughput|memory|mem|allocated|reserved|"
                           r"date)\s*[:=]?\s*$", re.IGNORECASE)
 _TIME_LIKE = re.compile(r"\d+h\s*\d+m(?:\s*\d+(?:\.\d+)?s)?|\d+m\s*\d+(?:\.\d+)?s|"  # 1h2m, 1m2s
                         r"\b\d{1,2}:\d{2}(?::\d{2})?(?:\.\d+)?\b|"  # 0:01:23, 12:30
