@@ -334,17 +334,22 @@ def _overwrite(path: Path, data: bytes) -> None:
         os.fsync(fh.fileno())
 
 
+def _named(directory: Path, suffix: str) -> List[str]:
+    """The names of the files in ``directory`` that end in ``suffix`` (what
+    an interrupted run of ours may have left there)."""
+    try:
+        return [e.name for e in os.scandir(directory) if e.name.endswith(suffix) and e.is_file()]
+    except OSError:
+        return []
+
+
 def undo_interrupted(directories: Iterable[Path]) -> List[Path]:
     """Files of ``directories`` that a killed run was rewriting in place,
     given their old content back from its journal (whose writer is gone:
     a running writer's is left alone).  Returns the files restored."""
     restored: List[Path] = []
     for directory in directories:
-        try:
-            names = [e.name for e in os.scandir(directory) if e.name.endswith(UNDO_SUFFIX) and e.is_file()]
-        except OSError:
-            continue
-        for name in names:
+        for name in _named(directory, UNDO_SUFFIX):
             target, _, pid = name[1:-len(UNDO_SUFFIX)].rpartition(".")
             if not target or not pid.isdigit() or _alive(int(pid)):
                 continue
@@ -365,11 +370,7 @@ def remove_stale_temps(directories: Iterable[Path]) -> List[Path]:
     running writer's file is left alone: parallel runs stay safe.)"""
     removed: List[Path] = []
     for directory in directories:
-        try:
-            names = [e.name for e in os.scandir(directory) if e.name.endswith(TEMP_SUFFIX) and e.is_file()]
-        except OSError:
-            continue
-        for name in names:
+        for name in _named(directory, TEMP_SUFFIX):
             parts = name.rsplit(".", 3)  # .<file>.<pid>.<random>.xlaport-tmp
             pid = int(parts[1]) if len(parts) == 4 and parts[1].isdigit() else None
             if pid is not None and _alive(pid):

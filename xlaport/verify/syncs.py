@@ -42,9 +42,21 @@ def _user_frame(frames: List[Tuple[str, str, str]], is_user: Callable[[str], boo
 
 def read_graphs(directory: Path) -> List[Dict[str, object]]:
     """The graphs torch_xla dumped (XLA_SAVE_TENSORS_FILE, text format), in
-    order: their sync site frames, hash and IR lines."""
+    order: their sync site frames, hash and IR lines.  Read once for each
+    state of the dump (a verification reads one dump for several checks)."""
+    dumps = sorted(directory.glob("graphs.txt*"))
+    stamp = tuple((str(d), d.stat().st_size, d.stat().st_mtime_ns) for d in dumps)
+    if _READ[0] != stamp:
+        _READ[:] = [stamp, _parse(dumps)]
+    return _READ[1]  # type: ignore[return-value]
+
+
+_READ: List[object] = [None, []]  # (the dump's files as last read, its graphs)
+
+
+def _parse(dumps: List[Path]) -> List[Dict[str, object]]:
     graphs: List[Dict[str, object]] = []
-    for dump in sorted(directory.glob("graphs.txt*")):
+    for dump in dumps:
         text = dump.read_text(errors="replace")
         for chunk in text.split("[ScheduleSyncTensorsGraph]")[1:]:
             frames = re.findall(r"^\s+(\S+) \((.+):(\d+)\)$", chunk.split("## BEGIN_GRAPH")[0], re.M)
