@@ -426,6 +426,10 @@ def test_a_hard_linked_file_killed_mid_rewrite_gets_its_old_content_back(tmp_pat
     assert torn.startswith("import torch_xla\n") and torn != original  # the conversion, then the old tail
     journals = [p.name for p in tmp_path.iterdir() if p.name.endswith(".xlaport-undo")]
     assert len(journals) == 1, journals
+    later = f.stat().st_mtime + 3600  # changed by hand an hour after the crash: never overwritten
+    os.utime(f, (later, later))
+    assert "its old content is back" not in xlaport("lint", f).output and f.read_text() == torn
+    os.utime(f, (later - 3600, later - 3600))
     result = xlaport("lint", f)
     assert "its old content is back" in result.output
     assert f.read_text() == original and link.read_text() == original

@@ -334,6 +334,11 @@ def _overwrite(path: Path, data: bytes) -> None:
         os.fsync(fh.fileno())
 
 
+# a file changed this long after its journal was made was changed by someone
+# else than the run that died rewriting it (that rewrite follows in milliseconds)
+_EDITED_AFTER = 60 * 10**9
+
+
 def _named(directory: Path, suffix: str) -> List[str]:
     """The names of the files in ``directory`` that end in ``suffix`` (what
     an interrupted run of ours may have left there)."""
@@ -355,6 +360,8 @@ def undo_interrupted(directories: Iterable[Path]) -> List[Path]:
                 continue
             journal, path = Path(directory) / name, Path(directory) / target
             try:
+                if path.is_file() and path.stat().st_mtime_ns > journal.stat().st_mtime_ns + _EDITED_AFTER:
+                    continue  # changed since the run died (by hand?): never overwritten; the journal stays
                 if path.is_file() and not path.is_symlink() and read_bytes(path) != read_bytes(journal):
                     _overwrite(path, read_bytes(journal))
                     restored.append(path)
