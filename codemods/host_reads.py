@@ -21,7 +21,7 @@ from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP, STEP_METHOD
 from codemods.analysis import LoopCodemod, hot_methods, is_tensor_expr, loop_iterable, module_facts
 from codemods.analysis.loops import per_step_functions, step_functions
 from codemods.analysis.counters import loop_counters
-from codemods.analysis.placement import DEVICE, HOST, TO_HOST, host_read, placement
+from codemods.analysis.placement import DEVICE, HOST, TO_HOST, host_read, on_device, placement
 from codemods.analysis.syncs import false_on_xla
 from codemods.analysis.values import values as dataflow
 from codemods.base import Rule, TreeCache, call_name, find_all
@@ -379,11 +379,7 @@ class HostReads(LoopCodemod):
         return placement(self.tree, node) == HOST
 
     def _on_device(self, node: cst.CSTNode) -> bool:
-        """A tensor on the device as far as we can tell: a tensor name not
-        placed on the host, or anything (``self.alphas``) placed on the device."""
-        if isinstance(node, cst.Name) and node.value in self.tensors:
-            return not self._on_host(node)
-        return isinstance(node, (cst.Name, cst.Attribute)) and placement(self.tree, node) == DEVICE
+        return on_device(self.tree, node, self.tensors)
 
     def visit_Subscript(self, node: cst.Subscript) -> None:
         if self._on_device(node.value) and self._counter_in(node):
@@ -406,6 +402,8 @@ class HostReads(LoopCodemod):
         used: Set[str] = set()
         for element in node.slice:
             part = element.slice
+            if isinstance(part, cst.Index) and is_tensor_expr(part.value, self.tensors, self.qualnames):
+                continue  # an index on the device (XLA411's `alphas[torch.tensor([t], ...)]`) is data
             exprs = [part.value] if isinstance(part, cst.Index) else [
                 e for e in (part.lower, part.upper, part.step) if e is not None]  # type: ignore[union-attr]
             for e in exprs:

@@ -5,8 +5,14 @@ XLA compiles a new graph as the steps go on (reported, with the fix).
   (teacher forcing: ``inp = trg[t] if random.random() < p else pred``, or a
   flag drawn so and tested): each pattern of choices traces another graph, and
   compiles keep growing with the steps (15 -> 21 at 4 -> 8 steps on a real
-  seq2seq).  Drawing the step's choices as one device tensor and choosing with
-  ``torch.where`` compiled once (measured: 1 -> 1).
+  seq2seq; 4 -> 7 on fixtures/recompile_fixes).  A conditional expression
+  choosing between two tensors is rewritten to choose on the device:
+  ``torch.where(torch.tensor([coin], device=pred.device)[0], trg[t], pred)``
+  -- the same draw, in the same place, sent as a one-element tensor (a
+  zero-dimensional one would be folded into the graph as a constant): one
+  graph (1 -> 1), the same values.  Both sides must be tensors read without
+  side effects (names, attributes, indexing by names and ints); an ``if``
+  statement, or anything else, stays reported.
 * XLA410 -- sequences padded to the longest of each batch (``pad_sequence``,
   ``pack_padded_sequence``): every new batch length is a new shape, so a new
   graph.  Pad to a fixed length, or a few bucket lengths.
@@ -21,7 +27,10 @@ from typing import Optional, Set
 import libcst as cst
 
 from codemods.analysis.cuda import BEING_PORTED, being_ported
+from codemods.analysis.tensors import is_tensor_expr, tensor_names
+from codemods.analysis.values import values as dataflow
 from codemods.base import Rule, XlaCodemod, dotted, walk
+from codemods.syntax import imports
 
 HOST_COIN = Rule(
     code="XLA409",
@@ -32,13 +41,20 @@ HOST_COIN = Rule(
         "graph for each pattern of choices, so compiles keep growing with the steps (15 -> 21 at 4 -> 8 steps on "
         "a seq2seq model, XLA's CPU backend). Draw the step's choices at once and send them as one device tensor "
         "(`flags = torch.tensor([random.random() < ratio for _ in range(T)]).to(device)`), then choose on the "
-        "device: `inp = torch.where(flags[t], trg[t], pred)` -- the same random stream, one graph (1 -> 1)."
+        "device: `inp = torch.where(flags[t], trg[t], pred)` -- the same random stream, one graph (1 -> 1). "
+        "`convert` does this for a conditional expression between two tensors read without side effects: the "
+        "draw stays where it was and is sent as a one-element tensor (a zero-dimensional one is folded into the "
+        "graph as a constant and still recompiles). An `if` statement on the draw stays reported."
     ),
     before=(
         "import random\nimport torch\n\nmodel = model.cuda()\nfor t in range(1, T):\n"
-        "    out, h = model(inp, h)\n    inp = trg[t] if random.random() < ratio else out.argmax(1)\n"
+        "    out, h = model(inp, h)\n    pred = out.argmax(1)\n    inp = trg[t] if random.random() < ratio else pred\n"
     ),
-    after=None,
+    after=(
+        "import random\nimport torch\n\nmodel = model.cuda()\nfor t in range(1, T):\n"
+        "    out, h = model(inp, h)\n    pred = out.argmax(1)\n"
+        "    inp = torch.where(torch.tensor([random.random() < ratio], device=pred.device)[0], trg[t], pred)\n"
+    ),
     valid=("import random\nimport torch\n\nmodel = model.cuda()\nratio = 0.5 if random.random() < 0.5 else 1.0\n",),
 )
 
@@ -130,8 +146,40 @@ class Recompiles(XlaCodemod):
                       "of choices is another XLA graph; draw the choices as one device tensor and choose with "
                       "`torch.where`", fix=False, related=(loop,))
 
-    def visit_IfExp(self, node: cst.IfExp) -> None:
-        self._chooses(node, node.test)
+    def leave_IfExp(self, original_node: cst.IfExp, updated_node: cst.IfExp) -> cst.BaseExpression:
+        loop = self._loop(original_node)
+        if loop is None or not self._coin(original_node.test):
+            return updated_node
+        device = self._tensor_side(original_node)
+        if device is None:
+            self._chooses(original_node, original_node.test)
+            return updated_node
+        if not self.flag(original_node.test, HOST_COIN.code, "a choice drawn from the host's random numbers in a "
+                         "loop: chosen on the device with `torch.where` (the same draw, one graph for every pattern "
+                         "of choices)", fix=True, related=(loop,)):
+            return updated_node
+        imports.need(self.context, "torch")
+        code = cst.Module([]).code_for_node
+        coin = cst.parse_expression(f"torch.tensor([{code(updated_node.test)}], device={code(device)}.device)[0]")
+        return cst.Call(func=cst.parse_expression("torch.where"),
+                        args=[cst.Arg(coin), cst.Arg(updated_node.body), cst.Arg(updated_node.orelse)])
+
+    def _tensor_side(self, node: cst.IfExp) -> Optional[cst.BaseExpression]:
+        """The side of ``node`` whose device the choice is sent to, when both
+        sides are tensors read without side effects (``trg[t]``, ``pred``);
+        None when the choice cannot move to the device."""
+        sides = (node.body, node.orelse)
+        if not all(_pure(s) for s in sides):
+            return None
+        scope = next((a.body for a in self.ancestors(node) if isinstance(a, cst.FunctionDef)), self.tree.module)
+        tensors = tensor_names(scope, self.qualnames, [], dataflow(self.tree))
+        known = [s for s in sides if is_tensor_expr(s.value if isinstance(s, cst.Subscript) else s, tensors,
+                                                    self.qualnames)]
+        # one side a tensor, the other one too or an element of a sequence the tensor is chosen against
+        # (`trg[t]`, a batch the function was passed)
+        if not known or not all(s in known or isinstance(s, cst.Subscript) for s in sides):
+            return None
+        return next((s for s in known if isinstance(s, (cst.Name, cst.Attribute))), None)
 
     def visit_If(self, node: cst.If) -> None:
         self._chooses(node, node.test)
@@ -142,6 +190,17 @@ class Recompiles(XlaCodemod):
             name = sorted(found)[0].rsplit(".", 1)[1]
             self.flag(node, RAGGED.code, f"`{name}` pads to the longest sequence of each batch: a new XLA graph for "
                       "every batch length; pad to a fixed length (or a few bucket lengths)", fix=False)
+
+
+def _pure(node: cst.BaseExpression) -> bool:
+    """Read without side effects: a name, an attribute, or one of them
+    indexed by names and ints (``trg[t]``, ``trg[:, t + 1]``)."""
+    if isinstance(node, (cst.Name, cst.Attribute)):
+        return True
+    if isinstance(node, cst.Subscript) and isinstance(node.value, (cst.Name, cst.Attribute)):
+        return not any(isinstance(n, (cst.Call, cst.Subscript, cst.Lambda, cst.NamedExpr, cst.Await, cst.Yield))
+                       for e in node.slice for n in walk(e))
+    return False
 
 
 __all__ = ["Recompiles", "HOST_COIN", "RAGGED"]

@@ -27,9 +27,13 @@ ORDER: Tuple[Tuple[str, str], ...] = (
     ("codemods.checkpoints", "Checkpoints"),
     ("codemods.distributed", "Distributed"),
     ("codemods.progress", "BarIterables"),  # before the loader rule: `tqdm(loader)` read as the loader
+    # before the prints (a print of the sum it moves to the device is deferred to a step closure) and the
+    # barriers (none is placed for a host read it removes)
+    ("codemods.accumulators", "DeviceAccumulators"),
     ("codemods.prints", "HotPrints"),
     ("codemods.loaders", "DeviceLoader"),
     ("codemods.barriers", "StepBarrier"),
+    ("codemods.device_index", "DeviceIndex"),  # before the host reads: what it fixes is not reported
     ("codemods.host_reads", "HostReads"),
     # after the loop rules: they read the loops where the user wrote them, and on most files the
     # dedent is the last rewrite, so nothing analyses the tree again

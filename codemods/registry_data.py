@@ -51,6 +51,9 @@ CODEMODS = (
     ('codemods.progress', 'BarIterables', (b'tqdm', b'trange'), ('name:tqdm', 'name:trange'), (
         ('XLA201', 'progress-bar-iterable', '`for x in tqdm(it)` / `trange(n)`: iterate the plain iterable', True),
     )),
+    ('codemods.accumulators', 'DeviceAccumulators', (b'.item(',), ('step_loop', 'loader_loop'), (
+        ('XLA412', 'device-accumulator', 'a number summed from `.item()` every step (`total += loss.item()`) is summed on the device', True),
+    )),
     ('codemods.prints', 'HotPrints', (b'print', b'log', b'add_scalar'), ('step_loop&output_in_loop', 'loader_loop&output_in_loop'), (
         ('XLA210', 'hot-loop-tensor-print', 'print/log of a tensor value in the hot loop: defer it to a step closure', True),
     )),
@@ -59,6 +62,9 @@ CODEMODS = (
     )),
     ('codemods.barriers', 'StepBarrier', (b'backward', b'Backward', b'BACKWARD', b'step', b'Step', b'STEP', b'sampl', b'Sampl', b'SAMPL', b'denois', b'Denois', b'DENOIS', b'model', b'Model', b'MODEL', b'unet', b'Unet', b'UNET', b'forward', b'Forward', b'FORWARD', b'generate', b'Generate', b'GENERATE', b'predict', b'Predict', b'PREDICT', b'net', b'Net', b'NET', b'policy', b'Policy', b'POLICY', b'actor', b'Actor', b'ACTOR', b'critic', b'Critic', b'CRITIC', b'Module', b'nn.', b'from torch import', b'from_pretrained', b'from_config', b'from_single_file', b'diffusers', b'transformers', b'timm', b'torchvision', b'peft', b'open_clip', b'parallel', b'fsdp', b'DataParallel', b'create_model', b'load', b'trace', b'script', b'fully_shard'), ('step_loop',), (
         ('XLA302', 'step-barrier', 'insert the step barrier (`torch_xla.sync()`) at the end of the step loop', True),
+    )),
+    ('codemods.device_index', 'DeviceIndex', (b'[',), ('step_loop', 'loader_loop'), (
+        ('XLA411', 'device-index', "a device table indexed by a step's Python int (`alphas[t]`) is indexed with the int sent to the device", True),
     )),
     ('codemods.host_reads', 'HostReads', (b'.item(', b'.tolist(', b'.numpy(', b'.cpu(', b'float(', b'int(', b'bool(', b'if ', b'while ', b'nonzero', b'masked_select', b'unique', b'where(', b'[', b'for '), ('step_loop', 'loader_loop', 'step_method', 'option:include_cold'), (
         ('XLA401', 'host-read-item', '`.item()` on the hot path reads a tensor on the host every step', False),
@@ -86,7 +92,7 @@ CODEMODS = (
         ('XLA156', 'xla-seed', "`torch.manual_seed(s)` is followed by `torch_xla.manual_seed(s)`: XLA's generator is apart", True),
     )),
     ('codemods.recompiles', 'Recompiles', (b'random', b'pad_sequence', b'pack_padded_sequence'), ('name~random&code~cuda', 'name:pad_sequence&code~cuda', 'name:pack_padded_sequence&code~cuda'), (
-        ('XLA409', 'host-random-choice', "a choice drawn from the host's random numbers in a loop (teacher forcing) recompiles as choices vary", False),
+        ('XLA409', 'host-random-choice', "a choice drawn from the host's random numbers in a loop (teacher forcing) recompiles as choices vary", True),
         ('XLA410', 'ragged-batches', "sequences padded to each batch's longest (`pad_sequence`): a new graph for every batch length", False),
     )),
     ('codemods.xla_limits', 'XlaLimits', (b'sparse', b'spmm', b'share_memory', b'fold', b'Fold', b'addbmm', b'angle', b'cholesky_inverse', b'col2im', b'eig', b'equal', b'geqrf', b'histc', b'histogram', b'householder_product', b'huber_loss', b'im2col', b'is_set_to', b'multi_margin_loss', b'nansum', b'nonzero_static', b'ormqr', b'quantized_gru', b'quantized_lstm', b'searchsorted', b'slow_conv_transpose3d', b'solve_triangular', b'unfold', b'view_as_complex', b'view_as_real'), ('name~sparse', 'name:spmm', 'name:smm', 'name:hspmm', 'name:share_memory', 'name:Fold&code~cuda', 'name:Unfold&code~cuda', 'name:addbmm&code~cuda', 'name:angle&code~cuda', 'name:cholesky_inverse&code~cuda', 'name:col2im&code~cuda', 'name:eig&code~cuda', 'name:equal&code~cuda', 'name:fold&code~cuda', 'name:geqrf&code~cuda', 'name:histc&code~cuda', 'name:histogram&code~cuda', 'name:householder_product&code~cuda', 'name:huber_loss&code~cuda', 'name:im2col&code~cuda', 'name:is_set_to&code~cuda', 'name:multi_margin_loss&code~cuda', 'name:nansum&code~cuda', 'name:nonzero_static&code~cuda', 'name:ormqr&code~cuda', 'name:quantized_gru&code~cuda', 'name:quantized_lstm&code~cuda', 'name:searchsorted&code~cuda', 'name:slow_conv_transpose3d&code~cuda', 'name:solve_triangular&code~cuda', 'name:unfold&code~cuda', 'name:view_as_complex&code~cuda', 'name:view_as_real&code~cuda'), (

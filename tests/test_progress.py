@@ -77,8 +77,8 @@ def test_findings_inside_a_bar_block_are_on_the_users_lines_and_columns():
                   "    return total\n")
     out, findings = convert_text(src)
     lines = src.splitlines()
-    read = next(f for f in findings if f.code == "XLA401")
-    assert lines[read.line - 1][read.col - 1:read.end_col - 1] == "loss.item()"
+    summed = next(f for f in findings if f.code == "XLA412")  # the sum moved to the device
+    assert lines[summed.line - 1][summed.col - 1:summed.end_col - 1] == "total += loss.item()"
     loop = next(f for f in findings if f.code == "XLA302")
     assert lines[loop.line - 1][loop.col - 1:].startswith("for x in data:")
     assert "with tqdm" not in out and "torch_xla.sync()" in out

@@ -87,16 +87,20 @@ class LoopCodemod(XlaCodemod):
             return False
         if is_outer_loop(self.tree, loop, self.is_step_loop):
             return False  # the step loop it runs on every iteration cuts it
-        if kind in ("carried", "sample") or (kind == "step" and accumulates_gradients(loop, self.steps)):
+        if kind in ("carried", "sample", "feedback") or (kind == "step" and accumulates_gradients(loop, self.steps)):
             # an accumulation inside another step loop (panorama's per-view
             # loop; the micro-steps of gradient accumulation, whose optimizer
             # step the outer loop takes): the outer step's barrier bounds it
             # already, and one graph per outer iteration is the fewest
-            # (docs/internals.md, "Gradient accumulation")
+            # (docs/internals.md, "Gradient accumulation").  So is a decoder
+            # unrolled over time inside a training step (its output fed back
+            # as the next input): a barrier of its own would cut the step
+            # into one graph per time step
             for anc in self.ancestors(loop):
                 if isinstance(anc, _DEFS):
                     break
-                if isinstance(anc, (cst.For, cst.While)) and self.is_step_loop(anc):
+                if isinstance(anc, (cst.For, cst.While)) and self.is_step_loop(anc) \
+                        and (kind != "feedback" or loop_step_kind(self.tree, anc, self.steps) == "step"):
                     return False
         return True
 

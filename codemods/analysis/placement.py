@@ -50,6 +50,14 @@ def placement(tree: TreeCache, node: cst.CSTNode) -> Optional[str]:
     return _Placement(tree).of(node, set())
 
 
+def on_device(tree: TreeCache, node: cst.CSTNode, tensors: Set[str]) -> bool:
+    """A tensor on the device as far as we can tell: a tensor name not placed
+    on the host, or anything (``self.alphas``) placed on the device."""
+    if isinstance(node, cst.Name) and node.value in tensors:
+        return placement(tree, node) != HOST
+    return isinstance(node, (cst.Name, cst.Attribute)) and placement(tree, node) == DEVICE
+
+
 def host_read(tree: TreeCache, call: cst.Call, tensors: Set[str],
               qualnames: Callable[[cst.CSTNode], Iterable[str]]) -> Optional[str]:
     """How ``call`` copies a tensor's value to the host -- ``"item"``, one of

@@ -1,0 +1,231 @@
+"""XLA412: a number summed from ``.item()`` every step is summed on the device
+and read where it is used.
+
+``epoch_loss += loss.item()`` in a training step copies the loss to the host
+every step; before ``backward()`` it also cuts the step into two graphs (8
+executions for 4 steps on XLA's CPU backend).  ``epoch_loss +=
+loss.detach()`` keeps the sum on the device (4 executions for 4 steps, the
+same compiles, the same sum to float32 rounding), and each place that uses
+the number reads it once: ``torch.as_tensor(epoch_loss).item()`` -- a Python
+number of the kind ``.item()`` gave (an int for a count of correct
+predictions), and the number itself when no step ran.
+
+Rewritten only when the whole life of the name is in view: a plain local
+name, bound only by number literals (``total = 0.0``) and augmented
+assignments, never read in a nested function, and read in its step loop only
+under an ``if`` (a print every N steps) -- never on every step, which would
+read it every step anyway (XLA401 reports those).
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import libcst as cst
+
+from codemods.analysis import LoopCodemod
+from codemods.analysis.placement import host_read
+from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP
+from codemods.base import Rule, call_name, find_all
+from codemods.syntax import imports
+
+ACCUMULATOR = Rule(
+    code="XLA412",
+    name="device-accumulator",
+    summary="a number summed from `.item()` every step (`total += loss.item()`) is summed on the device",
+    why=(
+        "`.item()` copies a tensor to the host: the pending graph runs and the step waits for it, every step; "
+        "before `backward()` the step is also cut into two graphs (8 executions for 4 steps, XLA's CPU backend). "
+        "`total += loss.detach()` keeps the sum on the device (4 executions for 4 steps), and where the number "
+        "is used -- the print every N steps, the epoch's average -- it is read once, as the same kind of "
+        "Python number: `torch.as_tensor(total).item()`. The sum is taken in the tensor's precision "
+        "(float32 rather than Python's float64). Left as it is (and reported by XLA401) when the name is read "
+        "on every step, rebound to anything but a number, or used in a nested function."
+    ),
+    before=(
+        "import torch\n\ndef train(model, loader, opt):\n    total = 0.0\n    for x, y in loader:\n"
+        "        loss = model(x.cuda(), y.cuda())\n        total += loss.item()\n        loss.backward()\n"
+        "        opt.step()\n    return total / len(loader)\n"
+    ),
+    after=(
+        "import torch\n\ndef train(model, loader, opt):\n    total = 0.0\n    for x, y in loader:\n"
+        "        loss = model(x.cuda(), y.cuda())\n        total += loss.detach()\n        loss.backward()\n"
+        "        opt.step()\n    return torch.as_tensor(total).item() / len(loader)\n"
+    ),
+    valid=(
+        # read on every step: a host read each step whatever we do
+        "import torch\n\ndef train(model, loader, opt, bar):\n    total = 0.0\n    for x in loader:\n"
+        "        loss = model(x.cuda())\n        total += loss.item()\n        bar.set_postfix(loss=total)\n"
+        "        loss.backward()\n        opt.step()\n",
+    ),
+)
+
+_SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+_HOST_NUMBERS = {"len", "size", "numel", "dim"}  # calls whose value is a Python int
+
+
+class DeviceAccumulators(LoopCodemod):
+    DESCRIPTION = "Sum per-step `.item()` values on the device; read the sum where it is used."
+    RULES = (ACCUMULATOR,)
+    TRIGGERS = (b".item(",)
+    NEEDS = (STEP_LOOP, LOADER_LOOP)
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._items: set = set()  # ids of the `.item()` calls to rewrite
+        self._reads: set = set()  # ids of the names to read with `torch.as_tensor(...).item()`
+
+    def visit_Module(self, node: cst.Module) -> None:
+        super().visit_Module(node)
+        self._prepare(node)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        super().visit_FunctionDef(node)
+        self._prepare(node)
+
+    def _prepare(self, scope: cst.CSTNode) -> None:
+        """Decide for the scope's accumulators before its code is walked (a
+        read may come before the loop that sums)."""
+        body = scope.body if isinstance(scope, cst.FunctionDef) else scope
+        for aug in find_all(body, cst.AugAssign, stop=_SCOPES):
+            if isinstance(aug.target, cst.Name) and id(aug) not in self._items:  # type: ignore[attr-defined]
+                self._decide(aug, scope)  # type: ignore[arg-type]
+
+    def _decide(self, node: cst.AugAssign, scope: cst.CSTNode) -> None:
+        loop = self._hot_loop(node)
+        if loop is None:
+            return
+        items = self._item_reads(node.value)
+        if not items:
+            return
+        plan = self._plan(node, scope, loop)
+        if plan is None:
+            return
+        augs, reads = plan
+        if not self.flag(node, ACCUMULATOR.code, f"`{node.target.value}` sums `.item()` every step: summed on the "  # type: ignore[attr-defined]
+                         "device, read where it is used", fix=True):
+            return
+        for aug in augs:
+            self._items.add(id(aug))
+            self._items.update(id(c) for c in self._item_reads(aug.value) or ())
+        self._reads.update(id(r) for r in reads)
+
+    def _hot_loop(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+        """The innermost loop around ``node`` (in its function), when a step
+        or loader loop holds it."""
+        loops = []
+        for anc in self.ancestors(node):
+            if isinstance(anc, _SCOPES):
+                break
+            if isinstance(anc, (cst.For, cst.While)):
+                loops.append(anc)
+        if any(self.is_step_loop(lp) or (isinstance(lp, cst.For) and self.is_loader_loop(lp)) for lp in loops):
+            return loops[0]
+        return None
+
+    def _item_reads(self, value: cst.BaseExpression) -> Optional[List[cst.Call]]:
+        """The ``.item()`` reads of device tensors in ``value``, when the rest
+        of it is host arithmetic (``loss.item() * x.size(0)``); None otherwise."""
+        items = [c for c in find_all(value, cst.Call) if call_name(c) == "item" and isinstance(c.func, cst.Attribute)
+                 and host_read(self.tree, c, self.tensors, self.qualnames) == "item"]
+        inside = {id(n) for c in items for n in find_all(c.func.value, cst.CSTNode)}  # type: ignore[union-attr]
+        for call in find_all(value, cst.Call):
+            if id(call) in inside or call in items:
+                continue
+            if call_name(call) not in _HOST_NUMBERS:
+                return None
+        return items or None
+
+    def _plan(self, aug: cst.AugAssign, scope: cst.CSTNode,
+              loop: cst.CSTNode) -> Optional[Tuple[List[cst.AugAssign], List[cst.Name]]]:
+        """The augmented assignments and the reads of ``aug``'s name in its
+        scope, or None when the name is not only a number summed here."""
+        name = aug.target.value  # type: ignore[attr-defined]
+        body = scope.body if isinstance(scope, cst.FunctionDef) else scope
+        augs: List[cst.AugAssign] = []
+        reads: List[cst.Name] = []
+        for occurrence in find_all(body, cst.Name):
+            if occurrence.value != name:  # type: ignore[attr-defined]
+                continue
+            role = self._role(occurrence, scope)  # type: ignore[arg-type]
+            if role is None:
+                return None
+            if role == "aug":
+                augs.append(self.parent(occurrence))  # type: ignore[arg-type]
+            elif role == "read":
+                if self._every_step(occurrence, loop):
+                    return None
+                reads.append(occurrence)  # type: ignore[arg-type]
+        return augs, reads
+
+    def _role(self, name: cst.Name, scope: cst.CSTNode) -> Optional[str]:
+        """How ``name`` is used: "aug" (summed into), "init" (bound to a
+        number), "read", "other" (not this variable: an attribute's or a
+        keyword's name), or None (anything that defeats the rewrite)."""
+        parent = self.parent(name)
+        if isinstance(parent, cst.Attribute) and parent.attr is name or \
+                isinstance(parent, cst.Arg) and parent.keyword is name:
+            return "other"
+        for anc in self.ancestors(name):
+            if anc is scope:
+                break
+            if isinstance(anc, _SCOPES):
+                return None  # used in a nested scope
+        if isinstance(parent, cst.AugAssign) and parent.target is name:
+            return "aug" if isinstance(parent.operator, (cst.AddAssign, cst.SubtractAssign)) else None
+        if isinstance(parent, cst.AssignTarget):
+            assign = self.parent(parent)
+            ok = isinstance(assign, cst.Assign) and len(assign.targets) == 1 and _number(assign.value)
+            return "init" if ok else None
+        if isinstance(parent, (cst.Param, cst.For, cst.CompFor, cst.AsName, cst.NameItem, cst.Del, cst.NamedExpr,
+                               cst.ImportAlias, cst.Element, cst.StarredElement, cst.AnnAssign)):
+            if isinstance(parent, cst.Element) and not self._stored(parent):
+                return "read"
+            return None
+        return "read"
+
+    def _stored(self, node: cst.CSTNode) -> bool:
+        child = node
+        for anc in self.ancestors(node):
+            if isinstance(anc, (cst.Tuple, cst.List, cst.Element, cst.StarredElement)):
+                child = anc
+                continue
+            return isinstance(anc, (cst.AssignTarget, cst.For, cst.CompFor, cst.Del)) or (
+                isinstance(anc, (cst.AugAssign, cst.AnnAssign, cst.WithItem)) and getattr(anc, "target", None) is child)
+        return False
+
+    def _every_step(self, read: cst.CSTNode, loop: cst.CSTNode) -> bool:
+        """``read`` runs on every iteration of ``loop``: inside it and not
+        in the body of an ``if`` (a test is read every time)."""
+        child = read
+        guarded = False
+        for anc in self.ancestors(read):
+            if anc is loop:
+                return not guarded
+            if isinstance(anc, cst.If) and child is not anc.test:
+                guarded = True
+            child = anc
+        return False  # outside the loop
+
+    # ---------------------------------------------------------------- rewrite
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        updated = super().leave_Call(original_node, updated_node)
+        if id(original_node) in self._items and isinstance(updated, cst.Call) \
+                and isinstance(updated.func, cst.Attribute):
+            return updated.with_changes(func=updated.func.with_changes(attr=cst.Name("detach")))
+        return updated
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        if id(original_node) not in self._reads:
+            return updated_node
+        imports.need(self.context, "torch")
+        return cst.parse_expression(f"torch.as_tensor({original_node.value}).item()")
+
+
+def _number(value: cst.BaseExpression) -> bool:
+    if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus):
+        value = value.expression
+    return isinstance(value, (cst.Integer, cst.Float))
+
+
+__all__ = ["DeviceAccumulators", "ACCUMULATOR"]

@@ -1,0 +1,214 @@
+"""Recompilation traps convert rewrites (issue 40): a device table indexed by
+a step's Python int (XLA411, codemods/device_index.py), a per-step
+`.item()` summed into a Python number (XLA412, codemods/accumulators.py), a
+host coin choosing between two tensors (XLA409, codemods/recompiles.py).
+Each rule's own examples run in tests/test_rules.py; fixtures/recompile_fixes
+is the golden program, run here on XLA's CPU backend at two lengths against
+the original on the CPU."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import convert_text
+from xlaport.engine import Settings, transform
+
+from test_runnable_ports import FIXTURES, needs_xla, run_on_xla
+
+HEAD = "import torch\n\n"
+
+
+def codes(findings, code):
+    return [(f.line, f.fix) for f in findings if f.code == code]
+
+
+# ------------------------------------------------------------------ XLA411
+SAMPLER = HEAD + (
+    "class S(torch.nn.Module):\n"
+    "    def __init__(self, net, n):\n        super().__init__()\n        self.net = net\n"
+    "        self.register_buffer('alphas', torch.linspace(0.9, 0.1, n + 1))\n\n"
+    "    def sample(self, x, n):\n"
+    "        for i in range(n):\n"
+    "            x = self.net(x) * self.alphas[i] + self.alphas[n - i]\n"
+    "        return x\n\n\nnet = S(torch.nn.Linear(4, 4), 4).cuda()\n"
+)
+
+
+def test_a_step_int_index_into_a_device_table_is_sent_to_the_device():
+    out, findings = convert_text(SAMPLER)
+    assert codes(findings, "XLA411") == [(11, True), (11, True)]
+    assert "self.alphas[torch.tensor([i], device=self.alphas.device)][0]" in out
+    assert "self.alphas[torch.tensor([n - i], device=self.alphas.device)][0]" in out
+    assert "XLA407" not in [f.code for f in findings]  # what is fixed is not also reported
+
+
+@pytest.mark.parametrize("change", [
+    # a store into the table, a slice, a tuple index, an index that is itself a tensor or a call
+    ("x = self.net(x) * self.alphas[i] + self.alphas[n - i]", "self.alphas[i] = self.net(x).sum()"),
+    ("self.alphas[i] + self.alphas[n - i]", "self.alphas[i:i + 2].sum()"),
+    ("self.alphas[i] + self.alphas[n - i]", "self.alphas[i, None].sum()"),
+    ("self.alphas[i] + self.alphas[n - i]", "self.alphas[int(i)] + self.alphas[len(x)]"),
+    # a table on the host (a plain class: nothing puts it on the device), a table in a lambda
+    ("class S(torch.nn.Module):", "class S:"),
+    ("x = self.net(x) * self.alphas[i] + self.alphas[n - i]", "x = (lambda k: self.net(x) * self.alphas[k])(i)"),
+])
+def test_what_is_not_a_read_of_a_device_table_by_a_step_int_is_left(change):
+    src = SAMPLER.replace(*change).replace("        super().__init__()\n", "" if change[1] == "class S:" else
+                                           "        super().__init__()\n")
+    assert change[1] in src
+    out, findings = convert_text(src)
+    assert "XLA411" not in [f.code for f in findings], out
+    assert "torch.tensor([" not in out
+
+
+def test_a_counter_of_a_loop_inside_the_step_is_one_graph_already():
+    src = HEAD + ("w = torch.ones(5).cuda()\nfor x in loader:\n    loss = 0\n    for k in range(5):\n"
+                  "        loss = loss + model(x).sum() * w[k]\n    loss.backward()\n    opt.step()\n"
+                  "for epoch in range(3):\n    for x in loader:\n        loss = model(x).sum() * w[epoch]\n"
+                  "        loss.backward()\n        opt.step()\n")
+    out, findings = convert_text(src)
+    # the inner loop's `k` is not rewritten; the epoch loop around the step loop changes every epoch: it is
+    assert codes(findings, "XLA411") == [(12, True)], findings
+    assert "w[k]" in out and "w[torch.tensor([epoch], device=w.device)][0]" in out
+
+
+# ------------------------------------------------------------------ XLA412
+TRAIN = HEAD + (
+    "def train(model, loader, opt):\n"
+    "    total = 0.0\n"
+    "    correct = 0\n"
+    "    print('start', total)\n"
+    "    for i, (x, y) in enumerate(loader):\n"
+    "        out = model(x.cuda())\n"
+    "        loss = torch.nn.functional.cross_entropy(out, y.cuda())\n"
+    "        total += loss.item() * x.size(0)\n"
+    "        correct += (out.argmax(1) == y.cuda()).sum().item()\n"
+    "        loss.backward()\n"
+    "        opt.step()\n"
+    "        if i % 10 == 9:\n"
+    "            print(f'{total / (i + 1):.3f}')\n"
+    "    return total / len(loader), correct\n"
+)
+
+
+def test_a_sum_of_item_reads_is_summed_on_the_device_and_read_where_used():
+    out, findings = convert_text(TRAIN)
+    assert codes(findings, "XLA412") == [(10, True), (11, True)]
+    assert "total += loss.detach() * x.size(0)\n" in out
+    assert "correct += (out.argmax(1) == y.to(torch_xla.device())).sum().detach()\n" in out
+    # every read, the one before the loop included; the init and the sums are not reads
+    assert "print('start', torch.as_tensor(total).item())" in out
+    assert "torch.as_tensor(total).item() / (i + 1):.3f" in out
+    assert "return torch.as_tensor(total).item() / len(loader), torch.as_tensor(correct).item()\n" in out
+    assert "total = 0.0\n    correct = 0\n" in out
+    assert "XLA401" not in [f.code for f in findings]
+
+
+@pytest.mark.parametrize("change", [
+    # read on every step (a test is read every time), rebound to something else, scaled, used in a closure
+    ("        if i % 10 == 9:\n            print", "        if total > 9:\n            print"),
+    ("        if i % 10 == 9:\n            print", "        print(total)\n        if i % 10 == 9:\n            print"),
+    ("    total = 0.0\n", "    total = start_value()\n"),
+    ("        opt.step()\n", "        opt.step()\n        total *= 0.9\n"),
+    ("    return total / len(loader), correct\n", "    return lambda: total\n"),
+    # a sum that calls something on the host value
+    ("total += loss.item() * x.size(0)", "total += math.log(loss.item())"),
+])
+def test_a_name_not_only_summed_and_read_now_and_then_is_left(change):
+    src = TRAIN.replace(*change)
+    assert change[1] in src
+    out, findings = convert_text(src)
+    assert 10 not in [line for line, _ in codes(findings, "XLA412")], out
+    assert "total += loss.item()" in out or "math.log(loss.item())" in out
+
+
+def test_a_sum_outside_any_step_loop_is_left():
+    src = HEAD + "total = 0\nfor x in xs:\n    total += x.cuda().sum().item()\nprint(total)\n"
+    out, findings = convert_text(src)
+    assert "XLA412" not in [f.code for f in findings] and ".item()" in out
+
+
+@pytest.mark.xla
+@needs_xla
+def test_the_sum_read_back_is_the_same_kind_of_number():
+    """`torch.as_tensor(x).item()`: an int for a count, a float for a loss,
+    and the literal itself when no step ran (run on the CPU: no XLA needed
+    for the kinds)."""
+    import torch
+
+    assert type(torch.as_tensor(0).item()) is int and type(torch.as_tensor(0.0).item()) is float
+    count = 0 + torch.tensor([True, False, True]).sum().detach()
+    assert torch.as_tensor(count).item() == 2 and type(torch.as_tensor(count).item()) is int
+    total = 0.0 + torch.tensor(1.5).detach()
+    assert torch.as_tensor(total).item() == 1.5
+
+
+# ------------------------------------------------------------------ XLA409
+COIN = ("import random\nimport torch\n\nmodel = model.cuda()\n"
+        "for t in range(1, T):\n    out, h = model(inp, h)\n    pred = out.argmax(1)\n"
+        "    force = random.random() < ratio\n    inp = trg[t] if force else pred\n")
+
+
+def test_a_host_coin_between_two_tensors_chooses_on_the_device():
+    out, findings = convert_text(COIN)
+    assert codes(findings, "XLA409") == [(9, True)]
+    assert "    inp = torch.where(torch.tensor([force], device=pred.device)[0], trg[t], pred)\n" in out
+    assert "    force = random.random() < ratio\n" in out  # the draw stays where it was
+
+
+@pytest.mark.parametrize("change", [
+    ("inp = trg[t] if force else pred", "inp = model.embed(trg[t]) if force else pred"),  # a call: side effects
+    ("inp = trg[t] if force else pred", "inp = trg[t] if force else None"),  # not a tensor
+    ("    inp = trg[t] if force else pred\n", "    if force:\n        inp = trg[t]\n    else:\n        inp = pred\n"),
+])
+def test_a_coin_that_cannot_move_to_the_device_stays_reported(change):
+    out, findings = convert_text(COIN.replace(*change))
+    assert [fix for _, fix in codes(findings, "XLA409")] == [False], out
+    assert "torch.where" not in out
+
+
+# ------------------------------------------------------------------ the golden program
+def test_a_decoder_unrolled_inside_the_training_step_gets_no_barrier_of_its_own():
+    text = (FIXTURES / "recompile_fixes" / "expected.py").read_text()
+    decoder = text[text.index("        for t in range(1, trg.shape[0]):"):text.index("        total += ")]
+    assert "sync()" not in decoder
+    assert text.count("torch_xla.sync()") == 2  # the training step, the sampling step
+
+
+def _numbers(text: str):
+    return [float(n) for n in re.findall(r"-?\d+\.\d+|\d+", text)]
+
+
+@pytest.mark.xla
+@needs_xla
+def test_the_fixed_traps_compile_once_and_print_the_originals_numbers(tmp_path):
+    original = subprocess.run([sys.executable, str(FIXTURES / "recompile_fixes" / "input.py"), "--steps", "8"],
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert original.returncode == 0, original.stderr
+    short, _, _, _ = run_on_xla("recompile_fixes", tmp_path / "a", "--steps", "4")
+    long, out8, _, _ = run_on_xla("recompile_fixes", tmp_path / "b", "--steps", "8")
+    a, b = short["metrics"], long["metrics"]
+    assert a["compiles"] == b["compiles"], (a, b)
+    # four more steps of training and of sampling: eight more graph executions, and two for the prints
+    assert b["executions"] - a["executions"] <= 10, (a, b)
+    assert out8.splitlines()[:4] == original.stdout.splitlines()[:4]  # the losses to four decimals
+    assert _numbers(out8) == pytest.approx(_numbers(original.stdout), rel=1e-3, abs=1e-4)
+
+
+@pytest.mark.xla
+@needs_xla
+def test_the_same_program_with_the_traps_left_recompiles_every_step(tmp_path, monkeypatch):
+    """What the rewrites are worth, and that the test above can fail: with
+    XLA409/411/412 turned off the compiles grow with the steps."""
+    import test_runnable_ports
+
+    kept = Settings(ignore=("XLA409", "XLA411", "XLA412"))
+    monkeypatch.setattr(test_runnable_ports, "Settings", lambda: kept)
+    assert "torch.where" not in transform((FIXTURES / "recompile_fixes" / "input.py").read_bytes(), kept).code.decode()
+    short, _, _, _ = run_on_xla("recompile_fixes", tmp_path / "a", "--steps", "4")
+    long, _, _, _ = run_on_xla("recompile_fixes", tmp_path / "b", "--steps", "8")
+    assert long["metrics"]["compiles"] >= short["metrics"]["compiles"] + 8, (short, long)
