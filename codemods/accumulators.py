@@ -61,6 +61,9 @@ ACCUMULATOR = Rule(
 )
 
 _SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+# `x op= v` after the loop, as `x = <read> op v`
+_SCALES = {cst.MultiplyAssign: cst.Multiply, cst.DivideAssign: cst.Divide, cst.FloorDivideAssign: cst.FloorDivide,
+           cst.ModuloAssign: cst.Modulo, cst.PowerAssign: cst.Power}
 _HOST_NUMBERS = {"len", "size", "numel", "dim"}  # calls whose value is a Python int
 
 
@@ -74,6 +77,7 @@ class DeviceAccumulators(LoopCodemod):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._items: set = set()  # ids of the `.item()` calls to rewrite
         self._reads: set = set()  # ids of the names to read with `torch.as_tensor(...).item()`
+        self._scales: set = set()  # ids of `total /= n` after the loop: `total = <read> / n`
 
     def visit_Module(self, node: cst.Module) -> None:
         super().visit_Module(node)
@@ -101,7 +105,7 @@ class DeviceAccumulators(LoopCodemod):
         plan = self._plan(node, scope, loop)
         if plan is None:
             return
-        augs, reads = plan
+        augs, reads, scales = plan
         if not self.flag(node, ACCUMULATOR.code, f"`{node.target.value}` sums `.item()` every step: summed on the "  # type: ignore[attr-defined]
                          "device, read where it is used", fix=True):
             return
@@ -109,6 +113,7 @@ class DeviceAccumulators(LoopCodemod):
             self._items.add(id(aug))
             self._items.update(id(c) for c in self._item_reads(aug.value) or ())
         self._reads.update(id(r) for r in reads)
+        self._scales.update(id(a) for a in scales)
 
     def _hot_loop(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
         """The innermost loop around ``node`` (in its function), when a step
@@ -137,12 +142,13 @@ class DeviceAccumulators(LoopCodemod):
         return items or None
 
     def _plan(self, aug: cst.AugAssign, scope: cst.CSTNode,
-              loop: cst.CSTNode) -> Optional[Tuple[List[cst.AugAssign], List[cst.Name]]]:
+              loop: cst.CSTNode) -> Optional[Tuple[List[cst.AugAssign], List[cst.Name], List[cst.AugAssign]]]:
         """The augmented assignments and the reads of ``aug``'s name in its
         scope, or None when the name is not only a number summed here."""
         name = aug.target.value  # type: ignore[attr-defined]
         body = scope.body if isinstance(scope, cst.FunctionDef) else scope
         augs: List[cst.AugAssign] = []
+        scales: List[cst.AugAssign] = []
         reads: List[cst.Name] = []
         for occurrence in find_all(body, cst.Name):
             if occurrence.value != name:  # type: ignore[attr-defined]
@@ -152,11 +158,15 @@ class DeviceAccumulators(LoopCodemod):
                 return None
             if role == "aug":
                 augs.append(self.parent(occurrence))  # type: ignore[arg-type]
+            elif role == "scale":  # `test_loss /= len(data)` after the loop: read, then scaled on the host
+                if self._every_step(occurrence, loop) or any(a is loop for a in self.ancestors(occurrence)):
+                    return None
+                scales.append(self.parent(occurrence))  # type: ignore[arg-type]
             elif role == "read":
                 if self._every_step(occurrence, loop):
                     return None
                 reads.append(occurrence)  # type: ignore[arg-type]
-        return augs, reads
+        return augs, reads, scales
 
     def _role(self, name: cst.Name, scope: cst.CSTNode) -> Optional[str]:
         """How ``name`` is used: "aug" (summed into), "init" (bound to a
@@ -172,7 +182,9 @@ class DeviceAccumulators(LoopCodemod):
             if isinstance(anc, _SCOPES):
                 return None  # used in a nested scope
         if isinstance(parent, cst.AugAssign) and parent.target is name:
-            return "aug" if isinstance(parent.operator, (cst.AddAssign, cst.SubtractAssign)) else None
+            if isinstance(parent.operator, (cst.AddAssign, cst.SubtractAssign)):
+                return "aug"
+            return "scale" if type(parent.operator) in _SCALES else None  # (outside the loop: see _plan)
         if isinstance(parent, cst.AssignTarget):
             assign = self.parent(parent)
             ok = isinstance(assign, cst.Assign) and len(assign.targets) == 1 and _number(assign.value)
@@ -214,6 +226,18 @@ class DeviceAccumulators(LoopCodemod):
                 and isinstance(updated.func, cst.Attribute):
             return updated.with_changes(func=updated.func.with_changes(attr=cst.Name("detach")))
         return updated
+
+    def leave_AugAssign(self, original_node: cst.AugAssign, updated_node: cst.AugAssign) -> cst.BaseSmallStatement:
+        if id(original_node) not in self._scales:
+            return updated_node
+        name = original_node.target.value  # type: ignore[attr-defined]
+        imports.need(self.context, "torch")
+        right = updated_node.value
+        if not isinstance(right, (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float)):
+            right = right.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        value = cst.BinaryOperation(left=cst.parse_expression(f"torch.as_tensor({name}).item()"),
+                                    operator=_SCALES[type(original_node.operator)](), right=right)
+        return cst.Assign(targets=[cst.AssignTarget(cst.Name(name))], value=value)
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
         if id(original_node) not in self._reads:
