@@ -246,7 +246,7 @@ class Distributed(XlaCodemod):
         return updated.with_changes(args=comma_separated(args))
 
     def _spawn(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
-        if not original.args:
+        if not original.args or self.target.keeps_spawn:
             return updated
         fn = updated.args[0].value
         root = (dotted(original.func) or "").split(".")[0]

@@ -119,7 +119,8 @@ class _Bars(XlaCodemod):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.keep = bool(self.option("keep_progress", False))
+        # an eager target (TorchTPU) runs ahead of no graph: its bars stay, as with `keep_progress`
+        self.keep = bool(self.option("keep_progress", False)) or self.target.sync is None
         self.bar_names: Set[str] = set()
         self.block_bars: Set[str] = set()
         self.tensors: Set[str] = set()

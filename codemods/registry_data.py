@@ -6,6 +6,15 @@ LibCST: their order, their rules and the bytes that trigger them.
 
 # (module, class, trigger bytes, needs, ((code, name, summary, fixes), ...))
 CODEMODS = (
+    ('codemods.from_xla', 'FromTorchXla', (b'torch_xla',), ('name~torch_xla',), (
+        ('XLA501', 'xla-device', "`torch_xla.device()` / `xm.xla_device()` -> the accelerator's device", True),
+        ('XLA502', 'xla-barrier', '`torch_xla.sync()` / `xm.mark_step()` removed (TorchTPU is eager)', True),
+        ('XLA503', 'xla-device-loader', '`pl.MpDeviceLoader(loader, device)` -> `loader`', True),
+        ('XLA504', 'xla-optimizer-step', '`xm.optimizer_step(opt)` -> `opt.step()`', True),
+        ('XLA505', 'xla-save-closure', '`xm.save` -> `torch.save`; `xm.add_step_closure(fn, args)` -> `fn(*args)`', True),
+        ('XLA506', 'xla-distributed', "process group, compile backend, world size and ordinals -> TorchTPU's", True),
+        ('XLA509', 'xla-left-over', 'a torch_xla name with no TorchTPU counterpart (reported)', False),
+    )),
     ('codemods.guards', 'CudaGuards', (b'cuda', b'accelerator'), ('code~cuda', 'code~accelerator'), (
         ('XLA116', 'cuda-only-branch', 'a side of a CUDA test that needs CUDA itself (fused kernels, device properties) goes: XLA takes the other', True),
         ('XLA117', 'cuda-requirement', "a requirement for CUDA on the program's path (`assert torch.cuda.is_available()`) is met by XLA: removed", True),

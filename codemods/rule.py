@@ -29,6 +29,7 @@ class Rule:
     valid: Tuple[str, ...] = ()
     options: Tuple[Tuple[str, str], ...] = ()  # (option, what it does)
     example_options: Tuple[Tuple[str, object], ...] = ()  # options the example runs with
+    example_target: str = ""  # the target the example converts to (default: the default target)
     # rules whose rewrites this one judges: selected with it when its examples run
     requires: Tuple[str, ...] = ()
 

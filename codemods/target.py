@@ -133,6 +133,8 @@ class Target:
     ddp_extra: Optional[str] = "gradient_as_bucket_view=True"
     launch: Optional[str] = "torch_xla.launch"  # spawn(fn, args, nprocs) -> launch(fn, args=args); None: fn(0, *args)
     launch_imports: Tuple[Import, ...] = _XLA
+    keeps_spawn: bool = False  # True: `mp.spawn` works there as it is (one process per device, as on CUDA)
+    from_torch_xla: bool = False  # True: torch_xla code is moved to this target (codemods/from_xla.py)
     save: Optional[str] = "xm.save"  # torch.save of device state; None: left alone
     save_imports: Tuple[Import, ...] = (("torch_xla.core.xla_model", None, "xm"),)
     compile_backend: Optional[str] = "openxla"  # None: torch.compile(m) -> m (eager)
@@ -234,7 +236,76 @@ CPU = Target(
     configures_logging=False,
 )
 
-TARGETS: Dict[str, Target] = {t.name: t for t in (TORCH_XLA_2_9, CPU)}
+# torch.cuda.* on TorchTPU: device-generic PyTorch.  The device calls whose
+# torch.tpu counterpart the wheel marks internal go to the torch.accelerator
+# call it names (codemods/torchtpu_api_data.py, generated from the wheel);
+# memory calls to torch.accelerator's own (torch >= 2.9); the rest is
+# reported as it is for XLA.
+_TPU_PREFERRED = ("is_available", "synchronize", "device_count", "current_device", "set_device")
+_ACCELERATOR_MEMORY = ("empty_cache", "memory_allocated", "max_memory_allocated", "memory_reserved",
+                       "max_memory_reserved", "memory_stats", "reset_peak_memory_stats",
+                       "reset_accumulated_memory_stats")
+
+
+def _torchtpu_cuda_api() -> Dict[str, Move]:
+    from codemods.torchtpu_api_data import STAGES
+
+    table: Dict[str, Move] = {
+        name: move for name, move in XLA_CUDA_API.items()
+        if move.kind == "report" and not name.startswith("torch.accelerator.")
+        and name.rsplit(".", 1)[1] not in _TPU_PREFERRED + _ACCELERATOR_MEMORY}
+    for name in _TPU_PREFERRED:
+        stage, prefer = STAGES[name]
+        assert stage == "internal" and prefer, name  # the wheel names the call to make
+        table[f"torch.cuda.{name}"] = Move("call", prefer)
+    for name in _ACCELERATOR_MEMORY:
+        table[f"torch.cuda.{name}"] = Move("call", f"torch.accelerator.{name}")
+    for name in ("init", "ipc_collect", "reset_max_memory_allocated"):
+        table[f"torch.cuda.{name}"] = Move("drop", why="no meaning on TorchTPU: its runtime manages device memory")
+    seeded = "`torch.manual_seed` seeds every device's generator, the TPU's with it"
+    table["torch.cuda.manual_seed"] = Move("call", "torch.manual_seed", why=seeded)
+    table["torch.cuda.manual_seed_all"] = Move("call", "torch.manual_seed", why=seeded)
+    table["torch.cuda.is_bf16_supported"] = Move("expr", "True")
+    for name in ("get_device_name", "get_device_properties", "get_device_capability", "get_arch_list"):
+        table[f"torch.cuda.{name}"] = Move("report", why="no device-generic counterpart: `torch.tpu.get_device_name()` "
+                                                        "and `get_device_properties()` are TorchTPU's (experimental)")
+    return table
+
+
+# CUDA -> TorchTPU (torch-tpu 0.2.0, torch 2.11-2.15): device-generic PyTorch,
+# eager-first (no barrier, no device loader, no step closure), so the program
+# still runs -- on the CPU -- on a host without a TPU.
+TORCHTPU = Target(
+    name="torchtpu",
+    summary="TorchTPU (device \"tpu\" through torch.accelerator; eager, no barriers)",
+    device='torch.device(torch.accelerator.current_accelerator(check_available=True) or "cpu")',
+    device_imports=(("torch", None, None),),
+    barrier_names=KNOWN_BARRIERS,
+    loader_names=KNOWN_LOADERS,
+    step_closure_names=KNOWN_STEP_CLOSURES,
+    cuda_api=_torchtpu_cuda_api(),
+    device_string="tpu",
+    autocast_device="tpu",
+    process_group_backend="tpu_dist",
+    process_group_init=None,
+    process_group_imports=(),
+    ddp_extra=None,
+    launch=None,
+    launch_imports=(),
+    keeps_spawn=True,
+    from_torch_xla=True,
+    save=None,
+    save_imports=(),
+    compile_backend="tpu",
+    seed=None,
+    seed_imports=(),
+    no_inference_mode=False,
+    matmul_precision=None,
+    matmul_precision_imports=(),
+    configures_logging=False,
+)
+
+TARGETS: Dict[str, Target] = {t.name: t for t in (TORCH_XLA_2_9, CPU, TORCHTPU)}
 DEFAULT_TARGET = TORCH_XLA_2_9.name
 
 

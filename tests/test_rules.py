@@ -9,6 +9,11 @@ from tests.conftest import convert_text
 RULES = all_rules()
 
 
+def _target(rule):
+    """The target a rule's examples convert to, where it is not the default."""
+    return {"target": rule.example_target} if rule.example_target else {}
+
+
 def test_codes_are_unique_and_documented():
     codes = [r.code for r in RULES]
     assert len(codes) == len(set(codes))
@@ -19,13 +24,15 @@ def test_codes_are_unique_and_documented():
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.code)
 def test_example_before_after(rule):
-    out, findings = convert_text(rule.before, select=[rule.code, *rule.requires], options=dict(rule.example_options))
+    out, findings = convert_text(rule.before, select=[rule.code, *rule.requires], options=dict(rule.example_options),
+                                 **_target(rule))
     codes = [f.code for f in findings]
     assert rule.code in codes, f"{rule.code} not reported on its own example"
     if rule.fix:
         assert out == rule.after
         cst.parse_module(out)
-        again, again_findings = convert_text(out, select=[rule.code], options=dict(rule.example_options))
+        again, again_findings = convert_text(out, select=[rule.code], options=dict(rule.example_options),
+                                             **_target(rule))
         assert again == out, "second run changed the code"
         assert not [f for f in again_findings if f.fix]
     elif not rule.requires:
@@ -41,7 +48,7 @@ def test_example_before_after(rule):
     ids=lambda x: x.code if hasattr(x, "code") else "",
 )
 def test_valid_examples_untouched(rule, source):
-    out, findings = convert_text(source, select=[rule.code, *rule.requires])
+    out, findings = convert_text(source, select=[rule.code, *rule.requires], **_target(rule))
     if not rule.requires:  # (the rules it judges may rewrite a valid example)
         assert out == source
     assert rule.code not in [f.code for f in findings]
@@ -55,7 +62,8 @@ def test_suppression_comment(rule):
         line + f"  # xlaport: ignore[{rule.code}]" if line.strip() else line
         for line in lines
     ) + "\n"
-    out, findings = convert_text(source, select=[rule.code, *rule.requires], options=dict(rule.example_options))
+    out, findings = convert_text(source, select=[rule.code, *rule.requires], options=dict(rule.example_options),
+                                 **_target(rule))
     assert rule.code not in [f.code for f in findings]
 
 

@@ -36,6 +36,8 @@ def render_rule(rule: Rule, codemod: type) -> str:
     ]
     if rule.example_options:
         lines += ["", "(with " + ", ".join(f"{k} = {v!r}" for k, v in rule.example_options) + ")"]
+    if rule.example_target:
+        lines += ["", f"(with --target {rule.example_target})"]
     if rule.after is not None:
         lines += ["", "Becomes:", textwrap.indent(rule.after.rstrip("\n"), "    ")]
     if rule.options:
@@ -70,6 +72,8 @@ def render_page(rule: Rule, codemod: type) -> str:
     ]
     if rule.example_options:
         lines += ["", "With " + ", ".join(f"`{k} = {v!r}`" for k, v in rule.example_options) + ":"]
+    if rule.example_target:
+        lines += ["", f"With `--target {rule.example_target}`:"]
     if rule.after is not None:
         lines += ["", "Becomes:", "", "```python", rule.after.rstrip("\n"), "```"]
     if rule.valid:

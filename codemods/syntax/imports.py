@@ -49,7 +49,15 @@ def apply(context: object, tree: cst.Module) -> Tuple[cst.Module, bool]:
     if unused:
         where = _removable(unused, tree)
         if where is not None:
-            tree, changed = _remove(unused, tree, where), True
+            removed = _remove(unused, tree, where)
+            if removed.body and not removed.header and (not tree.body or removed.body[0] is not tree.body[0]):
+                # the imports that began the file are gone: it does not begin with blank lines now
+                first = removed.body[0]
+                lines = list(first.leading_lines)
+                while lines and lines[0].comment is None:
+                    lines.pop(0)
+                removed = removed.with_changes(body=[first.with_changes(leading_lines=lines), *removed.body[1:]])
+            tree, changed = removed, True
     return tree, changed
 
 
