@@ -137,11 +137,11 @@ class MixedPrecision(DropsStatements, XlaCodemod):
                 args[dtype_index] = args[dtype_index].with_changes(value=cst.parse_expression(self.target.autocast_dtype))
         else:
             args.insert(0, keyword_arg("dtype", cst.parse_expression(self.target.autocast_dtype)))
-        new_args = [cst.Arg(cst.SimpleString(f'"{self.target.autocast_device}"'))] + [
+        new_args = [cst.Arg(cst.parse_expression(self.target.autocast_device))] + [
             a for a in args if not (a.keyword is None)]
         new_args = [a.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
                     for a in new_args[:-1]] + [new_args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)]
-        if not self.flag(original, AUTOCAST.code, f'autocast -> torch.autocast("{self.target.autocast_device}", '
+        if not self.flag(original, AUTOCAST.code, f'autocast -> torch.autocast({self.target.autocast_device}, '
                          f'dtype={self.target.autocast_dtype})', fix=True):
             return updated
         self.add_imports((("torch", None, None),))

@@ -34,6 +34,7 @@ from codemods.syntax import imports
 from codemods.syntax.edits import DropsStatements
 from codemods.syntax.nodes import comma_separated, source_of
 
+_WAIT = "torch.accelerator.synchronize() if torch.accelerator.is_available() else None"
 _ACCELERATOR = 'torch.device(torch.accelerator.current_accelerator(check_available=True) or "cpu")'
 
 
@@ -48,15 +49,17 @@ DEVICE = _rule("XLA501", "xla-device", "`torch_xla.device()` / `xm.xla_device()`
                f"import torch\n\ndevice = {_ACCELERATOR}\n")
 BARRIER = _rule("XLA502", "xla-barrier", "`torch_xla.sync()` / `xm.mark_step()` removed (TorchTPU is eager)",
                 "TorchTPU runs eagerly: there is no lazy graph to cut. A barrier that waits for the device "
-                "(`sync(wait=True)`, `xm.wait_device_ops()`) becomes `torch.accelerator.synchronize()`.",
+                "(`sync(wait=True)`, `xm.wait_device_ops()`) becomes `torch.accelerator.synchronize()`, where an "
+                "accelerator is (it raises on a host without one, where the torch_xla program ran).",
                 "import torch_xla\n\nfor x in data:\n    step(x)\n    torch_xla.sync()\n",
                 "for x in data:\n    step(x)\n")
-LOADER = _rule("XLA503", "xla-device-loader", "`pl.MpDeviceLoader(loader, device)` -> `loader`",
-               "The device loader overlaps host-to-device copies with XLA's graph execution; on TorchTPU the loop "
-               "moves its batches itself, as it did on CUDA.",
+LOADER = _rule("XLA503", "xla-device-loader", "`pl.MpDeviceLoader(loader, device)` -> `loader`, each batch moved",
+               "The device loader overlaps host-to-device copies with XLA's graph execution, and moves each batch "
+               "to the device; on TorchTPU the loop moves its batches itself, as it did on CUDA. Where the loader "
+               "is not iterated by a loop over names (`for x, y in ...`), it is reported.",
                "import torch_xla.distributed.parallel_loader as pl\n\n"
-               "for x in pl.MpDeviceLoader(loader, device):\n    step(x)\n",
-               "for x in loader:\n    step(x)\n")
+               "for x, y in pl.MpDeviceLoader(loader, device):\n    step(x, y)\n",
+               "for x, y in loader:\n    x, y = x.to(device), y.to(device)\n    step(x, y)\n")
 OPTIMIZER = _rule("XLA504", "xla-optimizer-step", "`xm.optimizer_step(opt)` -> `opt.step()`",
                   "`xm.optimizer_step` all-reduces the gradients of the replicas, then steps. With one process "
                   "it is `opt.step()`; with several, TorchTPU reduces gradients through `DistributedDataParallel`, "
@@ -107,6 +110,7 @@ class FromTorchXla(DropsStatements, XlaCodemod):
     NEEDS = ("name~torch_xla",)
 
     def regions(self, tree):
+        self._moves: dict = {}  # id(loop) -> the device its batches move to
         if not self.target.from_torch_xla:
             return []
         self._launches = any(self.qualnames(c.func) & _LAUNCHES for c in tree.nodes((cst.Call,)))  # type: ignore
@@ -126,16 +130,15 @@ class FromTorchXla(DropsStatements, XlaCodemod):
             waits = bool(q & _WAITS) or any(a.keyword is not None and a.keyword.value == "wait" for a in
                                             original_node.args)
             if waits:
+                # (torch.accelerator.synchronize() raises where no accelerator is: the program ran on any host)
                 return self._replace(original_node, BARRIER, "`torch.accelerator.synchronize()`",
-                                     "torch.accelerator.synchronize()") or updated_node
+                                     _WAIT) or updated_node
             if isinstance(parent, cst.Expr) and self.flag(original_node, BARRIER.code, "barrier removed (TorchTPU "
                                                           "runs eagerly)", fix=True):
                 return self.drop_call(updated_node, parent)
             return updated_node
         if q & _LOADERS and updated_node.args:
-            if self.flag(original_node, LOADER.code, "`MpDeviceLoader(loader, ...)` -> `loader`", fix=True):
-                return updated_node.args[0].value
-            return updated_node
+            return self._loader(original_node, updated_node)
         if "torch_xla.core.xla_model.optimizer_step" in q:
             return self._optimizer_step(original_node, updated_node)
         if "torch_xla.core.xla_model.save" in q:
@@ -152,6 +155,53 @@ class FromTorchXla(DropsStatements, XlaCodemod):
             return self._backend(original_node, updated_node, q)
         self._left_over(original_node, q)
         return updated_node
+
+    def _loader(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        """``for x, y in MpDeviceLoader(loader, device)`` (or ``enumerate(...)``
+        of it): iterate ``loader`` and move the batch at the top of the body
+        (``leave_For``); anywhere else the loader is reported."""
+        loop = self._loop_over(original)
+        device = updated.args[1].value if len(updated.args) > 1 and updated.args[1].keyword is None else None
+        if loop is None or device is None:
+            self.flag(original, LOADER.code, "`MpDeviceLoader` moved batches to the device: iterate the loader and "
+                      "move each batch with `.to(device)` in the loop", fix=False)
+            return updated
+        if not self.flag(original, LOADER.code, "`MpDeviceLoader(loader, device)` -> `loader`, the batch moved "
+                         "with `.to(device)`", fix=True):
+            return updated
+        self._moves[id(loop)] = device
+        return updated.args[0].value
+
+    def _loop_over(self, call: cst.Call) -> Optional[cst.For]:
+        """The loop whose batches ``call`` gives, when its target is names
+        (``x, y``), directly or as ``enumerate``'s second item."""
+        parent = self.parent(call)
+        target_of = None
+        if isinstance(parent, cst.For) and parent.iter is call:
+            loop, target_of = parent, parent.target
+        else:
+            outer = self.parent(parent) if isinstance(parent, cst.Arg) else None
+            loop = self.parent(outer) if isinstance(outer, cst.Call) and call_name(outer) == "enumerate" else None
+            if not (isinstance(loop, cst.For) and loop.iter is outer and isinstance(loop.target, cst.Tuple)
+                    and len(loop.target.elements) == 2):
+                return None
+            target_of = loop.target.elements[1].value
+        names = [e.value for e in target_of.elements] if isinstance(target_of, (cst.Tuple, cst.List)) else [target_of]
+        return loop if all(isinstance(n, cst.Name) for n in names) else None  # type: ignore[return-value]
+
+    def leave_For(self, original_node: cst.For, updated_node: cst.For) -> cst.For:
+        device = self._moves.get(id(original_node))
+        if device is None:
+            return updated_node
+        target = original_node.target
+        if isinstance(original_node.iter, cst.Call) and call_name(original_node.iter) == "enumerate":
+            target = target.elements[1].value  # type: ignore[attr-defined]
+        names = [e.value.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) \
+            else [target.value]  # type: ignore[attr-defined]
+        to = source_of(device)
+        move = cst.parse_statement(f"{', '.join(names)} = {', '.join(f'{n}.to({to})' for n in names)}\n")
+        body = updated_node.body
+        return updated_node.with_changes(body=body.with_changes(body=[move, *body.body]))  # type: ignore[attr-defined]
 
     def _replace(self, original: cst.Call, rule: Rule, what: str, code: str) -> Optional[cst.BaseExpression]:
         if not self.flag(original, rule.code, f"`{call_name(original)}()` -> {what}", fix=True):
@@ -183,8 +233,13 @@ class FromTorchXla(DropsStatements, XlaCodemod):
             args = [cst.Arg(e.value) for e in passed.elements]  # `args=(step, loss)`: fn(step, loss)
         else:
             args = [cst.Arg(passed, star="*")] if passed is not None else []
-        if isinstance(fn, cst.Lambda) and not fn.params.params and not args:
-            return fn.body
+        if isinstance(fn, cst.Lambda) and not args and all(
+                p.default is not None and isinstance(p.default, cst.Name) and p.default.value == p.name.value
+                for p in fn.params.params) and not isinstance(fn.params.star_arg, cst.Param) \
+                and not fn.params.kwonly_params and fn.params.star_kwarg is None:
+            return fn.body  # `lambda loss=loss: ...`: its body, run now
+        if isinstance(fn, cst.Lambda):
+            fn = fn.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
         return cst.Call(func=fn, args=comma_separated(args))
 
     def _backend(self, original: cst.Call, updated: cst.Call, q: set) -> cst.BaseExpression:

@@ -126,7 +126,7 @@ class CudaGuards(DropsStatements, XlaCodemod):
         if not self._facts().tests_cuda(original_node.test):
             return updated_node
         side = self._cuda_side(original_node.test, original_node.body, original_node.orelse)
-        why = cuda_only(side, self.qualnames) if side is not None else None
+        why = cuda_only(side, self.qualnames, self.target.cuda_api) if side is not None else None
         if why is None:
             return updated_node
         value, rest = self._facts().fold(updated_node.test, on_cuda=False)
@@ -150,7 +150,7 @@ class CudaGuards(DropsStatements, XlaCodemod):
         orelse = original_node.orelse
         side = self._cuda_side(original_node.test, original_node.body,
                                orelse.body if isinstance(orelse, cst.Else) else orelse)
-        why = cuda_only(side, self.qualnames) if side is not None else None
+        why = cuda_only(side, self.qualnames, self.target.cuda_api) if side is not None else None
         if why is None:
             return updated_node
         if not self.flag(original_node, CUDA_ONLY_BRANCH.code, f"the CUDA side uses {why}, which XLA does not "

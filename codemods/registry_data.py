@@ -9,7 +9,7 @@ CODEMODS = (
     ('codemods.from_xla', 'FromTorchXla', (b'torch_xla',), ('name~torch_xla',), (
         ('XLA501', 'xla-device', "`torch_xla.device()` / `xm.xla_device()` -> the accelerator's device", True),
         ('XLA502', 'xla-barrier', '`torch_xla.sync()` / `xm.mark_step()` removed (TorchTPU is eager)', True),
-        ('XLA503', 'xla-device-loader', '`pl.MpDeviceLoader(loader, device)` -> `loader`', True),
+        ('XLA503', 'xla-device-loader', '`pl.MpDeviceLoader(loader, device)` -> `loader`, each batch moved', True),
         ('XLA504', 'xla-optimizer-step', '`xm.optimizer_step(opt)` -> `opt.step()`', True),
         ('XLA505', 'xla-save-closure', '`xm.save` -> `torch.save`; `xm.add_step_closure(fn, args)` -> `fn(*args)`', True),
         ('XLA506', 'xla-distributed', "process group, compile backend, world size and ordinals -> TorchTPU's", True),

@@ -125,7 +125,7 @@ class Target:
     # The rest of the CUDA surface (see Move and the tables above).
     cuda_api: Mapping[str, Move] = field(default_factory=dict)
     device_string: str = "xla"  # what a "cuda" string becomes where it is used as a string
-    autocast_device: str = "xla"
+    autocast_device: str = '"xla"'  # the code of autocast's device_type
     autocast_dtype: str = "torch.bfloat16"
     process_group_backend: str = "xla"
     process_group_init: Optional[str] = 'init_method="xla://"'  # keyword kept, rank/world size dropped
@@ -217,7 +217,7 @@ CPU = Target(
     step_closure_names=KNOWN_STEP_CLOSURES,
     cuda_api=CPU_CUDA_API,
     device_string="cpu",
-    autocast_device="cpu",
+    autocast_device='"cpu"',
     process_group_backend="gloo",
     process_group_init=None,
     process_group_imports=(),
@@ -285,7 +285,8 @@ TORCHTPU = Target(
     step_closure_names=KNOWN_STEP_CLOSURES,
     cuda_api=_torchtpu_cuda_api(),
     device_string="tpu",
-    autocast_device="tpu",
+    # the device's own type: "tpu", or "cpu" on a host without one (autocast refuses a type it does not know)
+    autocast_device='torch.device(torch.accelerator.current_accelerator(check_available=True) or "cpu").type',
     process_group_backend="tpu_dist",
     process_group_init=None,
     process_group_imports=(),

@@ -10,14 +10,22 @@ from xlaport.engine import Settings, transform
 FIXTURES = sorted(p for p in (Path(__file__).parent.parent / "fixtures").iterdir() if (p / "input.py").exists())
 
 
+def settings_for(fixture: Path) -> Settings:
+    """The settings a fixture converts with: its ``target`` file names a
+    target other than the default (``torchtpu``)."""
+    target = fixture / "target"
+    return Settings(target=target.read_text().strip()) if target.exists() else Settings()
+
+
 @pytest.mark.parametrize("fixture", FIXTURES, ids=lambda p: p.name)
 def test_golden(fixture):
     source = (fixture / "input.py").read_bytes()
-    out = transform(source, Settings()).code
+    settings = settings_for(fixture)
+    out = transform(source, settings).code
     assert out.decode() == (fixture / "expected.py").read_text()
     cst.parse_module(out)  # parses
     compile(out, str(fixture / "expected.py"), "exec")
-    again = transform(out, Settings())
+    again = transform(out, settings)
     assert again.code == out, "not idempotent"
     assert not [f for f in again.findings if f.fix]
 

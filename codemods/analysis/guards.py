@@ -138,16 +138,17 @@ def _pure(node: cst.CSTNode) -> bool:
     return not any(isinstance(n, (cst.Call, cst.NamedExpr, cst.Await)) for n in walk(node))
 
 
-def cuda_only(node: cst.CSTNode, qualnames) -> Optional[str]:  # type: ignore[no-untyped-def]
-    """What in ``node`` needs CUDA itself and has no XLA form (a short
-    description), or None: a ``torch.cuda`` API the target table reports or
-    does not know (device properties, memory statistics, streams), a fused
-    optimizer, a library that exists only for CUDA."""
+def cuda_only(node: cst.CSTNode, qualnames, api=None) -> Optional[str]:  # type: ignore[no-untyped-def]
+    """What in ``node`` needs CUDA itself and has no form on the target (a
+    short description), or None: a ``torch.cuda`` API the target's table
+    (``api``; torch_xla's by default) reports or does not know (device
+    properties, memory statistics, streams), a fused optimizer, a library
+    that exists only for CUDA."""
     for n in walk(node):
         if isinstance(n, cst.Call):
             name = in_cuda_module(qualnames(n.func))  # type: ignore[operator]
             if name and not name.startswith(_PLACEMENT):
-                move = _move(name)
+                move = _move(name, XLA_CUDA_API if api is None else api)
                 if move is None or move.kind == "report":
                     return f"`{name.replace('torch.', '', 1)}()`"
             roots = {q.split(".")[0] for q in qualnames(n.func)}  # type: ignore[operator]
@@ -177,11 +178,11 @@ def uses_cuda_only_libs(tree: TreeCache) -> bool:
                for full in tree.imports.values())
 
 
-def _move(name: str):  # type: ignore[no-untyped-def]
+def _move(name: str, api):  # type: ignore[no-untyped-def]
     cur = name
     while cur:
-        if cur in XLA_CUDA_API:
-            return XLA_CUDA_API[cur]
+        if cur in api:
+            return api[cur]
         cur = cur.rpartition(".")[0]
     return None
 
