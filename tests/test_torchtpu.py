@@ -142,3 +142,23 @@ def test_the_target_is_chosen_on_the_command_line_or_in_pyproject(tmp_path):
     done = runner.invoke(main, ["lint", "--format", "concise", str(tmp_path / "train.py")])
     assert "XLA111 [*] `cuda.synchronize()` -> `torch.accelerator.synchronize`" in done.output, done.output
     assert "torch_xla" not in done.output
+
+
+@pytest.mark.xla
+def test_verify_runs_the_torchtpu_port_and_says_no_tpu_ran(tmp_path):
+    """On a host without a TPU the port's CPU path runs, its values are
+    compared with the original's, and the report says no TPU ran."""
+    import json
+
+    prog = tmp_path / "prog"
+    prog.mkdir()
+    (prog / "train.py").write_text((FIXTURES / "torchtpu_from_cuda" / "input.py").read_text())
+    report = tmp_path / "r.json"
+    done = CliRunner().invoke(main, ["verify", str(prog / "train.py"), "--target", "torchtpu",
+                                     "--json", str(report)])
+    data = json.loads(report.read_text())
+    assert done.exit_code == 0, (done.output, data["failures"])
+    assert data["config"]["target"] == "torchtpu"
+    assert data["config"]["device_ran"].startswith("no TPU ran")
+    assert any(o["name"].endswith("mean loss 5.98660") and o["ok"] for o in data["outputs"]), data["outputs"]
+    assert "no TPU ran" in done.output and "XLA (cpu reference)" not in done.output

@@ -5,6 +5,7 @@ work done on XLA, the random draws, and where two runs part."""
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -114,6 +115,23 @@ class Checks:
                                   for l, m in wrong.items())
                 raise VerifyError(f"the {side} imported project modules that are not its own copy ({where}): "
                                   "something on its import path reaches the user's tree (PYTHONPATH, a .pth file)")
+
+    def _torchtpu_device(self) -> str:
+        """What a TorchTPU port ran on here: its device is
+        ``torch.accelerator.current_accelerator()``, so without a TPU it took
+        its CPU path -- said plainly, never judged as work on a TPU."""
+        probe = ("import torch\nd = torch.accelerator.current_accelerator(check_available=True)\n"
+                 "print(d.type if d is not None else 'none')\n")
+        try:
+            found = subprocess.run([self.opts.python, "-c", probe], capture_output=True, text=True, timeout=120,
+                                   env={**os.environ, "PJRT_DEVICE": ""}).stdout.strip().splitlines()
+        except (OSError, subprocess.SubprocessError):
+            found = []
+        kind = found[-1] if found else "none"
+        if kind == "tpu":
+            return "a TPU (torch.accelerator found one): the port ran on it"
+        return (f"no TPU ran: this host has no TPU (torch.accelerator found {kind if kind != 'none' else 'none'}), "
+                "so the device-generic port took its CPU path; its values were compared, its speed on a TPU was not")
 
     def _device_work(self, report: Report, cand: Run, side: Side, lines: LineMapper) -> None:
         """A candidate that did nothing on XLA, left a model on the CPU where

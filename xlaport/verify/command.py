@@ -27,6 +27,9 @@ RUNS_THE_PROGRAM = ("verify runs your program, unsandboxed and with your rights,
                    "every module of the project into a temporary copy).")
 @click.option("--device", type=click.Choice(["cpu", "tpu"]), default="cpu", show_default=True,
               help="PJRT device for the XLA run.")
+@click.option("--target", type=click.Choice(["torch_xla-2.9", "torchtpu"]), default="torch_xla-2.9", show_default=True,
+              help="What the conversion targets. torchtpu: on a host without a TPU its device-generic port runs its "
+                   "CPU path, and the report says so.")
 @click.option("--reference", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="Run the original on CUDA (auto: when there is a GPU) or retargeted to the CPU.")
 @click.option("--rtol", type=float, default=None,
@@ -64,7 +67,7 @@ RUNS_THE_PROGRAM = ("verify runs your program, unsandboxed and with your rights,
               help="Write a per-step compiles/executions/transfers plot to this PNG (needs matplotlib).")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
 @click.option("-v", "--verbose", is_flag=True, help="Also print the whole report as JSON (on stderr).")
-def verify(script, script_args, root, converted, device, reference, rtol, atol, warmup_steps, max_host_reads_per_step,
+def verify(script, script_args, root, converted, device, target, reference, rtol, atol, warmup_steps, max_host_reads_per_step,
            timeout, json_out, html_out, reference_runs, lengths, converted_args, device_rng, record_to, against, keep,
            torchrun, plot, quiet, verbose):
     """Run SCRIPT as the reference and its XLA conversion; compare outputs and compile behaviour.
@@ -108,7 +111,7 @@ def verify(script, script_args, root, converted, device, reference, rtol, atol, 
                             reference_runs=reference_runs, lengths=lengths, keep=keep,
                             record_to=Path(record_to) if record_to else None,
                             against=Path(against) if against else None, root=Path(root) if root else None,
-                            device_rng=device_rng, converted_args=converted_args)
+                            device_rng=device_rng, converted_args=converted_args, target=target)
     if json_out:
         _write(Path(json_out), json.dumps(report.as_dict(), indent=2))
     if html_out:

@@ -94,3 +94,4 @@ class Options:
     device_rng: bool = False  # True: leave the device's random numbers to XLA's generator
     # the conversion's own arguments, where they differ from the reference's (a device named on the command line)
     converted_args: Optional[List[str]] = None
+    target: str = "torch_xla-2.9"  # what the conversion targets (torchtpu: a device-generic, eager port)

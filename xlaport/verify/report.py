@@ -20,7 +20,7 @@ def render(report: Report) -> None:
         outputs.add_row("[green]ok[/]" if o.ok else "[red]DIFF[/]", escape(o.name), f"{o.max_abs_err:.3g}", f"{o.max_rel_err:.3g}")
     console.print(outputs)
     m = report.metrics
-    if "compiles" in m:
+    if "compiles" in m and not (report.config.get("device_ran") and not m.get("executions")):  # (no XLA ran)
         console.print(
             f"XLA ({m['reference']} reference): {m['steps']} step(s), {m['compiles']} compile(s) "
             f"({m['compile_seconds']:.2f}s), {m['compiles_after_warmup']} after {m['warmup_steps']} warm-up step(s) "
@@ -52,6 +52,8 @@ def render(report: Report) -> None:
         console.print(f"reference: {escape(str(report.config['reference']))}")
     if report.config.get("values_from"):
         console.print(f"values compared from: {escape(str(report.config['values_from']))}")
+    if report.config.get("device_ran"):
+        console.print(f"device: {escape(str(report.config['device_ran']))}")
     tol = report.config.get("tolerance") or {}
     if tol:
         console.print(f"tolerance: rtol {tol['rtol']:g}, atol {tol['atol']:g} ({escape(str(tol['why']))})")

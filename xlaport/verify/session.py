@@ -111,7 +111,10 @@ class Session(Runs, Checks):
         report.config["reference"] = self.reference_is
         report.imported = {"reference": ref_imports, "candidate": dict(cand.data.get("imported") or {})}  # type: ignore[arg-type]
         self._imports(report)
-        self._device_work(report, cand, cand_side, lines)
+        if opts.target == "torchtpu":
+            report.config["device_ran"] = self._torchtpu_device()
+        else:
+            self._device_work(report, cand, cand_side, lines)
         self._random(report, values, values_graphs, lines)
         if values is not cand:
             n = sum(dict(values.data.get("rng_routed") or {}).values())  # type: ignore[call-overload]

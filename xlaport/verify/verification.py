@@ -22,7 +22,7 @@ def verify(script: Path, converted: Optional[Path] = None, args: Sequence[str] =
            reference_runs: int = 2, lengths: Optional[str] = None, keep: bool = False,
            record_to: Optional[Path] = None, against: Optional[Path] = None, root: Optional[Path] = None,
            device_rng: bool = False, cwd: Optional[Path] = None,
-           converted_args: Optional[Sequence[str]] = None) -> Report:
+           converted_args: Optional[Sequence[str]] = None, target: str = "torch_xla-2.9") -> Report:
     """Run the reference and the candidate, compare, and judge (see the README).
 
     ``record_to``: run only the reference and store it there; ``against``:
@@ -31,7 +31,7 @@ def verify(script: Path, converted: Optional[Path] = None, args: Sequence[str] =
     interrupted (KeyboardInterrupt goes on to the caller)."""
     opts = Options(rtol, atol, timeout, max_host_reads_per_step, python, warmup_steps, reference, device,
                    max(1, reference_runs), lengths, keep, record_to, against, root, device_rng,
-                   list(converted_args) if converted_args is not None else None)
+                   list(converted_args) if converted_args is not None else None, target)
     try:
         project = Project.of(Path(script), root, cwd)
     except ProjectError as exc:
@@ -41,7 +41,7 @@ def verify(script: Path, converted: Optional[Path] = None, args: Sequence[str] =
         "converted": str(converted) if converted else None, "args": list(args), "rtol": rtol, "atol": atol,
         "warmup_steps": warmup_steps, "reference": reference, "device": device, "reference_runs": reference_runs,
         "lengths": lengths, "against": str(against) if against else None, "device_rng": device_rng,
-        "converted_args": list(converted_args) if converted_args is not None else None,
+        "converted_args": list(converted_args) if converted_args is not None else None, "target": target,
         "environment": record.environment(python),
     }
     scratch = Path(tempfile.mkdtemp(prefix="xlaport-verify-", dir=_scratch_base(project.root)))
