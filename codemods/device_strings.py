@@ -214,10 +214,28 @@ class DeviceStrings(XlaCodemod):
         if not self.flag(original, DEVICE_STRING.code, f'{what} -> "{device}"', fix=True):
             return updated
         self.add_imports(self.target.device_imports)
+        if self.target.keeps_device_index:  # "cuda:1", f"cuda:{rank}", "cuda" if ... else "cpu": each CUDA word
+            return updated.visit(_Renamed(device))  # type: ignore[return-value]
         quote = '"'
         if isinstance(original, cst.SimpleString) and original.value.startswith("'"):
             quote = "'"
         return cst.SimpleString(f"{quote}{device}{quote}")
+
+
+class _Renamed(cst.CSTTransformer):
+    """The word "cuda" in every piece of literal text of an expression
+    becomes the target's device (a target that keeps device indexes)."""
+
+    def __init__(self, device: str) -> None:
+        super().__init__()
+        self.device = device
+
+    def leave_SimpleString(self, original_node: cst.SimpleString, updated_node: cst.SimpleString) -> cst.SimpleString:
+        return updated_node.with_changes(value=updated_node.value.replace("cuda", self.device))
+
+    def leave_FormattedStringText(self, original_node: cst.FormattedStringText,
+                                  updated_node: cst.FormattedStringText) -> cst.FormattedStringText:
+        return updated_node.with_changes(value=updated_node.value.replace("cuda", self.device))
 
 
 def _cuda_parts(value: cst.BaseExpression) -> list:

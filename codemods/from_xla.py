@@ -66,9 +66,11 @@ OPTIMIZER = _rule("XLA504", "xla-optimizer-step", "`xm.optimizer_step(opt)` -> `
                   "so in a module that launches processes it is reported.",
                   "import torch_xla.core.xla_model as xm\n\nfor x in data:\n    step(x)\n    xm.optimizer_step(opt)\n",
                   "for x in data:\n    step(x)\n    opt.step()\n")
-SAVE = _rule("XLA505", "xla-save-closure", "`xm.save` -> `torch.save`; `xm.add_step_closure(fn, args)` -> `fn(*args)`",
-             "`xm.save` moved device tensors to the CPU and wrote from one process; `torch.save` writes what it is "
-             "given. Without a lazy graph a step closure has nothing to wait for: it runs where it stands.",
+SAVE = _rule("XLA505", "xla-save-closure", "`xm.save` -> `torch.save`; `xm.add_step_closure(fn, args)` -> `fn(*args)`; "
+             "seeds and prints", "`xm.save` moved device tensors to the CPU and wrote from one process; `torch.save` "
+             "writes what it is given. Without a lazy graph a step closure has nothing to wait for: it runs where it "
+             "stands. `torch_xla.manual_seed(s)` is `torch.manual_seed(s)`, which seeds the TPU's generator too; "
+             "`xm.master_print` is `print` in a program of one process (reported where the module launches several).",
              "import torch_xla.core.xla_model as xm\n\nxm.add_step_closure(report, args=(step, loss))\n"
              "xm.save(state, \"model.pt\")\n",
              "import torch\n\nreport(step, loss)\ntorch.save(state, \"model.pt\")\n")
@@ -148,6 +150,14 @@ class FromTorchXla(DropsStatements, XlaCodemod):
             return updated_node
         if "torch_xla.core.xla_model.add_step_closure" in q:
             return self._closure(original_node, updated_node)
+        if "torch_xla.manual_seed" in q and self.flag(original_node, SAVE.code, "`torch_xla.manual_seed` -> "
+                                                      "`torch.manual_seed` (it seeds the TPU's generator too)",
+                                                      fix=True):
+            imports.need(self.context, "torch")
+            return updated_node.with_changes(func=cst.parse_expression("torch.manual_seed"))
+        if "torch_xla.core.xla_model.master_print" in q and not self._launches and \
+                self.flag(original_node, SAVE.code, "`xm.master_print` -> `print` (one process)", fix=True):
+            return updated_node.with_changes(func=cst.Name("print"))
         found = next((_WORLD[n] for n in q if n in _WORLD), None)
         if found is not None:
             return self._replace(original_node, DISTRIBUTED, "`torch.distributed`'s", found) or updated_node

@@ -11,7 +11,7 @@ CODEMODS = (
         ('XLA502', 'xla-barrier', '`torch_xla.sync()` / `xm.mark_step()` removed (TorchTPU is eager)', True),
         ('XLA503', 'xla-device-loader', '`pl.MpDeviceLoader(loader, device)` -> `loader`, each batch moved', True),
         ('XLA504', 'xla-optimizer-step', '`xm.optimizer_step(opt)` -> `opt.step()`', True),
-        ('XLA505', 'xla-save-closure', '`xm.save` -> `torch.save`; `xm.add_step_closure(fn, args)` -> `fn(*args)`', True),
+        ('XLA505', 'xla-save-closure', '`xm.save` -> `torch.save`; `xm.add_step_closure(fn, args)` -> `fn(*args)`; seeds and prints', True),
         ('XLA506', 'xla-distributed', "process group, compile backend, world size and ordinals -> TorchTPU's", True),
         ('XLA509', 'xla-left-over', 'a torch_xla name with no TorchTPU counterpart (reported)', False),
     )),

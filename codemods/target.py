@@ -135,6 +135,7 @@ class Target:
     launch_imports: Tuple[Import, ...] = _XLA
     keeps_spawn: bool = False  # True: `mp.spawn` works there as it is (one process per device, as on CUDA)
     from_torch_xla: bool = False  # True: torch_xla code is moved to this target (codemods/from_xla.py)
+    keeps_device_index: bool = False  # True: "cuda:1" -> "tpu:1" (one process per device as on CUDA); False: "xla"
     save: Optional[str] = "xm.save"  # torch.save of device state; None: left alone
     save_imports: Tuple[Import, ...] = (("torch_xla.core.xla_model", None, "xm"),)
     compile_backend: Optional[str] = "openxla"  # None: torch.compile(m) -> m (eager)
@@ -295,6 +296,7 @@ TORCHTPU = Target(
     launch_imports=(),
     keeps_spawn=True,
     from_torch_xla=True,
+    keeps_device_index=True,
     save=None,
     save_imports=(),
     compile_backend="tpu",

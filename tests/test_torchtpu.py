@@ -162,3 +162,17 @@ def test_verify_runs_the_torchtpu_port_and_says_no_tpu_ran(tmp_path):
     assert data["config"]["device_ran"].startswith("no TPU ran")
     assert any(o["name"].endswith("mean loss 5.98660") and o["ok"] for o in data["outputs"]), data["outputs"]
     assert "no TPU ran" in done.output and "XLA (cpu reference)" not in done.output
+
+
+def test_a_cuda_device_keeps_its_index_on_torchtpu():
+    """One process per device on TorchTPU, as on CUDA: `cuda:N` is `tpu:N`
+    (torch_xla has one device per process: "xla")."""
+    src = ("import torch\n\ndef setup(rank):\n    device = f'cuda:{rank}'\n    torch.cuda.set_device(device)\n"
+           "    spare = 'cuda:1'\n    kind = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+           "    return torch.zeros(2, device=device), kind\n")
+    out, _ = convert_text(src, target="torchtpu")
+    assert "device = f'tpu:{rank}'\n    torch.accelerator.set_device_index(device)\n" in out
+    assert "spare = 'cuda:1'" in out  # not a device anywhere: left
+    assert 'kind = torch.device(torch.accelerator.current_accelerator(check_available=True) or "cpu")' in out
+    xla = convert_text(src)[0]
+    assert 'device = "xla"' in xla and "tpu" not in xla
