@@ -1,19 +1,21 @@
 """XLA412: a number summed from ``.item()`` every step is summed on the device
-and read where it is used.
+and read once, after the loop.
 
 ``epoch_loss += loss.item()`` in a training step copies the loss to the host
 every step; before ``backward()`` it also cuts the step into two graphs (8
 executions for 4 steps on XLA's CPU backend).  ``epoch_loss +=
 loss.detach()`` keeps the sum on the device (4 executions for 4 steps, the
-same compiles, the same sum to float32 rounding), and each place that uses
-the number reads it once: ``torch.as_tensor(epoch_loss).item()`` -- a Python
-number of the kind ``.item()`` gave (an int for a count of correct
-predictions), and the number itself when no step ran.
+same compiles, the same sum to float32 rounding); right after the loop
+``epoch_loss = torch.as_tensor(epoch_loss).item()`` reads it back once -- a
+Python number of the kind ``.item()`` gave (an int for a count of correct
+predictions; the literal itself when no step ran) -- so the code after the
+loop sees the number it saw before.  A read inside the loop (a print every N
+steps) reads the sum there.
 
 Rewritten only when the whole life of the name is in view: a plain local
 name, bound only by number literals (``total = 0.0``) and augmented
-assignments, never read in a nested function, and read in its step loop only
-under an ``if`` (a print every N steps) -- never on every step, which would
+assignments, never used in a nested function, and read (or scaled) inside
+the loop that sums only under an ``if`` -- never on every pass, which would
 read it every step anyway (XLA401 reports those).
 """
 
@@ -32,15 +34,16 @@ from codemods.syntax import imports
 ACCUMULATOR = Rule(
     code="XLA412",
     name="device-accumulator",
-    summary="a number summed from `.item()` every step (`total += loss.item()`) is summed on the device",
+    summary="a number summed from `.item()` every step (`total += loss.item()`) is summed on the device, read after the loop",
     why=(
         "`.item()` copies a tensor to the host: the pending graph runs and the step waits for it, every step; "
         "before `backward()` the step is also cut into two graphs (8 executions for 4 steps, XLA's CPU backend). "
-        "`total += loss.detach()` keeps the sum on the device (4 executions for 4 steps), and where the number "
-        "is used -- the print every N steps, the epoch's average -- it is read once, as the same kind of "
-        "Python number: `torch.as_tensor(total).item()`. The sum is taken in the tensor's precision "
-        "(float32 rather than Python's float64). Left as it is (and reported by XLA401) when the name is read "
-        "on every step, rebound to anything but a number, or used in a nested function."
+        "`total += loss.detach()` keeps the sum on the device (4 executions for 4 steps), and right after the "
+        "loop `total = torch.as_tensor(total).item()` reads it back once, as the same kind of Python number (an "
+        "int for a count), so the code after the loop is unchanged; a read inside the loop (the print every N "
+        "steps) reads the sum where it stands. The sum is taken in the tensor's precision (float32 rather than "
+        "Python's float64). Left as it is (and reported by XLA401) when the name is read on every step, rebound to "
+        "anything but a number, or used in a nested function."
     ),
     before=(
         "import torch\n\ndef train(model, loader, opt):\n    total = 0.0\n    for x, y in loader:\n"
@@ -50,7 +53,7 @@ ACCUMULATOR = Rule(
     after=(
         "import torch\n\ndef train(model, loader, opt):\n    total = 0.0\n    for x, y in loader:\n"
         "        loss = model(x.cuda(), y.cuda())\n        total += loss.detach()\n        loss.backward()\n"
-        "        opt.step()\n    return torch.as_tensor(total).item() / len(loader)\n"
+        "        opt.step()\n    total = torch.as_tensor(total).item()\n    return total / len(loader)\n"
     ),
     valid=(
         # read on every step: a host read each step whatever we do
@@ -61,14 +64,12 @@ ACCUMULATOR = Rule(
 )
 
 _SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
-# `x op= v` after the loop, as `x = <read> op v`
-_SCALES = {cst.MultiplyAssign: cst.Multiply, cst.DivideAssign: cst.Divide, cst.FloorDivideAssign: cst.FloorDivide,
-           cst.ModuloAssign: cst.Modulo, cst.PowerAssign: cst.Power}
+_SCALES = (cst.MultiplyAssign, cst.DivideAssign, cst.FloorDivideAssign, cst.ModuloAssign, cst.PowerAssign)
 _HOST_NUMBERS = {"len", "size", "numel", "dim"}  # calls whose value is a Python int
 
 
 class DeviceAccumulators(LoopCodemod):
-    DESCRIPTION = "Sum per-step `.item()` values on the device; read the sum where it is used."
+    DESCRIPTION = "Sum per-step `.item()` values on the device; read the sum once, after the loop."
     RULES = (ACCUMULATOR,)
     TRIGGERS = (b".item(",)
     NEEDS = (STEP_LOOP, LOADER_LOOP)
@@ -76,8 +77,8 @@ class DeviceAccumulators(LoopCodemod):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._items: set = set()  # ids of the `.item()` calls to rewrite
-        self._reads: set = set()  # ids of the names to read with `torch.as_tensor(...).item()`
-        self._scales: set = set()  # ids of `total /= n` after the loop: `total = <read> / n`
+        self._reads: set = set()  # ids of the names read inside the loop: `torch.as_tensor(...).item()`
+        self._restores: dict = {}  # id(loop) -> the names read back into Python numbers right after it
 
     def visit_Module(self, node: cst.Module) -> None:
         super().visit_Module(node)
@@ -91,29 +92,31 @@ class DeviceAccumulators(LoopCodemod):
         """Decide for the scope's accumulators before its code is walked (a
         read may come before the loop that sums)."""
         body = scope.body if isinstance(scope, cst.FunctionDef) else scope
-        for aug in find_all(body, cst.AugAssign, stop=_SCOPES):
-            if isinstance(aug.target, cst.Name) and id(aug) not in self._items:  # type: ignore[attr-defined]
+        augs = [a for a in find_all(body, cst.AugAssign, stop=_SCOPES) if isinstance(a.target, cst.Name)]  # type: ignore
+        if not augs:
+            return
+        where = self.tree.start_positions(augs)
+        for aug in sorted(augs, key=lambda a: where[id(a)][:2]):  # in the order they are written
+            if id(aug) not in self._items:
                 self._decide(aug, scope)  # type: ignore[arg-type]
 
     def _decide(self, node: cst.AugAssign, scope: cst.CSTNode) -> None:
-        loop = self._hot_loop(node)
-        if loop is None:
+        if self._hot_loop(node) is None or not self._item_reads(node.value):
             return
-        items = self._item_reads(node.value)
-        if not items:
-            return
-        plan = self._plan(node, scope, loop)
+        plan = self._plan(node, scope)
         if plan is None:
             return
-        augs, reads, scales = plan
-        if not self.flag(node, ACCUMULATOR.code, f"`{node.target.value}` sums `.item()` every step: summed on the "  # type: ignore[attr-defined]
-                         "device, read where it is used", fix=True):
+        augs, reads, loops = plan
+        name = node.target.value  # type: ignore[attr-defined]
+        if not self.flag(node, ACCUMULATOR.code, f"`{name}` sums `.item()` every step: summed on the device, read "
+                         "once after the loop (and where the loop reads it)", fix=True):
             return
         for aug in augs:
             self._items.add(id(aug))
             self._items.update(id(c) for c in self._item_reads(aug.value) or ())
         self._reads.update(id(r) for r in reads)
-        self._scales.update(id(a) for a in scales)
+        for loop in loops:
+            self._restores.setdefault(id(loop), []).append(name)
 
     def _hot_loop(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
         """The innermost loop around ``node`` (in its function), when a step
@@ -141,32 +144,39 @@ class DeviceAccumulators(LoopCodemod):
                 return None
         return items or None
 
-    def _plan(self, aug: cst.AugAssign, scope: cst.CSTNode,
-              loop: cst.CSTNode) -> Optional[Tuple[List[cst.AugAssign], List[cst.Name], List[cst.AugAssign]]]:
-        """The augmented assignments and the reads of ``aug``'s name in its
-        scope, or None when the name is not only a number summed here."""
+    def _plan(self, aug: cst.AugAssign, scope: cst.CSTNode
+              ) -> Optional[Tuple[List[cst.AugAssign], List[cst.Name], List[cst.CSTNode]]]:
+        """The sums of ``aug``'s name that read ``.item()`` in a hot loop, the
+        reads inside those loops, and the loops (the name is read back into a
+        Python number right after each); None when the name is not only a
+        number summed so."""
         name = aug.target.value  # type: ignore[attr-defined]
         body = scope.body if isinstance(scope, cst.FunctionDef) else scope
         augs: List[cst.AugAssign] = []
-        scales: List[cst.AugAssign] = []
-        reads: List[cst.Name] = []
+        occurrences = []
         for occurrence in find_all(body, cst.Name):
             if occurrence.value != name:  # type: ignore[attr-defined]
                 continue
             role = self._role(occurrence, scope)  # type: ignore[arg-type]
             if role is None:
                 return None
-            if role == "aug":
-                augs.append(self.parent(occurrence))  # type: ignore[arg-type]
-            elif role == "scale":  # `test_loss /= len(data)` after the loop: read, then scaled on the host
-                if self._every_step(occurrence, loop) or any(a is loop for a in self.ancestors(occurrence)):
-                    return None
-                scales.append(self.parent(occurrence))  # type: ignore[arg-type]
-            elif role == "read":
-                if self._every_step(occurrence, loop):
-                    return None
+            occurrences.append((occurrence, role))
+            summed = self.parent(occurrence)
+            if role == "aug" and self._item_reads(summed.value):  # type: ignore[attr-defined]
+                if self._hot_loop(summed) is None:
+                    return None  # a sum of `.item()` outside any step: it stays a Python number
+                augs.append(summed)  # type: ignore[arg-type]
+        loops = list({id(lp): lp for lp in (self._hot_loop(a) for a in augs)}.values())
+        reads: List[cst.Name] = []
+        for occurrence, role in occurrences:
+            inside = next((lp for lp in loops if any(a is lp for a in self.ancestors(occurrence))), None)
+            if inside is None:
+                continue  # before or after the loops: a Python number there
+            if role == "scale" or (role == "read" and self._every_step(occurrence, inside)):
+                return None  # read (or scaled) on every pass of the loop that sums: no gain
+            if role == "read":
                 reads.append(occurrence)  # type: ignore[arg-type]
-        return augs, reads, scales
+        return augs, reads, loops  # type: ignore[return-value]
 
     def _role(self, name: cst.Name, scope: cst.CSTNode) -> Optional[str]:
         """How ``name`` is used: "aug" (summed into), "init" (bound to a
@@ -184,7 +194,7 @@ class DeviceAccumulators(LoopCodemod):
         if isinstance(parent, cst.AugAssign) and parent.target is name:
             if isinstance(parent.operator, (cst.AddAssign, cst.SubtractAssign)):
                 return "aug"
-            return "scale" if type(parent.operator) in _SCALES else None  # (outside the loop: see _plan)
+            return "scale" if isinstance(parent.operator, _SCALES) else None  # (outside the loop only: see _plan)
         if isinstance(parent, cst.AssignTarget):
             assign = self.parent(parent)
             ok = isinstance(assign, cst.Assign) and len(assign.targets) == 1 and _number(assign.value)
@@ -227,17 +237,13 @@ class DeviceAccumulators(LoopCodemod):
             return updated.with_changes(func=updated.func.with_changes(attr=cst.Name("detach")))
         return updated
 
-    def leave_AugAssign(self, original_node: cst.AugAssign, updated_node: cst.AugAssign) -> cst.BaseSmallStatement:
-        if id(original_node) not in self._scales:
-            return updated_node
-        name = original_node.target.value  # type: ignore[attr-defined]
+    def rewrite_loop(self, original, updated):  # type: ignore[no-untyped-def]
+        names = self._restores.get(id(original))
+        if not names:
+            return updated
         imports.need(self.context, "torch")
-        right = updated_node.value
-        if not isinstance(right, (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float)):
-            right = right.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-        value = cst.BinaryOperation(left=cst.parse_expression(f"torch.as_tensor({name}).item()"),
-                                    operator=_SCALES[type(original_node.operator)](), right=right)
-        return cst.Assign(targets=[cst.AssignTarget(cst.Name(name))], value=value)
+        back = [cst.parse_statement(f"{n} = torch.as_tensor({n}).item()\n") for n in names]
+        return cst.FlattenSentinel([updated, *back])
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
         if id(original_node) not in self._reads:

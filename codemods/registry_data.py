@@ -61,7 +61,7 @@ CODEMODS = (
         ('XLA201', 'progress-bar-iterable', '`for x in tqdm(it)` / `trange(n)`: iterate the plain iterable', True),
     )),
     ('codemods.accumulators', 'DeviceAccumulators', (b'.item(',), ('step_loop', 'loader_loop'), (
-        ('XLA412', 'device-accumulator', 'a number summed from `.item()` every step (`total += loss.item()`) is summed on the device', True),
+        ('XLA412', 'device-accumulator', 'a number summed from `.item()` every step (`total += loss.item()`) is summed on the device, read after the loop', True),
     )),
     ('codemods.prints', 'HotPrints', (b'print', b'log', b'add_scalar'), ('step_loop&output_in_loop', 'loader_loop&output_in_loop'), (
         ('XLA210', 'hot-loop-tensor-print', 'print/log of a tensor value in the hot loop: defer it to a step closure', True),

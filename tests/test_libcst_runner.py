@@ -47,8 +47,8 @@ def test_libcst_tool_removes_the_import_a_rewrite_left_unused(tmp_path):
     )
     r = _tool(tmp_path, "codemod", "--no-format", "progress.BarIterables", str(target))
     assert r.returncode == 0, r.stderr
-    # LibCST's RemoveImportsVisitor leaves the blank lines after the import
-    assert target.read_text() == "\n\ndef sample(unet, x, steps):\n    for t in steps:\n        x = unet(x, t)\n    return x\n"
+    # LibCST's RemoveImportsVisitor leaves the blank lines after the import; a file does not begin with them
+    assert target.read_text() == "def sample(unet, x, steps):\n    for t in steps:\n        x = unet(x, t)\n    return x\n"
 
 
 def test_lint_does_not_load_libcst_codemod_when_no_import_changes(tmp_path):

@@ -94,17 +94,27 @@ TRAIN = HEAD + (
 )
 
 
-def test_a_sum_of_item_reads_is_summed_on_the_device_and_read_where_used():
+def test_a_sum_of_item_reads_is_summed_on_the_device_and_read_back_after_the_loop():
     out, findings = convert_text(TRAIN)
     assert codes(findings, "XLA412") == [(10, True), (11, True)]
     assert "total += loss.detach() * x.size(0)\n" in out
     assert "correct += (out.argmax(1) == y.to(torch_xla.device())).sum().detach()\n" in out
-    # every read, the one before the loop included; the init and the sums are not reads
-    assert "print('start', torch.as_tensor(total).item())" in out
+    # read where the loop reads it (every 10 steps), and once right after the loop, in the order summed
     assert "torch.as_tensor(total).item() / (i + 1):.3f" in out
-    assert "return torch.as_tensor(total).item() / len(loader), torch.as_tensor(correct).item()\n" in out
-    assert "total = 0.0\n    correct = 0\n" in out
+    assert ("    total = torch.as_tensor(total).item()\n    correct = torch.as_tensor(correct).item()\n"
+            "    return total / len(loader), correct\n") in out
+    # before the loop it is still the literal: left as it is
+    assert "total = 0.0\n    correct = 0\n    print('start', total)\n" in out
     assert "XLA401" not in [f.code for f in findings]
+
+
+def test_a_sum_scaled_after_its_loop_is_a_number_again_there():
+    """pytorch/examples' mnist: `test_loss /= len(dataset)` after the loop."""
+    src = TRAIN.replace("    return total / len(loader), correct\n",
+                        "    total /= len(loader)\n    return total, correct\n")
+    out, findings = convert_text(src)
+    assert codes(findings, "XLA412") == [(10, True), (11, True)]
+    assert "    correct = torch.as_tensor(correct).item()\n    total /= len(loader)\n" in out
 
 
 @pytest.mark.parametrize("change", [

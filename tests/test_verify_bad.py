@@ -34,7 +34,7 @@ def test_item_in_step_loop_fails_with_a_host_read_on_its_line():
     result, report = _verify("item_in_loop.py", "--max-host-reads-per-step", "0")
     assert result.exit_code == 1 and report["verdict"] == "fail"
     reads = [e for e in report["events"] if e["kind"] == "host_read"]
-    line = _line_of("item_in_loop.py", "total += loss.item()")
+    line = _line_of("item_in_loop.py", "losses.append(loss.item())")
     assert [e for e in reads if e["original_line"] == line and e["count"] == 6], reads
     # outputs still agree: the conversion is right, only slow
     assert all(o["ok"] for o in report["outputs"])
