@@ -175,31 +175,52 @@ class Recompiles(XlaCodemod):
         tensors = tensor_names(scope, self.qualnames, [], dataflow(self.tree))
         known = [s for s in sides if is_tensor_expr(s.value if isinstance(s, cst.Subscript) else s, tensors,
                                                     self.qualnames)]
-        # one side a tensor, the other one too or an element of a sequence the tensor is chosen against
-        # (`trg[t]`, a batch the function was passed)
-        if not known or not all(s in known or isinstance(s, cst.Subscript) for s in sides):
+        # one side a tensor, the other one too or read from an element of a sequence the tensor is chosen
+        # against (`trg[t]`, `trg[:, t].unsqueeze(1)`: a batch the function was passed)
+        if not known or not all(s in known or any(isinstance(n, cst.Subscript) for n in walk(s)) for s in sides):
             return None
-        return next((s for s in known if isinstance(s, (cst.Name, cst.Attribute))), None)
+        roots = [_root(s) for s in known]
+        return next((r for r in roots if isinstance(r, (cst.Name, cst.Attribute))
+                     and (not isinstance(r, cst.Name) or r.value in tensors)), None)
 
-    def visit_If(self, node: cst.If) -> None:
-        self._chooses(node, node.test)
 
-    def visit_Call(self, node: cst.Call) -> None:
-        found = self.qualnames(node.func) & _PADDING
-        if found:
-            name = sorted(found)[0].rsplit(".", 1)[1]
-            self.flag(node, RAGGED.code, f"`{name}` pads to the longest sequence of each batch: a new XLA graph for "
-                      "every batch length; pad to a fixed length (or a few bucket lengths)", fix=False)
+def _root(node: cst.BaseExpression) -> cst.BaseExpression:
+    """The tensor a pure expression reads (``out`` of ``out.max(1)[1]`` and
+    of ``torch.argmax(out, dim=1)``)."""
+    while True:
+        if isinstance(node, cst.Subscript):
+            node = node.value
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            receiver = node.func.value
+            node = node.args[0].value if isinstance(receiver, cst.Name) and receiver.value == "torch" and node.args \
+                else receiver
+        else:
+            return node
+
+
+# tensor ops without side effects a side of a choice may apply (both sides are computed once chosen on the device)
+_PURE_OPS = {"unsqueeze", "squeeze", "reshape", "view", "detach", "long", "float", "int", "argmax", "max", "min",
+             "clone", "contiguous", "flatten", "t", "transpose", "permute"}
 
 
 def _pure(node: cst.BaseExpression) -> bool:
-    """Read without side effects: a name, an attribute, or one of them
-    indexed by names and ints (``trg[t]``, ``trg[:, t + 1]``)."""
+    """Read without side effects: a name, an attribute, one of them indexed
+    by names and ints (``trg[t]``, ``trg[:, t + 1]``), or a pure tensor op of
+    such (``trg[:, t].unsqueeze(1)``, ``torch.argmax(out, dim=1)``,
+    ``out.max(1)[1]``)."""
     if isinstance(node, (cst.Name, cst.Attribute)):
         return True
-    if isinstance(node, cst.Subscript) and isinstance(node.value, (cst.Name, cst.Attribute)):
-        return not any(isinstance(n, (cst.Call, cst.Subscript, cst.Lambda, cst.NamedExpr, cst.Await, cst.Yield))
-                       for e in node.slice for n in walk(e))
+    if isinstance(node, cst.Subscript):
+        return _pure(node.value) and not any(
+            isinstance(n, (cst.Call, cst.Subscript, cst.Lambda, cst.NamedExpr, cst.Await, cst.Yield))
+            for e in node.slice for n in walk(e))
+    if isinstance(node, cst.Call) and not any(a.star for a in node.args):
+        func = node.func
+        simple = all(isinstance(a.value, (cst.Integer, cst.Name, cst.UnaryOperation)) or _pure(a.value)
+                     for a in node.args)
+        if isinstance(func, cst.Attribute) and func.attr.value in _PURE_OPS and simple:
+            receiver = func.value
+            return (isinstance(receiver, cst.Name) and receiver.value == "torch") or _pure(receiver)
     return False
 
 

@@ -169,6 +169,18 @@ def test_a_host_coin_between_two_tensors_chooses_on_the_device():
     assert "    force = random.random() < ratio\n" in out  # the draw stays where it was
 
 
+@pytest.mark.parametrize("side, device", [
+    ("trg[:, t].unsqueeze(1) if force else pred", "pred"),  # a pure op of a batch's element
+    ("trg[t] if force else torch.argmax(out, dim=1)", "out"),  # the device of the tensor the op reads
+    ("trg[t] if force else out.max(1)[1]", "out"),
+])
+def test_the_spellings_of_teacher_forcing_on_real_programs_choose_on_the_device(side, device):
+    out, findings = convert_text(COIN.replace("trg[t] if force else pred", side))
+    assert codes(findings, "XLA409") == [(9, True)]
+    then, other = side.split(" if force else ")
+    assert f"inp = torch.where(torch.tensor([force], device={device}.device)[0], {then}, {other})" in out
+
+
 @pytest.mark.parametrize("change", [
     ("inp = trg[t] if force else pred", "inp = model.embed(trg[t]) if force else pred"),  # a call: side effects
     ("inp = trg[t] if force else pred", "inp = trg[t] if force else None"),  # not a tensor
