@@ -183,6 +183,16 @@ class Recompiles(XlaCodemod):
         return next((r for r in roots if isinstance(r, (cst.Name, cst.Attribute))
                      and (not isinstance(r, cst.Name) or r.value in tensors)), None)
 
+    def visit_If(self, node: cst.If) -> None:
+        self._chooses(node, node.test)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        found = self.qualnames(node.func) & _PADDING
+        if found:
+            name = sorted(found)[0].rsplit(".", 1)[1]
+            self.flag(node, RAGGED.code, f"`{name}` pads to the longest sequence of each batch: a new XLA graph for "
+                      "every batch length; pad to a fixed length (or a few bucket lengths)", fix=False)
+
 
 def _root(node: cst.BaseExpression) -> cst.BaseExpression:
     """The tensor a pure expression reads (``out`` of ``out.max(1)[1]`` and
