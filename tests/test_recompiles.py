@@ -32,7 +32,9 @@ def test_a_coin_drawn_on_the_host_in_a_loop_is_reported_and_arrays_of_draws_are_
     # a flag bound to a comparison with a draw (teacher forcing), a draw compared in the test (layerdrop);
     # not numpy arrays of draws (data, not a choice), not a choice made once outside any loop
     assert [f.line for f in findings if f.code == "XLA409"] == [9, 11]
-    assert all(not f.fix for f in findings if f.code == "XLA409")
+    # the conditional expression between two tensors chooses on the device (tests/test_recompile_fixes.py);
+    # the `if` statement on a drawn number stays reported
+    assert [f.fix for f in findings if f.code == "XLA409"] == [True, False]
 
 
 def test_per_batch_padding_is_reported_only_in_code_being_ported():
