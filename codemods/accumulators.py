@@ -30,6 +30,7 @@ from codemods.analysis.placement import host_read
 from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP
 from codemods.base import Rule, call_name, find_all
 from codemods.syntax import imports
+from codemods.syntax.nodes import is_stored
 
 ACCUMULATOR = Rule(
     code="XLA412",
@@ -201,20 +202,10 @@ class DeviceAccumulators(LoopCodemod):
             return "init" if ok else None
         if isinstance(parent, (cst.Param, cst.For, cst.CompFor, cst.AsName, cst.NameItem, cst.Del, cst.NamedExpr,
                                cst.ImportAlias, cst.Element, cst.StarredElement, cst.AnnAssign)):
-            if isinstance(parent, cst.Element) and not self._stored(parent):
+            if isinstance(parent, cst.Element) and not is_stored(parent, self.ancestors(parent)):
                 return "read"
             return None
         return "read"
-
-    def _stored(self, node: cst.CSTNode) -> bool:
-        child = node
-        for anc in self.ancestors(node):
-            if isinstance(anc, (cst.Tuple, cst.List, cst.Element, cst.StarredElement)):
-                child = anc
-                continue
-            return isinstance(anc, (cst.AssignTarget, cst.For, cst.CompFor, cst.Del)) or (
-                isinstance(anc, (cst.AugAssign, cst.AnnAssign, cst.WithItem)) and getattr(anc, "target", None) is child)
-        return False
 
     def _every_step(self, read: cst.CSTNode, loop: cst.CSTNode) -> bool:
         """``read`` runs on every iteration of ``loop``: inside it and not

@@ -20,7 +20,7 @@ index reached through a call (XLA407 reports it).
 
 from __future__ import annotations
 
-from typing import List, Optional, Set
+from typing import Optional, Set
 
 import libcst as cst
 
@@ -30,6 +30,7 @@ from codemods.analysis.placement import on_device
 from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP
 from codemods.base import Rule, find_all
 from codemods.syntax import imports
+from codemods.syntax.nodes import is_stored, walk
 
 DEVICE_INDEX = Rule(
     code="XLA411",
@@ -64,7 +65,6 @@ _PLAIN = (cst.Name, cst.Integer, cst.BinaryOperation, cst.UnaryOperation, cst.At
           cst.Multiply, cst.FloorDivide, cst.Modulo, cst.Minus, cst.Plus, cst.SimpleWhitespace,
           cst.ParenthesizedWhitespace, cst.LeftParen, cst.RightParen, cst.TrailingWhitespace, cst.Newline,
           cst.EmptyLine, cst.Comment)
-_STORES = (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.Del, cst.For, cst.CompFor, cst.WithItem)
 
 
 class DeviceIndex(LoopCodemod):
@@ -89,7 +89,8 @@ class DeviceIndex(LoopCodemod):
         counters = self._step_counters()
         used = {n.value for n in find_all(index, cst.Name)}
         hit = sorted(used & counters)
-        if not hit or used & self.tensors or self._stored(original_node) or self._in_function_below_loop(original_node):
+        if not hit or used & self.tensors or is_stored(original_node, self.ancestors(original_node)) \
+                or self._in_function_below_loop(original_node):
             return updated_node
         table = original_node.value
         if not on_device(self.tree, table, self.tensors):
@@ -114,21 +115,9 @@ class DeviceIndex(LoopCodemod):
         part = node.slice[0].slice
         if not isinstance(part, cst.Index) or part.star is not None:
             return None
-        if not all(isinstance(n, _PLAIN) for n in _nodes(part.value)):
+        if not all(isinstance(n, _PLAIN) for n in walk(part.value)):
             return None
         return part.value
-
-    def _stored(self, node: cst.CSTNode) -> bool:
-        """``node`` is (part of) something assigned to or deleted."""
-        child = node
-        for anc in self.ancestors(node):
-            if isinstance(anc, (cst.Tuple, cst.List, cst.Element, cst.StarredElement)):
-                child = anc
-                continue
-            if isinstance(anc, _STORES):
-                return getattr(anc, "target", None) is child or isinstance(anc, (cst.AssignTarget, cst.Del))
-            return False
-        return False
 
     def _in_function_below_loop(self, node: cst.CSTNode) -> bool:
         """A function or lambda between ``node`` and its loop: it runs when
@@ -139,16 +128,6 @@ class DeviceIndex(LoopCodemod):
             if isinstance(anc, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
                 return True
         return False
-
-
-def _nodes(node: cst.CSTNode) -> List[cst.CSTNode]:
-    found: List[cst.CSTNode] = []
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        found.append(n)
-        stack.extend(n.children)
-    return found
 
 
 __all__ = ["DeviceIndex", "DEVICE_INDEX"]

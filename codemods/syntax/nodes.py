@@ -142,6 +142,23 @@ def walk(node: cst.CSTNode, stop: Tuple[type, ...] = ()) -> Iterator[cst.CSTNode
         extend(children(n))
 
 
+_TARGET_OF = (cst.AugAssign, cst.AnnAssign, cst.WithItem, cst.For, cst.CompFor)
+
+
+def is_stored(node: cst.CSTNode, ancestors: Iterator[cst.CSTNode]) -> bool:
+    """``node`` is (part of) a target something is assigned to, or deleted
+    (``x[i] = v``, ``a, x[i] = ...``, ``for x[i] in``, ``del x[i]``);
+    ``ancestors``: ``node``'s, innermost first."""
+    child = node
+    for anc in ancestors:
+        if isinstance(anc, (cst.Tuple, cst.List, cst.Element, cst.StarredElement)):
+            child = anc
+            continue
+        return isinstance(anc, (cst.AssignTarget, cst.Del)) or (
+            isinstance(anc, _TARGET_OF) and getattr(anc, "target", None) is child)
+    return False
+
+
 def tight_equal() -> cst.AssignEqual:
     """The ``=`` of a keyword argument or a default, as Black and Ruff write
     it (no spaces); a new node each time: a node may appear once in a tree."""
