@@ -33,9 +33,10 @@ from codemods.base import Rule, XlaCodemod, call_name, string_value
 from codemods.syntax import imports
 from codemods.syntax.edits import DropsStatements
 from codemods.syntax.nodes import comma_separated, source_of
+from codemods.target import TORCHTPU
 
 _WAIT = "torch.accelerator.synchronize() if torch.accelerator.is_available() else None"
-_ACCELERATOR = 'torch.device(torch.accelerator.current_accelerator(check_available=True) or "cpu")'
+_ACCELERATOR = TORCHTPU.device  # (the rules emit `self.target.device`; this is for their examples)
 
 
 def _rule(code: str, name: str, summary: str, why: str, before: str, after: str) -> Rule:
@@ -92,16 +93,12 @@ _DEVICES = {"torch_xla.device", "torch_xla.core.xla_model.xla_device", "torch_xl
 _BARRIERS = {"torch_xla.sync", "torch_xla.core.xla_model.mark_step", "torch_xla.torch_xla.sync"}
 _WAITS = {"torch_xla.core.xla_model.wait_device_ops"}
 _LOADERS = {"torch_xla.distributed.parallel_loader.MpDeviceLoader"}
-_WORLD = {"torch_xla.runtime.world_size": "(torch.distributed.get_world_size() if torch.distributed.is_initialized() "
-                                          "else 1)",
-          "torch_xla.core.xla_model.xrt_world_size": "(torch.distributed.get_world_size() if "
-                                                     "torch.distributed.is_initialized() else 1)",
-          "torch_xla.runtime.global_ordinal": "(torch.distributed.get_rank() if torch.distributed.is_initialized() "
-                                              "else 0)",
-          "torch_xla.core.xla_model.get_ordinal": "(torch.distributed.get_rank() if "
-                                                  "torch.distributed.is_initialized() else 0)",
-          "torch_xla.core.xla_model.is_master_ordinal": "(not torch.distributed.is_initialized() or "
-                                                        "torch.distributed.get_rank() == 0)"}
+_INITIALIZED = "torch.distributed.is_initialized()"
+_WORLD_SIZE = f"(torch.distributed.get_world_size() if {_INITIALIZED} else 1)"
+_RANK = f"(torch.distributed.get_rank() if {_INITIALIZED} else 0)"
+_WORLD = {"torch_xla.runtime.world_size": _WORLD_SIZE, "torch_xla.core.xla_model.xrt_world_size": _WORLD_SIZE,
+          "torch_xla.runtime.global_ordinal": _RANK, "torch_xla.core.xla_model.get_ordinal": _RANK,
+          "torch_xla.core.xla_model.is_master_ordinal": f"(not {_INITIALIZED} or torch.distributed.get_rank() == 0)"}
 _LAUNCHES = {"torch_xla.launch", "torch_xla.distributed.xla_multiprocessing.spawn"}
 
 

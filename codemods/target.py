@@ -273,13 +273,16 @@ def _torchtpu_cuda_api() -> Dict[str, Move]:
     return table
 
 
+# the accelerator's device, or the CPU where there is none
+_TPU_DEVICE = 'torch.device(torch.accelerator.current_accelerator(check_available=True) or "cpu")'
+
 # CUDA -> TorchTPU (torch-tpu 0.2.0, torch 2.11-2.15): device-generic PyTorch,
 # eager-first (no barrier, no device loader, no step closure), so the program
 # still runs -- on the CPU -- on a host without a TPU.
 TORCHTPU = Target(
     name="torchtpu",
     summary="TorchTPU (device \"tpu\" through torch.accelerator; eager, no barriers)",
-    device='torch.device(torch.accelerator.current_accelerator(check_available=True) or "cpu")',
+    device=_TPU_DEVICE,
     device_imports=(("torch", None, None),),
     barrier_names=KNOWN_BARRIERS,
     loader_names=KNOWN_LOADERS,
@@ -287,7 +290,7 @@ TORCHTPU = Target(
     cuda_api=_torchtpu_cuda_api(),
     device_string="tpu",
     # the device's own type: "tpu", or "cpu" on a host without one (autocast refuses a type it does not know)
-    autocast_device='torch.device(torch.accelerator.current_accelerator(check_available=True) or "cpu").type',
+    autocast_device=f"{_TPU_DEVICE}.type",
     process_group_backend="tpu_dist",
     process_group_init=None,
     process_group_imports=(),

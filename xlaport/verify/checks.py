@@ -130,7 +130,7 @@ class Checks:
         kind = found[-1] if found else "none"
         if kind == "tpu":
             return "a TPU (torch.accelerator found one): the port ran on it"
-        return (f"no TPU ran: this host has no TPU (torch.accelerator found {kind if kind != 'none' else 'none'}), "
+        return (f"no TPU ran: this host has no TPU (torch.accelerator found {kind}), "
                 "so the device-generic port took its CPU path; its values were compared, its speed on a TPU was not")
 
     def _device_work(self, report: Report, cand: Run, side: Side, lines: LineMapper) -> None:

@@ -11,6 +11,10 @@ from typing import Optional
 
 import click
 
+from codemods.target import CPU, DEFAULT_TARGET, TARGETS
+
+# what a conversion verify runs may target (the CPU target is its own reference's)
+VERIFIED_TARGETS = [name for name in TARGETS if name != CPU.name]
 RUNS_THE_PROGRAM = ("verify runs your program, unsandboxed and with your rights, at least three times "
                     "(the reference twice, the conversion once; more with --lengths or to locate a divergence), "
                     "each in a temporary copy of its project tree")
@@ -27,7 +31,7 @@ RUNS_THE_PROGRAM = ("verify runs your program, unsandboxed and with your rights,
                    "every module of the project into a temporary copy).")
 @click.option("--device", type=click.Choice(["cpu", "tpu"]), default="cpu", show_default=True,
               help="PJRT device for the XLA run.")
-@click.option("--target", type=click.Choice(["torch_xla-2.9", "torchtpu"]), default="torch_xla-2.9", show_default=True,
+@click.option("--target", type=click.Choice(sorted(VERIFIED_TARGETS)), default=DEFAULT_TARGET, show_default=True,
               help="What the conversion targets. torchtpu: on a host without a TPU its device-generic port runs its "
                    "CPU path, and the report says so.")
 @click.option("--reference", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,

@@ -35,7 +35,7 @@ def convert_sources(project: Project, target: str, settings: Optional[Settings] 
 
     if target == "cpu":
         settings = Settings(select=["XLA1"], target="cpu")
-    settings = settings or Settings()
+    settings = settings or Settings(target=target)
     files = project.python_files()
     entries = [Entry(p, project.root) for p in files]
     results = process(entries, settings, jobs=0 if len(entries) > 8 else 1)

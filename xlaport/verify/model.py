@@ -3,6 +3,8 @@ errors that end it (the bottom floor of ``xlaport.verify``)."""
 
 from __future__ import annotations
 
+from codemods.target import DEFAULT_TARGET
+
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,4 +96,4 @@ class Options:
     device_rng: bool = False  # True: leave the device's random numbers to XLA's generator
     # the conversion's own arguments, where they differ from the reference's (a device named on the command line)
     converted_args: Optional[List[str]] = None
-    target: str = "torch_xla-2.9"  # what the conversion targets (torchtpu: a device-generic, eager port)
+    target: str = DEFAULT_TARGET  # what the conversion targets (torchtpu: a device-generic, eager port)

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from xlaport.verify import growth
-from xlaport.settings import Settings
 from xlaport.verify.core import convert_sources, run_side
 from xlaport.verify.crashes import needs_cuda
 from xlaport.verify.model import (
@@ -74,7 +73,7 @@ class Runs:
         on the import path (a converted package beside it)."""
         converted = self.converted
         if converted is None:
-            return convert_sources(self.project, self.opts.target, Settings(target=self.opts.target)), None, []
+            return convert_sources(self.project, self.opts.target), None, []
         converted = converted.resolve()
         if converted.is_dir():
             return {}, converted, []
@@ -84,7 +83,7 @@ class Runs:
             tree = tree.parent
         if converted.name == rel.name and (tree / rel).resolve() == converted and tree != self.project.root:
             return {}, tree, []
-        sources = dict(convert_sources(self.project, self.opts.target, Settings(target=self.opts.target)))
+        sources = dict(convert_sources(self.project, self.opts.target))
         sources[rel.as_posix()] = converted.read_bytes()
         return sources, None, [str(converted.parent)]
 

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
+from codemods.target import DEFAULT_TARGET
 from xlaport.verify import record
 from xlaport.verify.core import _inside, kill_all
 from xlaport.verify.model import Options, Report, VerifyError
@@ -22,7 +23,7 @@ def verify(script: Path, converted: Optional[Path] = None, args: Sequence[str] =
            reference_runs: int = 2, lengths: Optional[str] = None, keep: bool = False,
            record_to: Optional[Path] = None, against: Optional[Path] = None, root: Optional[Path] = None,
            device_rng: bool = False, cwd: Optional[Path] = None,
-           converted_args: Optional[Sequence[str]] = None, target: str = "torch_xla-2.9") -> Report:
+           converted_args: Optional[Sequence[str]] = None, target: str = DEFAULT_TARGET) -> Report:
     """Run the reference and the candidate, compare, and judge (see the README).
 
     ``record_to``: run only the reference and store it there; ``against``:
