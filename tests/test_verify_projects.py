@@ -321,6 +321,11 @@ def test_a_sequence_grown_per_token_fails_and_lint_predicted_it(tmp_path):
     assert result.exit_code == 1, result.output
     recompiles = [e for e in report["events"] if e["kind"] == "recompile"]
     assert recompiles and all(e["predicted"] and e["predicted"].startswith("XLA408") for e in recompiles), recompiles
+    # the growth is the `cat` that feeds the sequence back, not the model's
+    # `arange` that is only the first op to read it
+    cat = (dest / "sample.py").read_text().splitlines().index("            idx = torch.cat((idx, nxt), dim=1)") + 1
+    assert [(Path(e["original_path"]).name, e["original_line"]) for e in recompiles] == [("sample.py", cat)]
+    assert "is the next step's input with a new shape" in recompiles[0]["detail"]
 
 
 def test_a_run_that_times_out_compiling_every_step_says_so_and_names_the_line(tmp_path):
@@ -567,3 +572,33 @@ def test_an_original_that_needs_cuda_is_retargeted_and_the_report_says_why(tmp_p
     assert report["verdict"] == "pass" and result.exit_code == 0, result.output
     said = report["config"]["reference"]
     assert said.startswith("the original retargeted to the CPU") and "NVIDIA driver" in said, said
+
+
+def test_a_recompile_is_placed_at_the_op_that_made_the_grown_input_not_at_its_first_reader(tmp_path):
+    """Two graphs of a token loop: the newer takes a s64[1,5] input the older
+    made with its `cat` (a root); the first op that differs reads it in the
+    model.  The recompile is the `cat`'s line.  A graph whose inputs keep
+    their shapes (a slice moved along) is still placed at its first changed
+    op."""
+    from xlaport.verify.compiles import LineMapper, locate_recompile
+
+    (tmp_path / "model.py").write_text("x = 1\n" * 20)
+    script = tmp_path / "sample.py"
+    script.write_text("x = 1\n" * 30)
+
+    def graph(n, h):
+        return {"hash": h, "frames": [], "ir": [
+            f"%0 = s64[1,{n}]{{1,0}} xla::device_data(), location=embedding@functional.py:2542, xla_shape=s",
+            f"%1 = s64[{n}]{{0}} aten::arange(), location=forward@model.py:16, xla_shape=s",
+            f"%2 = f32[1,{n},8]{{2,1,0}} aten::add(%0, %1), location=forward@model.py:17, xla_shape=f",
+            "%3 = s64[1,1]{1,0} aten::argmax(%2), location=main@sample.py:25, xla_shape=s, ROOT=0",
+            f"%4 = s64[1,{n + 1}]{{1,0}} aten::cat(%0, %3), location=main@sample.py:26, xla_shape=s, ROOT=1"]}
+
+    lines = LineMapper(script, script, tmp_path, tmp_path)
+    where = locate_recompile([graph(3, "a"), graph(4, "b"), graph(5, "c")], lines)
+    assert where is not None and (Path(where[0]).name, where[1]) == ("sample.py", 26), where
+    sliding = [{**graph(4, h), "ir": [l.replace("s64[1,4]{1,0} xla::device_data", "s64[1,9]{1,0} xla::device_data")
+                                      for l in graph(4, h)["ir"]]} for h in "ab"]
+    sliding[1]["ir"][1] = sliding[1]["ir"][1].replace("s64[4]", "s64[5]")
+    where = locate_recompile(sliding, lines)
+    assert where is not None and (Path(where[0]).name, where[1]) == ("model.py", 16), where

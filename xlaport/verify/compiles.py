@@ -4,6 +4,7 @@ fallbacks, and the map from the candidate's lines back to the user's."""
 
 from __future__ import annotations
 
+import collections
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
@@ -214,6 +215,9 @@ def locate_recompile(graphs: List[Dict[str, object]], lines: "LineMapper",
     def norm(l: str) -> str:
         return _IR_ID.sub("%", l)
 
+    carried = _grown_input(old, new, lines)
+    if carried is not None:
+        return carried
     old_set = {norm(l) for l in old["ir"]}  # type: ignore[union-attr]
     changed = [l for l in new["ir"] if norm(l) not in old_set]  # type: ignore[union-attr]
     if not changed:
@@ -237,6 +241,35 @@ def locate_recompile(graphs: List[Dict[str, object]], lines: "LineMapper",
     if others:
         detail += f" (also line{'s' if len(others) > 1 else ''} {', '.join(map(str, others[:5]))})"
     return found[0][0], found[0][1], detail
+
+
+_SHAPE = re.compile(r"^%\d+ = (\S+) ")
+
+
+def _shapes_of_inputs(ir: List[str]) -> "collections.Counter[str]":
+    return collections.Counter(m.group(1) for l in ir if " xla::device_data()" in l and (m := _SHAPE.match(l)))
+
+
+def _grown_input(old: Dict[str, object], new: Dict[str, object], lines: "LineMapper") -> Optional[tuple]:
+    """A value fed back from one step to the next with a new shape (a
+    sequence grown by ``torch.cat``): the newer graph takes an input of a
+    shape the older did not, and the older graph computed a result of
+    exactly that shape.  The line of that result is what changes the graph
+    -- not the first op that reads it (a model's ``arange``), which only
+    follows.  (path, line, detail) of the user's line, or None."""
+    grown = _shapes_of_inputs(new["ir"]) - _shapes_of_inputs(old["ir"])  # type: ignore[arg-type]
+    if not grown:
+        return None
+    for l in old["ir"]:  # type: ignore[union-attr]
+        m, loc = _SHAPE.match(l), _LOCATION.search(l)
+        if ", ROOT=" not in l or m is None or m.group(1) not in grown or loc is None:
+            continue
+        path = lines.resolve(loc.group(1))
+        if path is not None:
+            return (str(path), int(loc.group(2)),
+                    f"the value computed here ({m.group(1).split('{')[0]}) is the next step's input with a new "
+                    "shape, so every op that reads it compiles again")
+    return None
 
 
 def innermost_loop(path: Path, line: int) -> Optional[Tuple[int, int]]:
