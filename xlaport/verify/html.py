@@ -155,7 +155,7 @@ def _notes(report: Report) -> List[str]:
     for title, items, ident in (("Random, not compared", report.random, "random"),
                                 ("Varies between reference runs (not compared)", report.varies, "varies"),
                                 ("Not compared", report.not_compared, "not-compared"),
-                                ("Within the original's own float-order noise", report.float_order, "float-order")):
+                                ("Differences explained: float order, precision, torch_xla's BatchNorm", report.float_order, "float-order")):
         if items:
             out.append(f"<h2>{title}</h2><ul id='{ident}'>" + "".join(f"<li>{escape(i)}</li>" for i in items)
                        + "</ul>")

@@ -18,7 +18,8 @@ verify puts on its path, only
 Diagnostic runs -- never the run that is judged -- add one instrument each,
 named by ``XLAPORT_DIAGNOSE``: ``trace`` (per step, the host reads and CPU
 fallbacks and the line of each), ``no_autocast`` (the precision noise:
-autocast regions run in full precision) and ``rng`` (the device's random draws taken from the CPU generator, to
+autocast regions run in full precision), ``xla_batchnorm`` (BatchNorm's
+running variance updated as torch_xla does) and ``rng`` (the device's random draws taken from the CPU generator, to
 compare values with a reference that drew them there); and with
 ``XLAPORT_TRACE_MODULES``, each module's outputs (where two runs part).
 """
@@ -35,6 +36,7 @@ import time
 from typing import Callable, Dict, List, Optional
 
 SEED = 0
+_KEPT: List[object] = []  # what a diagnostic instrument must keep alive for the run
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -118,6 +120,8 @@ def _on_torch(torch, state: _State) -> None:  # type: ignore[no-untyped-def]
         rng.install(routed)
     if diagnose == "no_autocast":
         _autocast_off(torch)
+    if diagnose == "xla_batchnorm":
+        _KEPT.append(_batchnorm_as_torch_xla(torch))
     trace = os.environ.get("XLAPORT_TRACE_MODULES")
     if trace:
         from xlaport.verify import diverge
@@ -135,6 +139,36 @@ def _autocast_off(torch) -> None:  # type: ignore[no-untyped-def]
         init(self, device_type, dtype=dtype, enabled=False, cache_enabled=cache_enabled)
 
     kind.__init__ = full_precision
+
+
+def _batchnorm_as_torch_xla(torch):  # type: ignore[no-untyped-def]
+    """BatchNorm in training updates its running variance with the biased
+    batch variance, as torch_xla 2.9 does (PyTorch's CPU kernel uses the
+    unbiased one): a diagnostic run of the reference, to tell a difference
+    torch_xla makes from one the conversion makes.  The CPU kernel of
+    ``aten::native_batch_norm`` is replaced, so eager and TorchScript
+    modules alike take it; outputs and gradients are the kernel's own."""
+    import warnings
+
+    aten = torch.ops.aten
+
+    def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):  # type: ignore[no-untyped-def]
+        if running_mean is None or running_var is None:
+            return aten._native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps)
+        if not training:
+            return aten._native_batch_norm_legit(input, weight, bias, running_mean, running_var, False, momentum, eps)
+        out, mean, invstd = aten._native_batch_norm_legit.no_stats(input, weight, bias, True, momentum, eps)
+        with torch.no_grad():
+            running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
+            biased = invstd.double().pow(-2) - eps
+            running_var.mul_(1 - momentum).add_(biased.to(running_var.dtype), alpha=momentum)
+        return out, mean, invstd
+
+    lib = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (it says a kernel is overridden: that is the point)
+        lib.impl("native_batch_norm", native_batch_norm, "CPU")
+    return lib  # kept alive: the registration lasts as long as the library object
 
 
 def _record_before_torch_xla_exits(state: _State) -> None:

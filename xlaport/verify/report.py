@@ -70,7 +70,7 @@ def render(report: Report) -> None:
     for item in report.not_compared:
         console.print(f"[yellow]not compared[/]: {escape(item)}")
     if report.float_order:
-        console.print(f"within the original's own float-order noise ({len(report.float_order)}): "
+        console.print(f"differences explained (float order, precision, torch_xla's BatchNorm) ({len(report.float_order)}): "
                       f"{escape('; '.join(report.float_order[:3]))}"
                       + (f" (+{len(report.float_order) - 3} more)" if len(report.float_order) > 3 else ""))
     for f in report.failures:

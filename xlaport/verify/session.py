@@ -101,6 +101,8 @@ class Session(Runs, Checks):
                 values, values_graphs = cand, graphs
                 compared.not_compared.append(f"a run with the device's random draws from the CPU generator could "
                                              f"not run ({str(exc)[:200]})")
+        if any(not o.ok for o in compared.outputs) and ref_kind == "cpu" and _trained_batchnorm(values_graphs):
+            self._torch_xla_batchnorm(compared, values, rtol, atol)
         if any(not o.ok for o in compared.outputs) and ref_kind == "cpu":
             self._float_order(compared, ref_stdouts[0], ref_files[0])
         if any(not o.ok for o in compared.outputs) and "autocast" in why and opts.against is None:
@@ -157,3 +159,10 @@ _RUNNING_VAR = (" (torch_xla 2.9 updates BatchNorm's running_var with the biased
 def _drew_on_device(graphs: Path) -> bool:
     """Did the run draw random numbers with XLA's own generator?"""
     return any(rng.unrouted(g["ir"]) for g in read_graphs(graphs.parent))  # type: ignore[arg-type]
+
+
+def _trained_batchnorm(graphs: Path) -> bool:
+    """Did the run compute a BatchNorm on XLA (in training, it updates the
+    running statistics the way torch_xla does)?"""
+    return any("aten::native_batch_norm(" in line
+               for g in read_graphs(graphs.parent) for line in g["ir"])  # type: ignore[union-attr]
