@@ -275,13 +275,26 @@ def test_the_precision_noise_run_turns_autocast_off_and_a_judged_run_is_left_alo
 
 @pytest.mark.xla
 @pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla not installed")
-def test_values_moved_by_the_accelerator_side_of_a_test_name_that_test(tmp_path):
+def test_the_accelerator_side_of_a_test_is_compared_like_with_like_and_a_wrong_port_still_fails(tmp_path):
     """pytorch/examples' mnist shuffles its data only where an accelerator is
     available: the conversion takes that side, the original on a CPU host
-    the other, and the values differ for that alone.  The failure names the
-    test's line and how to compare like with like."""
+    the other, and the values differ for that alone.  The reference becomes
+    the original's side as a GPU runs it (its CPU retargeting), said with
+    the test's line, and a correct port passes on its losses; a port that
+    changes the learning rate still fails against that side."""
     result, report = _verify(tmp_path, "accel_branch")
-    assert report["verdict"] == "fail", result.output
-    said = [f for f in report["failures"] if "accelerator's side" in f]
-    assert said and "train.py:7 (`cuda.is_available()` -> `True`)" in said[0] and "--reference cuda" in said[0], \
-        report["failures"]
+    assert result.exit_code == 0 and report["verdict"] == "pass", result.output
+    assert "the accelerator's side of train.py:7 (`cuda.is_available()` -> `True`)" in report["config"]["reference"], \
+        report["config"]["reference"]
+    losses = [o for o in report["outputs"] if " loss " in o["name"]]
+    assert len(losses) == 4 and all(o["ok"] for o in losses), report["outputs"]
+    conv = tmp_path / "conv"
+    CliRunner().invoke(main, ["convert", "--no-cache", "-o", str(conv), str(tmp_path / "accel_branch" / "train.py")])
+    broken = tmp_path / "broken"
+    shutil.copytree(tmp_path / "accel_branch", broken)
+    text = (conv / "train.py").read_text()
+    assert "lr=0.1" in text, text
+    (broken / "train.py").write_text(text.replace("lr=0.1", "lr=0.2"))
+    result, report = _verify(tmp_path, "accel_branch", "--converted", str(broken / "train.py"))
+    assert result.exit_code == 1 and report["verdict"] == "fail", result.output
+    assert [o["ok"] for o in report["outputs"] if " loss " in o["name"]][1:] == [False] * 3, report["outputs"]

@@ -227,9 +227,7 @@ class Checks:
         the side the original runs only on a GPU, and what that side does
         differently (another data order, workers, precision) moves values
         by itself.  Said, with the lines, and how to compare like with like."""
-        own = list((report.imported.get("candidate") or {}).get("own") or [])
-        files = [self.project.root / rel for rel in own_files(own, self._latest["xla"])]  # the script first
-        found = switched_tests(list(dict.fromkeys(files)), self.project.root)
+        found = self._switched_tests(report.imported.get("candidate") or {})
         if found:
             shown = "; ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
             report.failures.append(
@@ -237,6 +235,13 @@ class Checks:
                 "took the other side, so what that side does differently (data order, workers, precision) can move "
                 "the values by itself: compare against a GPU run of the original (--reference cuda on a GPU host, "
                 "or --record there and --against here)")
+
+    def _switched_tests(self, imported: Dict[str, object]) -> List[str]:
+        """The accelerator tests the conversion turned true, in the files of
+        the modules the candidate imported (``imported``: its record)."""
+        own = list(imported.get("own") or [])  # type: ignore[call-overload]
+        files = [self.project.root / rel for rel in own_files(own, self._latest["xla"])]  # the script first
+        return switched_tests(list(dict.fromkeys(files)), self.project.root)
 
     def _diverge(self, report: Report, rtol: float, atol: float, use_cuda: bool, xla_env: Dict[str, str]) -> None:
         """Both sides once more, each module's forward output recorded: the

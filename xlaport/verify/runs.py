@@ -162,6 +162,23 @@ class Runs:
             self.reference_is = f"the original retargeted to the CPU (its CUDA code converted for the CPU), because {why}"
         return [first] + [self.run_once(self.ref_name, "cpu", self.args)[1] for _ in range(runs - 1)]
 
+    def _accelerator_side(self, switched: List[str]) -> Optional[List[Run]]:
+        """The reference runs again where the conversion turned an accelerator
+        test true that the original, on this host without a GPU, took false
+        (``switched``: the tests): the original's CPU retargeting, which
+        takes the accelerator's side as the original does on a GPU (its data
+        order, workers, precision) -- said.  None where that cannot run."""
+        try:
+            runs = [self.run_once("ref", "cpu", self.args)[1] for _ in range(self.opts.reference_runs)]
+        except VerifyError:
+            return None
+        shown = "; ".join(switched[:3]) + (f" and {len(switched) - 3} more" if len(switched) > 3 else "")
+        self.ref_name = "ref"
+        self.reference_is = (f"the original retargeted to the CPU (its CUDA code converted for the CPU), because the "
+                             f"conversion takes the accelerator's side of {shown}, which the original takes on a GPU; "
+                             "unmodified on this host without one it took the other side")
+        return runs
+
     def _lengths(self, spec: Tuple[str, List[str]], xla_env: Dict[str, str]) -> List[Dict[str, object]]:
         """The conversion at each length.  Its compiles are the graphs its
         dump holds that were new to it (hashes), so the runs share a

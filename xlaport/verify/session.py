@@ -101,6 +101,13 @@ class Session(Runs, Checks):
                 values, values_graphs = cand, graphs
                 compared.not_compared.append(f"a run with the device's random draws from the CPU generator could "
                                              f"not run ({str(exc)[:200]})")
+        if any(not o.ok for o in compared.outputs) and self.ref_name == "orig" and ref_kind == "cpu":
+            switched = self._switched_tests(dict(cand.data.get("imported") or {}))  # type: ignore[call-overload]
+            side = self._accelerator_side(switched) if switched else None
+            if side is not None:  # like with like: the original as it runs on a GPU, on the CPU
+                ref_stdouts, ref_files = [r.stdout for r in side], [r.files for r in side]
+                compared = compare(ref_stdouts, ref_files, values.stdout, values.files, rtol, atol,
+                                   follow=opts.rtol is None and opts.atol is None)
         if any(not o.ok for o in compared.outputs) and ref_kind == "cpu" and _trained_batchnorm(values_graphs):
             self._torch_xla_batchnorm(compared, values, rtol, atol)
         if any(not o.ok for o in compared.outputs) and ref_kind == "cpu":
