@@ -26,7 +26,7 @@ from codemods.analysis import (
 )
 from codemods.analysis.loops import body_statements, last_optimizer_step, loop_step_kind, syncing_functions
 from codemods.analysis.placement import host_read
-from codemods.analysis.values import values as dataflow
+from codemods.analysis.values import values as values_of
 from codemods.analysis.kinds import model_source_triggers
 from codemods.analysis.steps import trigger_words
 from codemods.base import Rule, call_name, find_all, statement
@@ -217,7 +217,7 @@ class StepBarrier(LoopCodemod):
         a step closure is registered after it (it would run a step late),
         or when the body can end early after it."""
         stmts = body_statements(loop)
-        k = last_optimizer_step(loop, self.steps, self.qualnames, dataflow(self.tree))
+        k = last_optimizer_step(loop, self.steps, self.qualnames, values_of(self.tree))
         if k is None or loop_step_kind(self.tree, loop, self.steps) != "step":
             return None
         k += 1

@@ -23,7 +23,7 @@ from codemods.analysis.loops import per_step_functions, step_functions
 from codemods.analysis.counters import loop_counters
 from codemods.analysis.placement import DEVICE, HOST, TO_HOST, host_read, on_device, placement
 from codemods.analysis.syncs import false_on_xla
-from codemods.analysis.values import values as dataflow
+from codemods.analysis.dataflow import dataflow
 from codemods.base import Rule, TreeCache, call_name, find_all
 
 ITEM = Rule(

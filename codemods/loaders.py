@@ -17,7 +17,7 @@ import libcst as cst
 from codemods.analysis.prefilter import LOADER_LOOP
 from codemods.analysis import LoopCodemod, is_device_loader_expr, loop_iterable, module_facts
 from codemods.analysis.placement import MOVES, batch_meets_host_tensor, batches_stay_on_host
-from codemods.analysis.values import values as dataflow
+from codemods.analysis.dataflow import dataflow
 from codemods.base import Rule, call_name, find_all
 
 DEVICE_LOADER = Rule(

@@ -28,7 +28,7 @@ import libcst as cst
 
 from codemods.analysis.cuda import BEING_PORTED, being_ported
 from codemods.analysis.tensors import is_tensor_expr, tensor_names
-from codemods.analysis.values import values as dataflow
+from codemods.analysis.values import values as values_of
 from codemods.base import Rule, XlaCodemod, dotted, walk
 from codemods.syntax import imports
 
@@ -172,7 +172,7 @@ class Recompiles(XlaCodemod):
         if not all(_pure(s) for s in sides):
             return None
         scope = next((a.body for a in self.ancestors(node) if isinstance(a, cst.FunctionDef)), self.tree.module)
-        tensors = tensor_names(scope, self.qualnames, [], dataflow(self.tree))
+        tensors = tensor_names(scope, self.qualnames, [], values_of(self.tree))
         known = [s for s in sides if is_tensor_expr(s.value if isinstance(s, cst.Subscript) else s, tensors,
                                                     self.qualnames)]
         # one side a tensor, the other one too or read from an element of a sequence the tensor is chosen

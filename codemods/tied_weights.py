@@ -27,7 +27,8 @@ import libcst as cst
 from codemods.analysis.prefilter import (
     CALLS_LIBRARY, LIBRARY, RETIE_METHODS, TIE_ATTRS, TIED_WEIGHTS as TIED, is_library_model, is_tie,
 )
-from codemods.analysis.values import DEVICE, DEVICE_STR, values as dataflow
+from codemods.analysis.dataflow import dataflow
+from codemods.analysis.values import DEVICE, DEVICE_STR, values as values_of
 from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all, statement
 from codemods.syntax.imports import head_length
 
@@ -174,7 +175,7 @@ def _moved(line: cst.SimpleStatementLine, flow, tree) -> Optional[str]:
     small = line.body[0]
     call = getattr(small, "value", None)
     if not (isinstance(call, cst.Call) and call_name(call) == "to" and isinstance(call.func, cst.Attribute)
-            and call.args and call.args[0].keyword is None and flow.of(call.args[0].value) & {DEVICE, DEVICE_STR}):
+            and call.args and call.args[0].keyword is None and values_of(tree).of(call.args[0].value) & {DEVICE, DEVICE_STR}):
         return None
     if isinstance(small, cst.Assign):
         if len(small.targets) != 1 or not isinstance(small.targets[0].target, (cst.Name, cst.Attribute)):

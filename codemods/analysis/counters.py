@@ -26,7 +26,7 @@ from typing import Optional, Set
 
 import libcst as cst
 
-from codemods.analysis.values import values as values_of
+from codemods.analysis.dataflow import dataflow
 from codemods.syntax.tree import TreeCache, call_name
 
 _WRAPPERS = {"reversed", "list", "sorted", "tuple"}
@@ -49,8 +49,8 @@ def _bound(tree: TreeCache, target: cst.BaseExpression, it: cst.BaseExpression, 
     if isinstance(target, cst.Name):
         return {target.value} if is_host_int_sequence(tree, it, busy) else set()
     if isinstance(it, cst.Name) and id(it) not in busy:  # `time_pairs = list(zip(...))`, then iterated
-        values = values_of(tree)
-        sources = [values.source(b) for b in values.reaching(it)]
+        flow = dataflow(tree)
+        sources = [flow.source(b) for b in flow.reaching(it)]
         if len(sources) == 1 and isinstance(sources[0][0], cst.BaseExpression) and not sources[0][1]:
             return _bound(tree, target, sources[0][0], busy | {id(it)})
         return set()
@@ -110,12 +110,12 @@ def is_host_int_sequence(tree: TreeCache, node: Optional[cst.CSTNode], busy: Opt
 
 
 def _name_holds_ints(tree: TreeCache, name: cst.Name, busy: Set[int]) -> bool:
-    values = values_of(tree)
-    reaching = values.reaching(name)
+    flow = dataflow(tree)
+    reaching = flow.reaching(name)
     if not reaching:
         return False
     for binding in reaching:
-        value, path = values.source(binding)
+        value, path = flow.source(binding)
         if path or value is None or isinstance(value, cst.For) or not is_host_int_sequence(tree, value, busy):
             return False
     return True

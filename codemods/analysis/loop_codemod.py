@@ -26,7 +26,7 @@ from codemods.analysis.loops import (
 from codemods.analysis.nesting import is_outer_loop
 from codemods.analysis.tensors import tensor_names
 from codemods.analysis.values import DEVICE_LOADER, LOADER, UNKNOWN
-from codemods.analysis.values import values as dataflow
+from codemods.analysis.values import values as values_of
 from codemods.base import SOURCE_KEY, XlaCodemod, call_name, dotted, find_all
 
 DATALOADER_NAMES = {
@@ -70,7 +70,7 @@ class LoopCodemod(XlaCodemod):
 
     def _tensor_names(self, node: cst.CSTNode) -> Set[str]:
         return self._memo("tensors", node, lambda: tensor_names(node, self.qualnames, self._loader_loops(node),
-                                                                 dataflow(self.tree)))
+                                                                 values_of(self.tree)))
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.CSTNode:
         self.tensor_stack.pop()
@@ -185,7 +185,7 @@ class LoopCodemod(XlaCodemod):
         if isinstance(node, cst.Name):
             if not LOADER_NAME_RE.search(node.value) and b"DataLoader" not in self.tree.source:
                 return False  # nothing in this file could bind it to a DataLoader
-            kinds = dataflow(self.tree).of(node)
+            kinds = values_of(self.tree).of(node)
             if DEVICE_LOADER in kinds:
                 return False  # one device loader reaching the loop decides: it must not be wrapped again
             if kinds and UNKNOWN not in kinds:
@@ -281,7 +281,7 @@ class LoopCodemod(XlaCodemod):
         it = loop_iterable(loop)
         if not isinstance(it, cst.Name) or not self._may_make_device_loaders():
             return False
-        if DEVICE_LOADER in dataflow(self.tree).of(it):
+        if DEVICE_LOADER in values_of(self.tree).of(it):
             return True
         values = self.assigned_values(it)
         return any(self._is_device_loader_value(v) for v in values) or any(

@@ -10,7 +10,7 @@ a denoising block) needs no barrier of its own.
 What a call runs:
 
 * ``f(...)`` of a module-level ``def f`` and ``self.m(...)`` of a method of the
-  enclosing class (:meth:`Values.local_function`);
+  enclosing class (:meth:`Dataflow.local_function`);
 * ``self.loop_step(...)`` in a class built on diffusers'
   ``LoopSequentialPipelineBlocks``: it runs the ``__call__`` of every block of
   ``block_classes``.  The loop's class may be a base that several subclasses
@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, Optional, Set
 
 import libcst as cst
 
-from codemods.analysis.values import values as values_of
+from codemods.analysis.dataflow import dataflow
 from codemods.syntax.tree import TreeCache, dotted, find_all
 
 _NESTED = (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)
@@ -50,7 +50,7 @@ def _is_loop_blocks(tree: TreeCache, cls: cst.ClassDef, seen: Optional[Set[str]]
     ``LoopSequentialPipelineBlocks``."""
     seen = seen if seen is not None else set()
     seen.add(cls.name.value)
-    defs = values_of(tree).functions()
+    defs = dataflow(tree).functions()
     for base in cls.bases:
         quals = tree.import_qualnames(base.value) or set()
         if any(q.split(".")[-1] == _LOOP_BLOCKS for q in quals):
@@ -64,7 +64,7 @@ def _is_loop_blocks(tree: TreeCache, cls: cst.ClassDef, seen: Optional[Set[str]]
 def _block_lists(tree: TreeCache, cls: cst.ClassDef) -> List[List[cst.CSTNode]]:
     """The ``block_classes`` compositions ``cls`` and its subclasses of the
     module run: one list of local classes per class that sets it."""
-    defs = values_of(tree).functions()
+    defs = dataflow(tree).functions()
     family: Set[str] = {cls.name.value}
     changed = True
     while changed:  # the subclasses of cls, transitively
@@ -89,7 +89,7 @@ def _block_lists(tree: TreeCache, cls: cst.ClassDef) -> List[List[cst.CSTNode]]:
 
 def _method(cls: cst.ClassDef, name: str, tree: TreeCache) -> Optional[cst.FunctionDef]:
     """``cls.name`` defined in ``cls`` or in a base class of the module."""
-    defs = values_of(tree).functions()
+    defs = dataflow(tree).functions()
     todo, seen = [cls], set()
     while todo:
         c = todo.pop(0)
@@ -107,7 +107,7 @@ def _method(cls: cst.ClassDef, name: str, tree: TreeCache) -> Optional[cst.Funct
 def compositions(tree: TreeCache, call: cst.Call) -> Optional[List[List[cst.CSTNode]]]:
     """What ``call`` runs, as alternatives: each a list of the module's
     functions that one way of running it calls.  None when unknown."""
-    fn = values_of(tree).local_function(call)
+    fn = dataflow(tree).local_function(call)
     if isinstance(fn, cst.FunctionDef):
         return [[fn]]
     func = call.func

@@ -28,6 +28,7 @@ import libcst as cst
 
 from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.device_calls import LAUNCHERS, SPAWNS, device_arguments
+from codemods.analysis.dataflow import dataflow
 from codemods.analysis.values import Values
 from codemods.analysis.values import values as values_of
 from codemods.syntax.tree import TreeCache, call_name, dotted, string_value
@@ -46,6 +47,7 @@ class Ordinals:
     def __init__(self, tree: TreeCache) -> None:
         self.tree = tree
         self.values: Values = values_of(tree)
+        self.flow = dataflow(tree)
         self._busy: Set[int] = set()
         self._int_options: Optional[Set[str]] = None
         self._spawned: Optional[Set[int]] = None
@@ -65,7 +67,7 @@ class Ordinals:
         if isinstance(node, cst.Name):
             if node.value in ("True", "False", "None"):
                 return False
-            reaching = self.values.reaching(node) if binding_nodes(self.tree, node) else []
+            reaching = self.flow.reaching(node) if binding_nodes(self.tree, node) else []
             if reaching and all(self._binding(b) for b in reaching):
                 return True
             # last resort, where the dataflow cannot see the value (a function
@@ -86,7 +88,7 @@ class Ordinals:
             if isinstance(node.value, cst.Name) and node.value.value != "self":
                 return node.attr.value in self.int_options()  # args.gpu
             if isinstance(node.value, cst.Name):  # self.gpu_id: every value the class stores in it
-                stores = self.values.self_stores(node)
+                stores = self.flow.self_stores(node)
                 return bool(stores) and all(self.is_ordinal(v) for v in stores)
             return False
         return False
@@ -94,7 +96,7 @@ class Ordinals:
     def _binding(self, binding: cst.CSTNode) -> bool:
         if isinstance(binding, cst.Param):
             return self._param(binding)
-        value, path = self.values.source(binding)
+        value, path = self.flow.source(binding)
         if value is None or isinstance(value, cst.For) or path:
             if isinstance(value, cst.For) and not path and isinstance(value.iter, cst.Call) \
                     and call_name(value.iter) == "range":
@@ -104,19 +106,19 @@ class Ordinals:
 
     def _opaque(self, binding: cst.CSTNode) -> bool:
         """A binding from a call of something imported (its value unknown here)."""
-        value, path = self.values.source(binding)
+        value, path = self.flow.source(binding)
         return isinstance(value, cst.Call) and not path and bool(self.tree.import_qualnames(value.func)) \
-            and self.values.local_function(value) is None
+            and self.flow.local_function(value) is None
 
     def _param(self, param: cst.Param) -> bool:
         if param.annotation is not None:
             return (dotted(param.annotation.annotation) or "") == "int"
-        fn = next((a for a in self.values.ancestors(param) if isinstance(a, (cst.FunctionDef, cst.Lambda))), None)
+        fn = next((a for a in self.flow.ancestors(param) if isinstance(a, (cst.FunctionDef, cst.Lambda))), None)
         if isinstance(fn, cst.FunctionDef):
             params = list(fn.params.posonly_params) + list(fn.params.params)
             if params and params[0] is param and id(fn) in self.spawned():
                 return True
-            fed = self.values.arguments(fn, param)
+            fed = self.flow.arguments(fn, param)
             if fed:
                 return all(self.is_ordinal(a) for a in fed)
         return param.default is not None and self.is_ordinal(param.default)
@@ -126,7 +128,7 @@ class Ordinals:
         process index first: ``mp.spawn(fn, ...)``, ``torch_xla.launch(fn, ...)``."""
         if self._spawned is None:
             self._spawned = set()
-            defs = self.values.functions()
+            defs = self.flow.functions()
             for call in self.tree.nodes((cst.Call,)):
                 quals = self.tree.import_qualnames(call.func) or set()  # type: ignore[attr-defined]
                 if quals & (SPAWNS | LAUNCHERS) and call.args:  # type: ignore[attr-defined]

@@ -31,6 +31,7 @@ import libcst as cst
 from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.loops import loop_iterable
 from codemods.analysis.tensors import is_tensor_expr
+from codemods.analysis.dataflow import dataflow
 from codemods.analysis.values import DEVICE as DEVICE_KIND
 from codemods.analysis.values import DEVICE_LOADER, DEVICE_STR, LOADER, MODULE, Values
 from codemods.analysis.values import values as values_of
@@ -80,6 +81,7 @@ class _Placement:
     def __init__(self, tree: TreeCache) -> None:
         self.tree = tree
         self.values: Values = values_of(tree)
+        self.flow = dataflow(tree)
 
     def of(self, node: cst.CSTNode, busy: Set[int]) -> Optional[str]:
         if id(node) in busy:
@@ -94,7 +96,7 @@ class _Placement:
         if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
             if node.attr.value in self._buffers(node):
                 return DEVICE  # a model's buffer moves with the model
-            found = {self.of(v, busy) for v in self.values.self_stores(node)}  # what the class stores there
+            found = {self.of(v, busy) for v in self.flow.self_stores(node)}  # what the class stores there
             return found.pop() if len(found) == 1 else None
         return None
 
@@ -102,7 +104,7 @@ class _Placement:
         """The buffers a model class around ``node`` registers
         (``self.register_buffer("alphas", ...)``, or through a helper of
         that name): on the device once the model is."""
-        cls = next((a for a in self.values.ancestors(node) if isinstance(a, cst.ClassDef)), None)
+        cls = next((a for a in self.flow.ancestors(node) if isinstance(a, cst.ClassDef)), None)
         if cls is None:
             return set()
         key = f"buffers:{id(cls)}"
@@ -135,7 +137,7 @@ class _Placement:
                         and self.values.of(target) & {DEVICE_KIND, DEVICE_STR}:
                     return DEVICE
                 return None  # .to(dtype), .to(other)
-        local = self.values.local_function(call)
+        local = self.flow.local_function(call)
         if isinstance(local, cst.FunctionDef):  # what the module's own function returns
             found = {self.of(r.value, busy) for r in find_all(local.body, cst.Return, stop=(cst.FunctionDef,))
                      if r.value is not None}  # type: ignore[attr-defined]
@@ -173,13 +175,13 @@ class _Placement:
         if not binding_nodes(self.tree, name):
             return None
         found: Set[Optional[str]] = set()
-        for binding in self.values.reaching(name):
+        for binding in self.flow.reaching(name):
             if isinstance(binding, cst.Param):
-                fn = next((a for a in self.values.ancestors(binding) if isinstance(a, cst.FunctionDef)), None)
-                args = self.values.arguments(fn, binding) if isinstance(fn, cst.FunctionDef) else []
+                fn = next((a for a in self.flow.ancestors(binding) if isinstance(a, cst.FunctionDef)), None)
+                args = self.flow.arguments(fn, binding) if isinstance(fn, cst.FunctionDef) else []
                 found |= {self.of(a, busy) for a in args} if args else {None}
                 continue
-            value, path = self.values.source(binding)
+            value, path = self.flow.source(binding)
             if isinstance(value, cst.For):
                 found.add(self._batch(value))
                 continue

@@ -19,6 +19,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
 import libcst as cst
 
 from codemods.analysis.steps import called_like_a_model
+from codemods.analysis.dataflow import dataflow
 from codemods.analysis.values import (
     LOADED,
     LR_SCHEDULER,
@@ -79,7 +80,7 @@ def _model_call_by_dataflow(call: cst.Call, values: Values) -> Optional[bool]:
         return None
     if not isinstance(func, (cst.Name, cst.Attribute)) or values.tree.import_qualnames(func):
         return None
-    local = values.local_function(call)
+    local = dataflow(values.tree).local_function(call)
     if isinstance(local, cst.FunctionDef):
         # its body is known: whatever it is called (helios' `sample_block_noise`
         # draws noise), it runs a model only if a model runs in it

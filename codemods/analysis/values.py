@@ -34,7 +34,7 @@ from typing import Dict, List, Optional, Set, Tuple
 import libcst as cst
 
 from codemods.analysis.bindings import binding_nodes
-from codemods.analysis.calls import calls_named
+from codemods.analysis.dataflow import SCOPES, dataflow
 from codemods.analysis.kinds import (  # noqa: F401 -- the kinds are part of this module's API
     DEVICE,
     DEVICE_LOADER,
@@ -64,10 +64,8 @@ from codemods.analysis.kinds import (  # noqa: F401 -- the kinds are part of thi
 from codemods.syntax.tree import (
     TreeCache,
     call_name,
-    children,
     dotted,
     find_all,
-    node_types,
     string_value,
 )
 
@@ -80,9 +78,6 @@ _TENSOR_ATTRS = {"grad", "data", "T", "mT", "real", "imag", "prev_sample", "pred
                  "last_hidden_state", "sample", "latent_dist"}
 _BUILTIN_HOST = {"len", "int", "float", "str", "bool", "range", "round", "abs", "min", "max", "sum", "sorted",
                  "list", "dict", "set", "tuple", "enumerate", "zip", "isinstance", "getattr", "hasattr", "print"}
-_STATEMENT_FIELDS = (cst.BaseSuite, cst.BaseStatement, cst.Else, cst.ExceptHandler, cst.ExceptStarHandler,
-                     cst.Finally, cst.MatchCase)
-_SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
 
 
 class Values:
@@ -90,10 +85,9 @@ class Values:
 
     def __init__(self, tree: TreeCache) -> None:
         self.tree = tree
-        self._numbers: Optional[Dict[int, Tuple[int, int]]] = None
+        self.flow = dataflow(tree)
         self._memo: Dict[Tuple[int, int], Kinds] = {}
         self._busy: Set[Tuple[int, int]] = set()
-        self._defs: Optional[Dict[str, cst.CSTNode]] = None
 
     # -- public ----------------------------------------------------------
     def of(self, node: cst.CSTNode) -> Kinds:
@@ -111,22 +105,11 @@ class Values:
             if call_name(node) == "prepare" and isinstance(node.func, cst.Attribute):
                 args = [a for a in node.args if a.keyword is None and not a.star]
                 return _prepared(self.of(args[index].value)) if index < len(args) else NONE
-            fn = self.local_function(node)
+            fn = self.flow.local_function(node)
             if fn is not None:
                 return self._returns(fn, index)
         whole = self.of(node)
         return whole & {TENSOR, HOST}  # pieces of a tensor (or of a host value) are of the same kind
-
-    def functions(self) -> Dict[str, cst.CSTNode]:
-        """Module-level functions and classes by name."""
-        if self._defs is None:
-            self._defs = {}
-            for stmt in self.tree.module.body:
-                for node in ([stmt] if not isinstance(stmt, (cst.If, cst.Try)) else find_all(
-                        stmt, (cst.FunctionDef, cst.ClassDef), stop=(cst.FunctionDef, cst.ClassDef))):
-                    if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
-                        self._defs.setdefault(node.name.value, node)
-        return self._defs
 
     # -- expressions -----------------------------------------------------
     def _cached(self, tag: int, node: cst.CSTNode, compute) -> Kinds:  # type: ignore[no-untyped-def]
@@ -211,7 +194,7 @@ class Values:
         if isinstance(func, cst.Name):
             if func.value in _BUILTIN_HOST and not self._bound_here(func):
                 return frozenset({HOST})
-            local = self.local_function(call)
+            local = self.flow.local_function(call)
             if isinstance(local, cst.ClassDef):
                 return self.class_kinds(local)
             if isinstance(local, cst.FunctionDef):
@@ -239,101 +222,22 @@ class Values:
 
     def _self_attribute(self, node: cst.Attribute) -> Kinds:
         """``self.x``: what the methods of the enclosing class store in it."""
-        return frozenset(k for v in self.self_stores(node) for k in self.of(v))
-
-    def self_stores(self, node: cst.Attribute) -> List[cst.BaseExpression]:
-        """The values the methods of the class around ``self.x`` assign to ``self.x``."""
-        cls = next((a for a in self.ancestors(node) if isinstance(a, cst.ClassDef)), None)
-        if cls is None:
-            return []
-        stores = self.tree.memo.get(f"self_stores:{id(cls)}")
-        if not isinstance(stores, dict):
-            stores = {}
-            for assign in find_all(cls, cst.Assign, stop=(cst.ClassDef,)):
-                for t in assign.targets:  # type: ignore[attr-defined]
-                    tgt = t.target
-                    if (isinstance(tgt, cst.Attribute) and isinstance(tgt.value, cst.Name)
-                            and tgt.value.value == "self"):
-                        stores.setdefault(tgt.attr.value, []).append(assign.value)  # type: ignore[attr-defined]
-            self.tree.memo[f"self_stores:{id(cls)}"] = stores
-        return list(stores.get(node.attr.value, ()))
+        return frozenset(k for v in self.flow.self_stores(node) for k in self.of(v))
 
     # -- names -----------------------------------------------------------
     def _name(self, name: cst.Name) -> Kinds:
-        return union_kinds(*(self._binding_kinds(b) for b in self.reaching(name))) if binding_nodes(
+        return union_kinds(*(self._binding_kinds(b) for b in self.flow.reaching(name))) if binding_nodes(
             self.tree, name) else NONE
-
-    def reaching(self, name: cst.Name) -> List[cst.CSTNode]:
-        """The bindings of ``name`` that can reach this use of it."""
-        bindings = binding_nodes(self.tree, name)
-        if len(bindings) < 2:
-            return bindings
-        use_fn = self._scope_of(name)
-        if any(self._scope_of(b) is not use_fn for b in bindings):
-            return bindings  # bound in an enclosing scope: any of them, in any order
-        numbers = self._statement_numbers()
-        use = numbers.get(id(self.tree.statement_of(name)), (0, 0))[0]
-        timed = sorted(((self._point(b, numbers), b) for b in bindings), key=lambda p: p[0][0])
-        before = [(p, b) for p, b in timed if p[0] <= use]
-        reach: List[cst.CSTNode] = []
-        killer: Optional[Tuple[int, int]] = None
-        for point, b in reversed(before):
-            reach.append(b)
-            stmt = self.tree.statement_of(b)
-            block = self.tree.parents.get(id(stmt))
-            if point[1] >= 0 and block is not None and self._contains(block, name):
-                killer = numbers.get(id(stmt))
-                break
-        for point, b in timed:  # later bindings in a loop around the use reach its next iteration
-            if point[0] > use:
-                loop = self._common_loop(b, name)
-                if loop is not None:
-                    span = numbers.get(id(loop), (0, 0))
-                    if killer is None or not (span[0] < killer[0] <= span[1]):
-                        reach.append(b)
-        return reach
-
-    def _point(self, binding: cst.CSTNode, numbers: Dict[int, Tuple[int, int]]) -> Tuple[float, int]:
-        """When a binding takes effect, in statement numbers; the second item
-        is -1 for parameters (they bind before everything, and never kill a
-        binding of the body)."""
-        if isinstance(binding, cst.Param):
-            return (-1.0, -1)
-        stmt = self.tree.statement_of(binding)
-        start, end = numbers.get(id(stmt), (0, 0))
-        if isinstance(stmt, (cst.For, cst.With, cst.Try, cst.While)):
-            return (start + 0.5, 0)  # before the body runs
-        return (end + 0.5, 0)
 
     def _binding_kinds(self, binding: cst.CSTNode) -> Kinds:
         return self._cached(1, binding, lambda: self._bound_value(binding))
-
-    def source(self, binding: cst.CSTNode) -> Tuple[Optional[cst.CSTNode], List[int]]:
-        """What a binding binds: (the assigned value, or the ``For`` whose
-        target it is, or None; the index path of the binding inside a
-        tuple target, ``a, (b, c) = ...`` gives ``[1, 0]`` for ``b``)."""
-        parent = self.tree.parents.get(id(binding))
-        path: List[int] = []
-        node: cst.CSTNode = binding
-        while isinstance(parent, (cst.Element, cst.StarredElement, cst.Tuple, cst.List)):
-            if isinstance(parent, (cst.Tuple, cst.List)):
-                path.insert(0, next(i for i, e in enumerate(parent.elements) if e is node))
-            node, parent = parent, self.tree.parents.get(id(parent))
-        if isinstance(parent, cst.AssignTarget):
-            assign = self.tree.parents.get(id(parent))
-            return (assign.value if isinstance(assign, cst.Assign) else None), path
-        if isinstance(parent, (cst.AnnAssign, cst.AugAssign, cst.NamedExpr)):
-            return parent.value, path
-        if isinstance(parent, cst.For):
-            return parent, path
-        return None, path
 
     def _bound_value(self, binding: cst.CSTNode) -> Kinds:
         if isinstance(binding, cst.Param):
             return self._param(binding)
         if isinstance(binding, cst.ClassDef):
             return NONE
-        value, path = self.source(binding)
+        value, path = self.flow.source(binding)
         if isinstance(value, cst.For):
             return self._iterated(value.iter, path)
         if value is None:
@@ -369,56 +273,18 @@ class Values:
             kinds |= {"Tensor": {TENSOR}, "Module": {MODULE}, "DataLoader": {LOADER}, "Optimizer": {OPTIMIZER},
                       "device": {DEVICE}, "int": {HOST}, "float": {HOST}, "bool": {HOST}}.get(text, set())
         parts = [self.of(param.default)] if param.default is not None else []
-        fn = next((a for a in self.ancestors(param) if isinstance(a, (cst.FunctionDef, cst.Lambda))), None)
+        fn = next((a for a in self.flow.ancestors(param) if isinstance(a, (cst.FunctionDef, cst.Lambda))), None)
         if isinstance(fn, cst.FunctionDef):
-            parts += [self.of(arg) for arg in self.arguments(fn, param)]
+            parts += [self.of(arg) for arg in self.flow.arguments(fn, param)]
         if kinds or not parts:
             return frozenset(kinds)  # an annotation is what the author says it holds
         return union_kinds(*parts)
 
-    def arguments(self, fn: cst.FunctionDef, param: cst.Param) -> List[cst.BaseExpression]:
-        """What the module's call sites pass for ``param`` of ``fn``: calls by
-        name for module functions, ``self.fn(...)`` for methods, ``Cls(...)``
-        for ``Cls.__init__``."""
-        params = list(fn.params.posonly_params) + list(fn.params.params)
-        names = [p.name.value for p in params]
-        is_method = bool(names) and names[0] == "self"
-        index = names.index(param.name.value) - (1 if is_method else 0) if param.name.value in names else None
-        out: List[cst.BaseExpression] = []
-        cls = next((a for a in self.ancestors(fn) if isinstance(a, cst.ClassDef)), None) \
-            if fn.name.value == "__init__" else None  # `Sampler(model, device)` calls `__init__`
-        sites = calls_named(self.tree, fn.name.value, is_method) + (
-            calls_named(self.tree, cls.name.value, False) if cls is not None else [])
-        for _, call in sorted(sites, key=lambda site: site[0]):  # (in the module's order)
-            for i, arg in enumerate(call.args):  # type: ignore[attr-defined]
-                if arg.star:
-                    break
-                if (arg.keyword is not None and arg.keyword.value == param.name.value) or (
-                        arg.keyword is None and i == index):
-                    out.append(arg.value)
-        return out
-
     # -- the module's own functions and classes ---------------------------
-    def local_function(self, call: cst.Call) -> Optional[cst.CSTNode]:
-        """The module's own function or class ``call`` calls: ``f(...)`` of a
-        module-level ``def f``/``class f``, or ``self.m(...)`` of a method of
-        the enclosing class (not one a subclass elsewhere may override)."""
-        func = call.func
-        if isinstance(func, cst.Name) and not self.tree.import_qualnames(func):
-            found = self.functions().get(func.value)
-            if found is not None and binding_nodes(self.tree, func) == [found]:
-                return found
-        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
-            cls = next((a for a in self.ancestors(call) if isinstance(a, cst.ClassDef)), None)
-            if cls is not None and isinstance(cls.body, cst.IndentedBlock):
-                methods = [s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == func.attr.value]
-                if len(methods) == 1 and not methods[0].decorators:
-                    return methods[0]
-        return None
 
     def _returns(self, fn: cst.FunctionDef, index: Optional[int]) -> Kinds:
         kinds: Set[str] = set()
-        for ret in find_all(fn.body, cst.Return, stop=_SCOPES):
+        for ret in find_all(fn.body, cst.Return, stop=SCOPES):
             value = ret.value  # type: ignore[attr-defined]
             if value is not None:
                 kinds |= self.of(value) if index is None else self.element(value, index)
@@ -442,59 +308,12 @@ class Values:
                     return frozenset({LOADER})
                 if q.startswith("torch.optim.") and q.split(".")[-1][:1].isupper():
                     return frozenset({OPTIMIZER})
-            local = self.functions().get(text)
+            local = self.flow.functions().get(text)
             if isinstance(local, cst.ClassDef) and text not in seen:
                 found = self.class_kinds(local, seen)
                 if found != {OBJECT}:
                     return found
         return frozenset({OBJECT})
-
-    # -- structure ---------------------------------------------------------
-    def _statement_numbers(self) -> Dict[int, Tuple[int, int]]:
-        """``id(statement) -> (first, last)`` statement numbers in source order
-        (``last`` covers a compound statement's body)."""
-        if self._numbers is None:
-            numbers: Dict[int, Tuple[int, int]] = {}
-            counter = [0]
-
-            holders, statements = node_types(_STATEMENT_FIELDS), node_types(cst.BaseStatement)  # (exact types)
-
-            def visit(node: cst.CSTNode) -> None:
-                start = counter[0]
-                statement = type(node) in statements
-                if statement:
-                    counter[0] += 1
-                for child in children(node):
-                    if type(child) in holders:
-                        visit(child)
-                if statement:
-                    numbers[id(node)] = (start, counter[0] - 1)
-
-            visit(self.tree.module)
-            visit = None  # type: ignore[assignment]  # (it refers to itself: no cycle left behind)
-            self._numbers = numbers
-        return self._numbers
-
-    def ancestors(self, node: cst.CSTNode):  # type: ignore[no-untyped-def]
-        cur = self.tree.parents.get(id(node))
-        while cur is not None:
-            yield cur
-            cur = self.tree.parents.get(id(cur))
-
-    def _scope_of(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
-        return next((a for a in self.ancestors(node) if isinstance(a, _SCOPES)), None)
-
-    def _contains(self, outer: cst.CSTNode, node: cst.CSTNode) -> bool:
-        return any(a is outer for a in self.ancestors(node))
-
-    def _common_loop(self, a: cst.CSTNode, b: cst.CSTNode) -> Optional[cst.CSTNode]:
-        """The innermost loop (in their own scope) whose body holds both."""
-        for anc in self.ancestors(a):
-            if isinstance(anc, _SCOPES):
-                return None
-            if isinstance(anc, (cst.For, cst.While)) and self._contains(anc.body, b):
-                return anc
-        return None
 
     def _bound_here(self, name: cst.Name) -> bool:
         return bool(binding_nodes(self.tree, name))
