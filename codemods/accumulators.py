@@ -25,7 +25,7 @@ from typing import List, Optional, Tuple
 
 import libcst as cst
 
-from codemods.analysis import LoopCodemod
+from codemods.loop_codemod import LoopCodemod
 from codemods.analysis.placement import host_read
 from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP
 from codemods.base import Rule, call_name, find_all
@@ -128,7 +128,7 @@ class DeviceAccumulators(LoopCodemod):
                 break
             if isinstance(anc, (cst.For, cst.While)):
                 loops.append(anc)
-        if any(self.is_step_loop(lp) or (isinstance(lp, cst.For) and self.is_loader_loop(lp)) for lp in loops):
+        if any(self.is_step_loop(lp) or (isinstance(lp, cst.For) and self.loaders.is_loader_loop(lp)) for lp in loops):
             return loops[0]
         return None
 

@@ -19,7 +19,6 @@ import libcst as cst
 from codemods.analysis.prefilter import STEP_LOOP
 from codemods.analysis import (
     Loop,
-    LoopCodemod,
     has_barrier,
     is_barrier_call,
     module_facts,
@@ -30,6 +29,7 @@ from codemods.analysis.values import values as values_of
 from codemods.analysis.kinds import model_source_triggers
 from codemods.analysis.steps import trigger_words
 from codemods.base import Rule, call_name, find_all, statement
+from codemods.loop_codemod import LoopCodemod
 
 STEP_BARRIER = Rule(
     code="XLA302",
@@ -168,7 +168,7 @@ class StepBarrier(LoopCodemod):
         # prints deferred to step closures run at the next barrier: a loop
         # left by break/return before its barrier would lose them
         exits: Tuple[type, ...] = (cst.Continue,) + ((cst.Break, cst.Return) if self._defers(original) else ())
-        if isinstance(original, cst.For) and self.iterates_device_loader(original):
+        if isinstance(original, cst.For) and self.loaders.iterates_device_loader(original):
             # MpDeviceLoader syncs after each batch, but not after a break
             if any(is_barrier_call(c, self.target.barrier_names, self.qualnames)  # type: ignore[arg-type]
                    for c in find_all(original.body, cst.Call)):

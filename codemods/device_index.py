@@ -24,7 +24,7 @@ from typing import Optional, Set
 
 import libcst as cst
 
-from codemods.analysis import LoopCodemod
+from codemods.loop_codemod import LoopCodemod
 from codemods.analysis.counters import loop_counters
 from codemods.analysis.placement import on_device
 from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP

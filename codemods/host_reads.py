@@ -18,7 +18,8 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 import libcst as cst
 
 from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP, STEP_METHOD
-from codemods.analysis import LoopCodemod, hot_methods, is_tensor_expr, loop_iterable, module_facts
+from codemods.loop_codemod import LoopCodemod
+from codemods.analysis import hot_methods, is_tensor_expr, loop_iterable, module_facts
 from codemods.analysis.loops import per_step_functions, step_functions
 from codemods.analysis.counters import loop_counters
 from codemods.analysis.placement import DEVICE, HOST, TO_HOST, host_read, on_device, placement
@@ -182,7 +183,7 @@ class HostReads(LoopCodemod):
         self.steps = self._memo("steps", module, lambda: step_functions(module))
         return self._memo("real_hot_loops", module, lambda: [  # type: ignore[no-any-return]
             lp for lp in module_facts(self.tree).hot_loops
-            if self.is_step_loop(lp) or (isinstance(lp, cst.For) and self.is_loader_loop(lp))])  # type: ignore[arg-type]
+            if self.is_step_loop(lp) or (isinstance(lp, cst.For) and self.loaders.is_loader_loop(lp))])  # type: ignore[arg-type]
 
     def per_step(self) -> Dict[int, Tuple[List[str], cst.CSTNode]]:
         """The module's functions run once per step, from its real step and

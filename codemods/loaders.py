@@ -15,7 +15,8 @@ from typing import List, Set, Tuple
 import libcst as cst
 
 from codemods.analysis.prefilter import LOADER_LOOP
-from codemods.analysis import LoopCodemod, is_device_loader_expr, loop_iterable, module_facts
+from codemods.loop_codemod import LoopCodemod
+from codemods.analysis import is_device_loader_expr, loop_iterable, module_facts
 from codemods.analysis.placement import MOVES, batch_meets_host_tensor, batches_stay_on_host
 from codemods.analysis.dataflow import dataflow
 from codemods.base import Rule, call_name, find_all
@@ -142,7 +143,7 @@ class DeviceLoader(LoopCodemod):
         if is_device_loader_expr(original.iter, self.target.loader_names, self.qualnames):
             return updated
         inner = loop_iterable(original)
-        if not self.is_data_loader_expr(inner) or batches_stay_on_host(original):
+        if not self.loaders.is_data_loader_expr(inner) or batches_stay_on_host(original):
             return updated  # (host code: its batches are never moved nor handed on)
         host_model = self._model_on_host(original)
         if host_model:

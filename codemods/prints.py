@@ -19,7 +19,8 @@ import libcst as cst
 from codemods.analysis.bindings import binding_nodes
 from codemods.syntax.nodes import tight_equal
 from codemods.analysis.prefilter import LOADER_LOOP, LOG_METHODS, OUTPUT_IN_LOOP, STEP_LOOP, WRITER_METHODS
-from codemods.analysis import LoopCodemod, module_facts, reads_tensor_value
+from codemods.loop_codemod import LoopCodemod
+from codemods.analysis import module_facts, reads_tensor_value
 from codemods.base import Rule, call_name, dotted
 
 _LOGGER_RE = re.compile(r"(^|\.)(log|logger|logging|_logger|LOGGER|LOG)$")

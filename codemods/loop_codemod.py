@@ -1,0 +1,155 @@
+"""The base class of the loop-aware codemods: while it walks, it knows
+whether it is inside a step loop or a loader loop (the hot region) and which
+names hold tensors; which loops walk a loader it asks
+``codemods.analysis.data_loaders`` (``self.loaders``)."""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Set
+
+import libcst as cst
+
+from codemods.analysis.data_loaders import DataLoaders
+from codemods.analysis.loops import (
+    _DEFS,
+    Loop,
+    accumulates_gradients,
+    in_model_code,
+    loop_step_kind,
+    model_functions,
+    module_facts,
+    step_functions,
+)
+from codemods.analysis.nesting import is_outer_loop
+from codemods.analysis.tensors import tensor_names
+from codemods.analysis.values import values as values_of
+from codemods.base import SOURCE_KEY, XlaCodemod, call_name
+
+class LoopCodemod(XlaCodemod):
+    """A codemod that knows, while it walks, whether it is inside a step loop,
+    a loader loop (the hot region), which names hold tensors, and which loops
+    are step loops."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.steps: Set[str] = set()
+        self.loop_stack: List[tuple] = []  # (loop, is_step, is_loader)
+        self.tensor_stack: List[Set[str]] = []
+        self.closure_depth = 0
+        self._loaders: Optional[DataLoaders] = None
+
+    @property
+    def loaders(self) -> DataLoaders:
+        """Which expressions are loaders and which loops walk one, in this tree."""
+        if self._loaders is None or self._loaders.tree is not self.tree:
+            self._loaders = DataLoaders(self.tree, self.qualnames, self.target.loader_names, self._text)
+        return self._loaders
+
+    def _text(self) -> bytes:
+        text = self.context.scratch.get(SOURCE_KEY)
+        return text.encode("utf-8", "surrogateescape") if isinstance(text, str) else self.tree.module.code.encode()
+
+    # -- walking state -------------------------------------------------------
+    def visit_Module(self, node: cst.Module) -> None:
+        self.steps = self._memo("steps", node, lambda: step_functions(node))
+        self.tensor_stack.append(self._tensor_names(node))
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.tensor_stack.append(self._tensor_names(node.body))
+
+    def _memo(self, kind: str, node: cst.CSTNode, compute: Callable[[], object]):  # type: ignore[no-untyped-def]
+        """Per-tree memo shared by the loop codemods that run on one tree."""
+        key = f"{kind}:{id(node)}"
+        memo = self.tree.memo
+        if key not in memo:
+            memo[key] = compute()
+        return memo[key]
+
+    def _tensor_names(self, node: cst.CSTNode) -> Set[str]:
+        return self._memo("tensors", node, lambda: tensor_names(node, self.qualnames, self.loaders.loader_loops(node),
+                                                                 values_of(self.tree)))
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.CSTNode:
+        self.tensor_stack.pop()
+        return updated_node
+
+    def is_step_loop(self, loop: Loop) -> bool:
+        """:func:`is_step_loop`, and not inside a model's own forward/backward."""
+        called = self._memo("model_functions", self.tree.module, lambda: model_functions(self.tree))
+        return self._memo("step_loop", loop, lambda: self._is_step_loop(loop, called))
+
+    def _is_step_loop(self, loop: Loop, called: Set[str]) -> bool:
+        kind = loop_step_kind(self.tree, loop, self.steps)
+        if kind is None or in_model_code(loop, self.tree.parents, called):
+            return False
+        if is_outer_loop(self.tree, loop, self.is_step_loop):
+            return False  # the step loop it runs on every iteration cuts it
+        if kind in ("carried", "sample", "feedback") or (kind == "step" and accumulates_gradients(loop, self.steps)):
+            # an accumulation inside another step loop (panorama's per-view
+            # loop; the micro-steps of gradient accumulation, whose optimizer
+            # step the outer loop takes): the outer step's barrier bounds it
+            # already, and one graph per outer iteration is the fewest
+            # (docs/internals.md, "Gradient accumulation").  So is a decoder
+            # unrolled over time inside a training step (its output fed back
+            # as the next input): a barrier of its own would cut the step
+            # into one graph per time step
+            for anc in self.ancestors(loop):
+                if isinstance(anc, _DEFS):
+                    break
+                if isinstance(anc, (cst.For, cst.While)) and self.is_step_loop(anc) \
+                        and (kind != "feedback" or loop_step_kind(self.tree, anc, self.steps) == "step"):
+                    return False
+        return True
+
+    def visit_For(self, node: cst.For) -> None:
+        self.loop_stack.append((node, self.is_step_loop(node), self.loaders.is_loader_loop(node)))
+
+    def leave_For(self, original_node: cst.For, updated_node: cst.For):  # type: ignore[override]
+        self.loop_stack.pop()
+        return self.rewrite_loop(original_node, updated_node)
+
+    def visit_While(self, node: cst.While) -> None:
+        self.loop_stack.append((node, self.is_step_loop(node), False))
+
+    def leave_While(self, original_node: cst.While, updated_node: cst.While):  # type: ignore[override]
+        self.loop_stack.pop()
+        return self.rewrite_loop(original_node, updated_node)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if self.is_step_closure(node):
+            self.closure_depth += 1
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if self.is_step_closure(original_node):
+            self.closure_depth -= 1
+        return updated_node
+
+    def rewrite_loop(self, original: Loop, updated: Loop):
+        return updated
+
+    # -- questions -----------------------------------------------------------
+    @property
+    def in_hot(self) -> bool:
+        return self.closure_depth == 0 and any(step or loader for _, step, loader in self.loop_stack)
+
+    @property
+    def tensors(self) -> Set[str]:
+        return self.tensor_stack[-1] if self.tensor_stack else set()
+
+    def hot_loop_line(self) -> int:
+        """The line of the user's file where the innermost hot loop starts."""
+        for loop, step, loader in self.loop_stack:
+            if step or loader:
+                return self.loop_line(loop)
+        return 0
+
+    def loop_line(self, loop: cst.CSTNode) -> int:
+        """The line of the user's file where ``loop`` starts."""
+        lines = self._memo("loop_lines", self.tree.module, lambda: {  # every candidate loop, one pass
+            k: v[0] for k, v in self.tree.start_positions(module_facts(self.tree).hot_loops).items()})
+        return self.user_line(lines.get(id(loop)) or self.position(loop)[0])  # type: ignore[union-attr]
+
+    def is_step_closure(self, call: cst.Call) -> bool:
+        if self.qualnames(call.func) & set(self.target.step_closure_names):
+            return True
+        return call_name(call) == "add_step_closure"
