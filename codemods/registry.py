@@ -36,6 +36,7 @@ ORDER: Tuple[Tuple[str, str], ...] = (
     ("codemods.barriers", "StepBarrier"),
     ("codemods.device_index", "DeviceIndex"),  # before the host reads: what it fixes is not reported
     ("codemods.host_reads", "HostReads"),
+    ("codemods.shape_traps", "ShapeTraps"),
     # after the loop rules: they read the loops where the user wrote them, and on most files the
     # dedent is the last rewrite, so nothing analyses the tree again
     ("codemods.progress", "BarBlocks"),

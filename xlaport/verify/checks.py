@@ -108,7 +108,7 @@ class Checks:
         """Why a run that compiled a new graph nearly every step was slow:
         the findings of lint's rules for what changes a shape every step,
         in the user's files of the modules the run had imported."""
-        from codemods.host_reads import NEW_SHAPE_EVERY_STEP
+        from codemods.shape_traps import NEW_SHAPE_EVERY_STEP
 
         found: List[str] = []
         stacked = [Path(str(f)) for f in so_far.get("own_files") or []]  # type: ignore[union-attr]

@@ -1,0 +1,227 @@
+"""XLA405-408: what gives an op a new shape, so a new graph to compile, every
+step on the hot path (reported only): data-dependent shapes (``nonzero``,
+boolean masks), a device tensor indexed or sliced with the loop counter
+(also through a helper the counter is passed to), a tensor grown with
+``torch.cat``.  Where "hot" is: :mod:`codemods.hot_path`.  The trap whose fix
+keeps the program's meaning is rewritten by ``device_index`` (XLA411)."""
+
+from __future__ import annotations
+
+from typing import Set
+
+import libcst as cst
+
+from codemods.analysis import is_tensor_expr, loop_iterable
+from codemods.analysis.counters import loop_counters
+from codemods.analysis.dataflow import dataflow
+from codemods.analysis.placement import DEVICE, placement
+from codemods.base import Rule, call_name, find_all
+from codemods.hot_path import HotPathCodemod, code
+
+DYNAMIC = Rule(
+    code="XLA405",
+    name="dynamic-shape-op",
+    summary="`nonzero`, `masked_select`, `unique`, one-argument `where`: data-dependent shapes",
+    why=(
+        "Their output shape depends on the data, so XLA falls back to the CPU (`aten::nonzero`) "
+        "and every new shape compiles a new graph. `(self.timesteps == t).nonzero().item()` in "
+        "a scheduler is a host read and a CPU fallback on every step: pass the index instead, "
+        "and use `torch.where(mask, a, b)` for selections."
+    ),
+    before=(
+        "class Scheduler:\n    def step(self, model_output, timestep, sample):\n"
+        "        index = (self.timesteps == timestep).nonzero()[0]\n        return sample - model_output\n"
+    ),
+    after=None,
+)
+MASK_INDEX = Rule(
+    code="XLA406",
+    name="boolean-mask-index",
+    summary="indexing with a boolean mask on the hot path (data-dependent shape)",
+    why=(
+        "`x[x > 0]` has as many elements as the mask has true values: a new shape, hence a "
+        "new compilation, whenever the data changes. Use `torch.where(mask, x, 0)` or "
+        "`masked_fill` to keep the shape fixed."
+    ),
+    before="for x in loader:\n    pos = x[x > 0]\n",
+    after=None,
+)
+COUNTER_INDEX = Rule(
+    code="XLA407",
+    name="loop-counter-index",
+    summary="a device tensor iterated or indexed with the Python loop counter",
+    why=(
+        "`for t in timesteps_on_device` or `alphas[i]` bakes the index into the graph as a "
+        "constant: every step traces a different graph and compiles again. Iterate a host "
+        "copy (`timesteps.tolist()` once, before the loop) or pass the index as a tensor."
+    ),
+    before=(
+        "import torch\n\nalphas = torch.linspace(0, 1, 10, device=\"cuda\")\nfor i in range(10):\n    x = model(x) * alphas[i]\n"
+        "data = torch.randn(100, 4).cuda()\nfor i in range(0, 100, 10):\n    loss = model(data[i:i + 10]).sum()\n"
+        "    loss.backward()\n"
+    ),
+    after=None,
+)
+
+
+GROWING_CAT = Rule(
+    code="XLA408",
+    name="growing-concat",
+    summary="a tensor grown with `torch.cat` on every step",
+    why=(
+        "`idx = torch.cat((idx, next_token), dim=1)` in a generation loop gives `idx` a new shape "
+        "every step, and every op that reads it a new graph: XLA compiles once per token. "
+        "Preallocate the whole buffer before the loop and write each step into it "
+        "(`buf[:, t] = next_token`, or `index_copy_` with a tensor index), or use a static KV cache."
+    ),
+    before=(
+        "import torch\n\nfor _ in range(max_new_tokens):\n    logits = model(idx)\n"
+        "    idx_next = logits[:, -1].argmax(-1, keepdim=True)\n    idx = torch.cat((idx, idx_next), dim=1)\n"
+    ),
+    after=None,
+)
+
+
+# the rules whose finding means a new shape, so a new graph to compile, every step
+NEW_SHAPE_EVERY_STEP = (DYNAMIC.code, MASK_INDEX.code, COUNTER_INDEX.code, GROWING_CAT.code)
+
+
+class ShapeTraps(HotPathCodemod):
+    DESCRIPTION = "Report what changes a shape every step on the hot path."
+    RULES = (DYNAMIC, MASK_INDEX, COUNTER_INDEX, GROWING_CAT)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        super().visit_Call(node)
+        self._counter_through_call(node)
+        name = call_name(node)
+        q = self.qualnames(node.func)
+        if name in {"nonzero", "masked_select", "unique", "argwhere", "unique_consecutive"} and (
+            isinstance(node.func, cst.Attribute) or any(n.startswith("torch.") for n in q)
+        ):
+            self._report(node, DYNAMIC, f"`{name}` has a data-dependent shape: CPU fallback and a new graph per shape; "
+                                        "pass an index or use `torch.where`")
+        elif "torch.where" in q and len(node.args) == 1:
+            self._report(node, DYNAMIC, "one-argument `torch.where` is `nonzero`: use `torch.where(cond, a, b)`")
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        """``x = torch.cat((x, new), ...)``: ``x`` grows by one piece a step."""
+        value = node.value
+        if not (isinstance(value, cst.Call) and call_name(value) in ("cat", "concat", "concatenate") and value.args
+                and any(q.startswith("torch.") for q in self.qualnames(value.func))):
+            return
+        parts = value.args[0].value
+        if not isinstance(parts, (cst.Tuple, cst.List)) or not self.loop_stack:
+            return
+        grown = {t.target.value for t in node.targets if isinstance(t.target, cst.Name)}
+        names = {e.value.value for e in parts.elements if isinstance(e.value, cst.Name)}
+        # grown only when carried from the last iteration: no other assignment
+        # in the loop makes it afresh (`x = torch.cat([zeros_like(x), x])`
+        # after `x = controlnet(...)` doubles this step's value once)
+        loop = self.loop_stack[-1][0]
+        for other in find_all(loop.body, (cst.Assign, cst.AnnAssign), stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            if other is not node:
+                targets = other.targets if isinstance(other, cst.Assign) else [other]  # type: ignore[attr-defined]
+                grown -= {n.value for t in targets for n in find_all(t.target, cst.Name)}
+        if grown & names:  # every op in the loop that reads it (its related lines) sees a new shape
+            self._report(node, GROWING_CAT, f"`{sorted(grown & names)[0]}` grows with `torch.cat` every iteration: "
+                                            "a new shape and a new graph per step; preallocate it and write into it",
+                         related=[loop])
+
+    def visit_Subscript(self, node: cst.Subscript) -> None:
+        if self._on_device(node.value) and self._counter_in(node):
+            return
+        if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
+            return
+        index = node.slice[0].slice.value
+        if isinstance(index, cst.Comparison) or (
+            isinstance(index, cst.UnaryOperation) and isinstance(index.operator, cst.BitInvert)
+        ):
+            self._report(node, MASK_INDEX, "boolean-mask indexing has a data-dependent shape; use `torch.where`/`masked_fill`")
+            return
+
+    def _counter_in(self, node: cst.Subscript) -> bool:
+        """``data[i]``, ``data[i + 1]``, ``data[i:i + bptt]``: an index or a
+        slice bound computed from the loop counter of an enclosing loop."""
+        counters = self._counters()
+        if not counters:
+            return False
+        used: Set[str] = set()
+        for element in node.slice:
+            part = element.slice
+            if isinstance(part, cst.Index) and is_tensor_expr(part.value, self.tensors, self.qualnames):
+                continue  # an index on the device (XLA411's `alphas[torch.tensor([t], ...)]`) is data
+            exprs = [part.value] if isinstance(part, cst.Index) else [
+                e for e in (part.lower, part.upper, part.step) if e is not None]  # type: ignore[union-attr]
+            for e in exprs:
+                used |= {n.value for n in find_all(e, cst.Name)}
+        hit = used & counters
+        if not hit:
+            return False
+        what = "slices" if any(isinstance(e.slice, cst.Slice) for e in node.slice) else "indexes"
+        self._report(node, COUNTER_INDEX, f"`{code(node.value)}[...]` {what} a device tensor with the loop "
+                     f"counter `{sorted(hit)[0]}`: a new graph for each of its values")
+        return True
+
+    def _counters(self) -> Set[str]:
+        """Python ints that change with the enclosing loops' iterations
+        (:mod:`codemods.analysis.counters`)."""
+        return set().union(*(loop_counters(self.tree, loop) for loop, _, _ in self.loop_stack
+                             if isinstance(loop, cst.For)))
+
+    def _counter_through_call(self, call: cst.Call) -> None:
+        """``get_batch(source, i)`` in a step loop, where the module's
+        ``get_batch`` returns ``source[i:i + n]``: the loop counter reaches a
+        device tensor's index through the call (reported on the call, with
+        the line in the callee)."""
+        counters = self._counters() if self.loop_stack else set()
+        if not counters:
+            return
+        fn = dataflow(self.tree).local_function(call)
+        if not isinstance(fn, cst.FunctionDef):
+            return
+        params = [p for p in list(fn.params.posonly_params) + list(fn.params.params)
+                  if not (p.name.value == "self" and isinstance(call.func, cst.Attribute))]
+        passed = {p.name.value: a.value for p, a in zip(params, [a for a in call.args if a.keyword is None and not a.star])}
+        passed.update({a.keyword.value: a.value for a in call.args if a.keyword is not None})
+        by_counter = {p for p, arg in passed.items() if {n.value for n in find_all(arg, cst.Name)} & counters}
+        if not by_counter:
+            return
+        hits = []  # (subscript, the device tensor, the counter's parameter)
+        for sub in find_all(fn.body, cst.Subscript):
+            base = sub.value  # type: ignore[attr-defined]
+            used = {n.value for e in sub.slice for n in find_all(e.slice, cst.Name)}  # type: ignore[attr-defined]
+            if not used & by_counter:
+                continue
+            if isinstance(base, cst.Name) and base.value in passed:  # a tensor the caller passes
+                tensor = passed[base.value]
+                if base.value in by_counter or self._on_host(tensor) or (
+                        isinstance(tensor, cst.Name) and tensor.value not in self.tensors
+                        and placement(self.tree, tensor) is None):
+                    continue
+            elif placement(self.tree, base) == DEVICE:  # one the callee reaches itself (`self.alphas`)
+                tensor = base
+            else:
+                continue
+            hits.append((sub, tensor, sorted(used & by_counter)[0]))
+        if not hits:
+            return
+        sub, tensor, param = hits[0]
+        subs = [h[0] for h in hits]
+        lines = sorted({p[0] for p in self.tree.start_positions(subs).values()})
+        what = "slices" if any(isinstance(e.slice, cst.Slice) for e in sub.slice) else "indexes"  # type: ignore[attr-defined]
+        counter = sorted({n.value for n in find_all(passed[param], cst.Name)} & counters)[0]
+        at = f"line {lines[0]}" if len(lines) == 1 else f"lines {', '.join(map(str, lines))}"
+        self._report(call, COUNTER_INDEX, f"`{fn.name.value}()` {what} device tensor `{code(tensor)}` with the loop "
+                     f"counter `{counter}` (`{code(sub.value)}[...]` at {at}): a new graph every step",  # type: ignore[attr-defined]
+                     related=subs)
+
+    def visit_For(self, node: cst.For) -> None:
+        super().visit_For(node)
+        it = loop_iterable(node)
+        if isinstance(it, cst.Name) and it.value in self.tensors and self.loop_stack[-1][1] and not self._on_host(it):
+            self._report(node.iter, COUNTER_INDEX, f"iterating device tensor `{it.value}` indexes it with a constant per "
+                                                   "step: a new graph every step; iterate a host copy")
+        elif self._element_loop() is node:
+            self._report(node.iter, COUNTER_INDEX, f"iterating device tensor `{code(it)}` takes each element as a "
+                                                   "graph of its own (a new one per index): iterate a host copy, "
+                                                   "read once (`.tolist()`), or use tensor ops")
