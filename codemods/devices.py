@@ -12,16 +12,16 @@ are reported, not rewritten.  A device kept in a string is XLA109
 from __future__ import annotations
 
 import re
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import libcst as cst
 
 from codemods.analysis.cuda import cuda_facts, is_cuda_string
+from codemods.analysis.device_exprs import DeviceExprs
 from codemods.analysis.ordinals import ordinal_uses
 from codemods.base import Rule, XlaCodemod, dotted, find_all, string_value
 from codemods.syntax.nodes import source_of
 
-_HOST_DEVICES = {"cpu", "mps"}
 
 CUDA_METHOD = Rule(
     code="XLA101",
@@ -139,12 +139,6 @@ CUDA_GENERATOR = Rule(
 is_cuda_literal = is_cuda_string  # "cuda", "cuda:1", f"cuda:{rank}", "cuda:{}".format(gpu)
 
 
-def _is_host_literal(node: cst.CSTNode) -> bool:
-    return string_value(node) in _HOST_DEVICES
-
-
-
-
 class DeviceSwap(XlaCodemod):
     DESCRIPTION = "Rewrite hard-coded CUDA devices to the target (XLA) device."
     RESPECTS_HAND_PORTS = True
@@ -177,57 +171,21 @@ class DeviceSwap(XlaCodemod):
         self._param_depth = 0
         self._handled: set = set()  # original nodes an outer rewrite consumed
         self._if_idioms: set = set()
+        self._devices: Optional[DeviceExprs] = None
 
-    # ------------------------------------------------------------ predicates
-    def _is_torch_device(self, node: cst.CSTNode) -> bool:
-        return isinstance(node, cst.Call) and self.is_qualname(node.func, "torch.device")
+    @property
+    def devices(self) -> DeviceExprs:
+        """What an expression says about a device, in this tree."""
+        if self._devices is None or self._devices.tree is not self.tree:
+            self._devices = DeviceExprs(self.tree, self.qualnames)
+        return self._devices
 
-    def _cuda_device_expr(self, node: cst.CSTNode) -> bool:
-        """A hard-coded CUDA device: "cuda", torch.device("cuda"...), or the
-        device expression the target already uses (after an inner rewrite)."""
-        if is_cuda_literal(node):
-            return True
-        if isinstance(node, cst.Call) and self.is_qualname(node.func, "torch.accelerator.current_accelerator"):
-            return True
-        if self._is_torch_device(node):
-            args = node.args  # type: ignore[attr-defined]
-            return bool(args) and is_cuda_literal(args[0].value)
-        return False
-
-    def _host_device_expr(self, node: cst.CSTNode) -> bool:
-        if _is_host_literal(node):
-            return True
-        if isinstance(node, cst.IfExp):  # "mps" if use_mps else "cpu"
-            return self._host_device_expr(node.body) and self._host_device_expr(node.orelse)
-        if self._is_torch_device(node):
-            args = node.args  # type: ignore[attr-defined]
-            return bool(args) and _is_host_literal(args[0].value)
-        return False
-
-    def _is_idiom(self, node: cst.CSTNode) -> bool:
-        """``CUDA if <anything> else CPU`` (or the reverse under ``not``)."""
-        if not isinstance(node, cst.IfExp):
-            return False
-        return (self._cuda_device_expr(node.body) and self._host_device_expr(node.orelse)) or (
-            self._host_device_expr(node.body) and self._cuda_device_expr(node.orelse)
-        )
-
-    def _mentions_availability(self, test: cst.BaseExpression) -> bool:
-        """The test calls an availability predicate, directly or through a
-        flag assigned from one (dataflow); a flag named for CUDA as a last
-        resort (one set by a caller or a config file)."""
-        if cuda_facts(self.tree, self.qualnames).tests_availability(test):
-            return True
-        for name in find_all(test, cst.Name):
-            if name.value in {"use_cuda", "cuda", "has_cuda", "cuda_available", "on_gpu", "use_gpu", "use_accel"}:
-                return True
-        return False
 
     # ------------------------------------------------------------ params
     def visit_Param(self, node: cst.Param) -> None:
         self._param_depth += 1
         if node.default is not None and (
-            self._cuda_device_expr(node.default) or self._is_idiom(node.default)
+            self.devices.cuda_device(node.default) or self.devices.is_idiom(node.default)
         ):
             self.flag(
                 node.default,
@@ -255,11 +213,11 @@ class DeviceSwap(XlaCodemod):
             and "torch.cuda" not in self.qualnames(func)
         ):
             if self.flag(original_node, CUDA_METHOD.code, "`.cuda()` -> `.to(<XLA device>)`", fix=True):
-                return self._cuda_method_to(updated_node)
+                return cuda_to(updated_node, self._device)
             return updated_node
 
         # torch.device("cuda"...) / torch.device(<idiom>) / torch.device(<int>) -> device
-        if self._is_torch_device(original_node) and original_node.args:
+        if self.devices.is_torch_device(original_node) and original_node.args:
             first = original_node.args[0].value
             if self._is_ordinal_use(first):
                 if self.flag(original_node, CUDA_LITERAL.code, f"`torch.device({source_of(first)})`: an integer "
@@ -270,7 +228,7 @@ class DeviceSwap(XlaCodemod):
                 if self.flag(original_node, CUDA_LITERAL.code, "`torch.device(\"cuda\")` -> XLA device", fix=True):
                     return self._device()
                 return updated_node
-            if self._is_idiom(first):
+            if self.devices.is_idiom(first):
                 if self.flag(original_node, CUDA_IDIOM.code, "CUDA-if-available device choice -> XLA device", fix=True):
                     self._handled.add(first)
                     return self._device()
@@ -303,32 +261,6 @@ class DeviceSwap(XlaCodemod):
                 return updated_node.with_changes(args=args)
         return updated_node
 
-    def _cuda_method_to(self, call: cst.Call) -> cst.Call:
-        """``.cuda()`` -> ``.to(<XLA device>)``; ``.cuda(device)`` with a
-        device from the caller -> ``.to(device)``: the caller decides."""
-        func = call.func
-        assert isinstance(func, cst.Attribute)
-        first = call.args[0].value if call.args and call.args[0].keyword is None else None
-        for a in call.args:
-            if a.keyword is not None and a.keyword.value == "device":
-                first = a.value
-        if first is not None and _names_a_device(first):
-            args = [a.with_changes(keyword=None, equal=cst.MaybeSentinel.DEFAULT) if a.value is first else a
-                    for a in call.args]
-            args = [args[[a.value for a in call.args].index(first)]] + [a for a in args if a.value is not first]
-            args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-            return call.with_changes(func=func.with_changes(attr=cst.Name("to")), args=args)
-        kept = [
-            a
-            for i, a in enumerate(call.args)
-            if a.keyword is not None and a.keyword.value != "device"
-        ]
-        args = [cst.Arg(self._device())]
-        if kept:
-            args[0] = args[0].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-            kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-            args += kept
-        return call.with_changes(func=func.with_changes(attr=cst.Name("to")), args=args)
 
     def _generator(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         args = list(updated.args)
@@ -358,7 +290,7 @@ class DeviceSwap(XlaCodemod):
             if self.flag(value, CUDA_LITERAL.code, f"`device={source_of(value)}`: an integer device is a CUDA ordinal "
                          "-> XLA device", fix=True):
                 return updated_node.with_changes(value=self._device())
-        elif self._is_idiom(value) and value not in self._handled:
+        elif self.devices.is_idiom(value) and value not in self._handled:
             if self.flag(value, CUDA_IDIOM.code, "CUDA-if-available device choice -> XLA device", fix=True):
                 self._handled.add(value)
                 return updated_node.with_changes(value=self._device())
@@ -368,11 +300,11 @@ class DeviceSwap(XlaCodemod):
     def leave_IfExp(self, original_node: cst.IfExp, updated_node: cst.IfExp) -> cst.BaseExpression:
         if self._param_depth or original_node in self._handled:
             return updated_node
-        if self._is_idiom(original_node):
+        if self.devices.is_idiom(original_node):
             parent = self.parent(original_node)
             if isinstance(parent, cst.Arg) and isinstance(self.parent(parent), cst.Call):
                 call = self.parent(parent)
-                if self._is_torch_device(call):
+                if self.devices.is_torch_device(call):
                     return updated_node  # whole torch.device(...) handled in leave_Call
                 if parent.keyword is not None and parent.keyword.value == "device":
                     return updated_node  # handled in leave_Arg
@@ -400,7 +332,7 @@ class DeviceSwap(XlaCodemod):
         """``if cuda_available: dev = CUDA [else: dev = CPU]`` -> ``dev = XLA``."""
         if original_node not in self._if_idioms:
             return updated_node
-        body_target = self._if_idiom_target(original_node)
+        body_target = self.devices.if_idiom_target(original_node)
         assert body_target is not None
         if not self.flag(original_node, CUDA_IDIOM.code, "CUDA-if-available device choice -> XLA device", fix=True):
             return updated_node
@@ -410,30 +342,13 @@ class DeviceSwap(XlaCodemod):
         )
 
     def visit_If(self, node: cst.If) -> None:
-        if self._if_idiom_target(node) is not None:
+        if self.devices.if_idiom_target(node) is not None:
             # The whole statement is replaced in leave_If: its parts are not
             # rewritten (or reported) on their own.
             for stmt in find_all(node, cst.Assign):
                 self._handled.add(stmt.value)  # type: ignore[attr-defined]
             self._if_idioms.add(node)
 
-    def _if_idiom_target(self, node: cst.If) -> Optional[cst.BaseAssignTargetExpression]:
-        if not self._mentions_availability(node.test):
-            return None
-        body_target = _single_assign(node.body, self._cuda_device_expr)
-        if body_target is None:
-            return None
-        orelse = node.orelse
-        while isinstance(orelse, cst.If):  # elif use_mps: device = "mps"
-            elif_target = _single_assign(orelse.body, self._host_device_expr)
-            if elif_target is None or not elif_target.deep_equals(body_target):
-                return None
-            orelse = orelse.orelse
-        if orelse is not None:
-            else_target = _single_assign(orelse.body, self._host_device_expr)
-            if else_target is None or not else_target.deep_equals(body_target):
-                return None
-        return body_target
 
     # ------------------------------------------------------------ XLA104
     def leave_Comparison(self, original_node: cst.Comparison, updated_node: cst.Comparison) -> cst.Comparison:
@@ -466,6 +381,34 @@ class DeviceSwap(XlaCodemod):
         return self.target.device_node()
 
 
+def cuda_to(call: cst.Call, device: Callable[[], cst.BaseExpression]) -> cst.Call:
+    """``.cuda()`` -> ``.to(<XLA device>)``; ``.cuda(device)`` with a
+    device from the caller -> ``.to(device)``: the caller decides."""
+    func = call.func
+    assert isinstance(func, cst.Attribute)
+    first = call.args[0].value if call.args and call.args[0].keyword is None else None
+    for a in call.args:
+        if a.keyword is not None and a.keyword.value == "device":
+            first = a.value
+    if first is not None and _names_a_device(first):
+        args = [a.with_changes(keyword=None, equal=cst.MaybeSentinel.DEFAULT) if a.value is first else a
+                for a in call.args]
+        args = [args[[a.value for a in call.args].index(first)]] + [a for a in args if a.value is not first]
+        args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return call.with_changes(func=func.with_changes(attr=cst.Name("to")), args=args)
+    kept = [
+        a
+        for i, a in enumerate(call.args)
+        if a.keyword is not None and a.keyword.value != "device"
+    ]
+    args = [cst.Arg(device())]
+    if kept:
+        args[0] = args[0].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        args += kept
+    return call.with_changes(func=func.with_changes(attr=cst.Name("to")), args=args)
+
+
 def _is_device_type(node: cst.CSTNode) -> bool:
     """``<a device>.type``: ``device.type``, ``x.device.type``, ``self.device.type``."""
     return isinstance(node, cst.Attribute) and node.attr.value == "type" and \
@@ -490,14 +433,3 @@ def _names_a_device(node: cst.CSTNode) -> bool:
     return bool(text) and bool(_DEVICE_ARG_RE.search(text.rsplit(".", 1)[-1]))  # type: ignore[union-attr]
 
 
-def _single_assign(body: cst.BaseSuite, pred) -> Optional[cst.BaseAssignTargetExpression]:
-    """The target of a suite that is exactly one ``X = <pred>`` statement."""
-    if not isinstance(body, cst.IndentedBlock) or len(body.body) != 1:
-        return None
-    line = body.body[0]
-    if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
-        return None
-    stmt = line.body[0]
-    if isinstance(stmt, cst.Assign) and len(stmt.targets) == 1 and pred(stmt.value):
-        return stmt.targets[0].target
-    return None
