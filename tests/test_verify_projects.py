@@ -547,13 +547,14 @@ def test_the_reference_is_the_original_unmodified(tmp_path):
     """Issue 39: the reference runs the user's own file, not a CPU conversion
     of it (which the converter's own mistakes would break too).  A program
     reading its own source shows which file ran: the original's text holds
-    `.cuda()`, the conversion's does not -- so the outputs differ
-    and the verdict is fail, where a converted reference agreed (pass)."""
+    `.cuda()` (in a helper the run never calls, so no test is switched), the
+    conversion's does not -- so the outputs differ and the verdict is fail,
+    where a converted reference agreed (pass)."""
     dest = tmp_path / "own"
     dest.mkdir()
     (dest / "main.py").write_text(
-        "import torch\n\nsource = open(__file__).read()\nx = torch.ones(2)\n"
-        "if torch.cuda.is_available():\n    x = x.cuda()\n"
+        "import torch\n\n\ndef to_gpu(t):\n    return t.cuda()\n\n\nsource = open(__file__).read()\n"
+        "x = torch.ones(2)\n"
         "print('moves with cuda():', 7 * int('.cu' + 'da()' in source), (x * 2).sum().item())\n")
     result = CliRunner().invoke(main, ["verify", "--json", str(tmp_path / "r.json"), "--reference-runs", "1",
                                        "--root", str(dest), str(dest / "main.py")])

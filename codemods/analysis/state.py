@@ -134,17 +134,29 @@ def _carries_model_state(loop: Loop, layers: Set[str], values: Optional[Values] 
     p_sample(img, t); img, x0 = outs`` or ``eps = model(x, t); x = a * x - b *
     eps``.  A write under an ``if`` without an ``else`` that writes it too
     may not happen: what is read after it may still come from the last step."""
-    read_first: Set[str] = set()
-    driven: Set[str] = set()
-    driven_below: Set[str] = set()  # what the keys of driven are below (`x` for `x.grad`)
-    every_write: Set[str] = set()
-    # per assigned value: what its inputs read (directly or through keys), and whether it calls a model
-    model_reads: List[Tuple[Set[str], "_Lazy"]] = []
-    derived: Dict[str, Set[str]] = {}  # key -> read-first keys its value came from
-    below: Dict[str, Set[str]] = {}  # key -> the keys of derived it covers, itself left out
-    counters = {n.value for n in find_all(loop.target, cst.Name)} if isinstance(loop, cst.For) else set()
+    flow = _IterationFlow(loop, layers, values)
+    flow.scan(_block(loop.body), set())
+    return flow.carried()
 
-    def assign(node: cst.CSTNode, written: Set[str]) -> None:
+
+class _IterationFlow:
+    """One iteration of a loop's body, statement by statement: what it reads
+    before writing, what its model calls drive, what each write comes from."""
+
+    def __init__(self, loop: Loop, layers: Set[str], values: Optional[Values]) -> None:
+        self.layers, self.values = layers, values
+        self.read_first: Set[str] = set()
+        self.driven: Set[str] = set()
+        self.driven_below: Set[str] = set()  # what the keys of driven are below (`x` for `x.grad`)
+        self.every_write: Set[str] = set()
+        # per assigned value: what its inputs read (directly or through keys), and whether it calls a model
+        self.model_reads: List[Tuple[Set[str], "_Lazy"]] = []
+        self.derived: Dict[str, Set[str]] = {}  # key -> read-first keys its value came from
+        self.below: Dict[str, Set[str]] = {}  # key -> the keys of derived it covers, itself left out
+        self.counters = {n.value for n in find_all(loop.target, cst.Name)} if isinstance(loop, cst.For) else set()
+        self.guarded: Dict[str, Set[str]] = {}  # condition -> what its `if` body wrote
+
+    def assign(self, node: cst.CSTNode, written: Set[str]) -> None:
         value = node.value  # type: ignore[attr-defined]
         if value is None:
             return
@@ -152,38 +164,39 @@ def _carries_model_state(loop: Loop, layers: Set[str], values: Optional[Values] 
         if isinstance(node, cst.AugAssign):
             reads |= _state_keys(node.target)
         fresh = {r for r in reads if not _covered(r, written)}  # read before this iteration writes them
-        read_first.update(fresh)
+        self.read_first.update(fresh)
         targets: Set[str] = set()
         for t in ([t.target for t in node.targets] if isinstance(node, cst.Assign)  # type: ignore[attr-defined]
                   else [node.target]):  # type: ignore[attr-defined]
-            if isinstance(t, cst.Subscript) and {n.value for e in t.slice for n in find_all(e, cst.Name)} & counters:
+            if isinstance(t, cst.Subscript) and {n.value for e in t.slice for n in find_all(e, cst.Name)} & self.counters:
                 continue  # `out[b] = ...`: this iteration's own slot, not state for the next one
             targets |= _state_keys(t)
-        targets = {k for k in targets if k.split(".")[0] not in layers}
+        targets = {k for k in targets if k.split(".")[0] not in self.layers}
         # what this value comes from, in terms of keys read before they are written
         sources = set(fresh)
         for r in reads:
             for k in _prefixes(r):  # the keys that cover r ...
-                if k in derived:
-                    sources |= derived[k]
-            for k in below.get(r, ()):  # ... and those r covers
-                sources |= derived[k]
+                if k in self.derived:
+                    sources |= self.derived[k]
+            for k in self.below.get(r, ()):  # ... and those r covers
+                sources |= self.derived[k]
         calls = find_all(value, cst.Call, stop=_DEFS)
         # (whether a call runs a model is the costly question: asked only
         # where the answer changes something, and once per value)
+        layers, values = self.layers, self.values
         model = _Lazy(lambda: any(_is_model_call(c, layers, values) for c in calls))  # type: ignore[arg-type]
-        model_reads.append((sources, model))
-        if any(_covered(r, driven) or r in driven_below for r in reads) or model():  # (r overlaps a driven key)
-            driven.update(targets)
-            driven_below.update(p for k in targets for p in _prefixes(k)[:-1])
+        self.model_reads.append((sources, model))
+        if any(_covered(r, self.driven) or r in self.driven_below for r in reads) or model():  # (r overlaps a driven key)
+            self.driven.update(targets)
+            self.driven_below.update(p for k in targets for p in _prefixes(k)[:-1])
         for k in targets:
-            derived[k] = sources
+            self.derived[k] = sources
             for p in _prefixes(k)[:-1]:
-                below.setdefault(p, set()).add(k)
+                self.below.setdefault(p, set()).add(k)
         written.update(targets)
-        every_write.update(targets)
+        self.every_write.update(targets)
 
-    def scan(stmts: Iterable[cst.CSTNode], written: Set[str]) -> Set[str]:
+    def scan(self, stmts: Iterable[cst.CSTNode], written: Set[str]) -> Set[str]:
         """Walk statements in order; the names written on every path after them."""
         for stmt in stmts:
             if isinstance(stmt, _NESTED):
@@ -191,56 +204,50 @@ def _carries_model_state(loop: Loop, layers: Set[str], values: Optional[Values] 
             if isinstance(stmt, cst.SimpleStatementLine):
                 for small in stmt.body:
                     if isinstance(small, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
-                        assign(small, written)
+                        self.assign(small, written)
             elif isinstance(stmt, cst.If):
-                written = _branches(stmt, written)
+                written = self.branches(stmt, written)
             elif isinstance(stmt, cst.With):
-                written = scan(_block(stmt.body), written)
+                written = self.scan(_block(stmt.body), written)
             elif isinstance(stmt, (cst.Try, cst.TryStar)):
-                scan(_block(stmt.body), set(written))
+                self.scan(_block(stmt.body), set(written))
                 for handler in stmt.handlers:
-                    scan(_block(handler.body), set(written))
+                    self.scan(_block(handler.body), set(written))
                 if stmt.orelse is not None:
-                    scan(_block(stmt.orelse.body), set(written))
+                    self.scan(_block(stmt.orelse.body), set(written))
                 if stmt.finalbody is not None:
-                    written = scan(_block(stmt.finalbody.body), written)
+                    written = self.scan(_block(stmt.finalbody.body), written)
             elif isinstance(stmt, cst.Match):
                 for case in stmt.cases:
-                    scan(_block(case.body), set(written))
+                    self.scan(_block(case.body), set(written))
         return written
 
-    guarded: Dict[str, Set[str]] = {}  # condition -> what its `if` body wrote
-
-    def _branches(node: cst.If, written: Set[str]) -> Set[str]:
+    def branches(self, node: cst.If, written: Set[str]) -> Set[str]:
         # `if cfg: a, b = x.chunk(2)` ... `if cfg and scale > 0: use(b)`: under
         # the same condition, what the first wrote is this iteration's
         conditions = _conjuncts(node.test)
-        inside = set(written).union(*(guarded.get(c, set()) for c in conditions))
-        then = scan(_block(node.body), inside)
+        inside = set(written).union(*(self.guarded.get(c, set()) for c in conditions))
+        then = self.scan(_block(node.body), inside)
         for c in conditions:
-            guarded.setdefault(c, set()).update(then - written)
+            self.guarded.setdefault(c, set()).update(then - written)
         if isinstance(node.orelse, cst.If):
-            other = _branches(node.orelse, set(written))
+            other = self.branches(node.orelse, set(written))
         elif isinstance(node.orelse, cst.Else):
-            other = scan(_block(node.orelse.body), set(written))
+            other = self.scan(_block(node.orelse.body), set(written))
         else:
             other = set(written)
         return then & other
 
-    try:
-        scan(_block(loop.body), set())
-    finally:
-        # scan and _branches call each other, a reference cycle holding the
-        # loop's nodes: let go of them, so that they are freed by reference counting
-        scan = _branches = assign = None  # type: ignore[assignment]
-    carried = {r for r in read_first if any(_overlap(d, r) for d in driven)}
-    if not carried:
-        return None
-    # fed back: a model call's input comes from state this loop itself rewrites
-    state = {r for r in read_first if any(_overlap(w, r) for w in every_write)}
-    if any(any(_overlap(a, b) for a in reads for b in state) and model() for reads, model in model_reads):
-        return "feedback"
-    return "carried"
+    def carried(self) -> Optional[str]:
+        """"feedback" (a model call's input comes from state this loop itself
+        rewrites), "carried" (state a model call drives), or None."""
+        carried = {r for r in self.read_first if any(_overlap(d, r) for d in self.driven)}
+        if not carried:
+            return None
+        state = {r for r in self.read_first if any(_overlap(w, r) for w in self.every_write)}
+        if any(any(_overlap(a, b) for a in reads for b in state) and model() for reads, model in self.model_reads):
+            return "feedback"
+        return "carried"
 
 
 class _Lazy:

@@ -232,3 +232,15 @@ def _link(path: Path, target: Path, origin: Path) -> None:
 def changed_files(before: Dict[str, Stamp], after: Dict[str, Stamp]) -> List[str]:
     """Files of the user's tree that a verification changed, added or removed."""
     return sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+
+
+def own_files(names: List[str], side: Side) -> List[Path]:
+    """The script and the side's own modules ``names``, as paths in its tree."""
+    found: List[Path] = [side.project.rel_script]
+    for name in names:
+        rel = Path(*name.split("."))
+        for candidate in (rel.with_suffix(".py"), rel / "__init__.py"):
+            for base in (side.tree, side.tree / "src"):
+                if (base / candidate).exists():
+                    found.append((base / candidate).relative_to(side.tree))
+    return list(dict.fromkeys(found))

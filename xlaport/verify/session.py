@@ -7,25 +7,28 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 from xlaport.verify import growth, record, rng
 from xlaport.verify.checks import Checks
+from xlaport.verify.explain import Explanations
 from xlaport.verify.compiles import LineMapper, judge
 from xlaport.verify.core import _cuda_available
 from xlaport.verify.model import (
     NothingToPort,
     Report,
+    Run,
     VerifyError,
 )
-from xlaport.verify.outputs import compare, tolerance
+from xlaport.verify.outputs import Comparison, compare, tolerance
 from xlaport.verify.predicted import growth_reported, predicted
 from xlaport.verify.runs import Runs
 from xlaport.verify.syncs import read_graphs
 
 
-class Session(Runs, Checks):
-    """One verification: the runs (``Runs``), then the checks (``Checks``)."""
+class Session(Runs, Checks, Explanations):
+    """One verification: the runs (``Runs``), then the checks (``Checks``,
+    ``Explanations``)."""
 
     def run(self) -> Report:
         opts = self.opts
@@ -84,36 +87,8 @@ class Session(Runs, Checks):
         lines = LineMapper(self.project.script, cand_side.script, cand_side.tree, self.project.root, self._shown())
         length_runs = self._lengths(length_spec, xla_env) if length_spec is not None else []
         rtol, atol, why = tolerance(opts.rtol, opts.atol, ref_autocast + list(cand.data.get("autocast", [])))  # type: ignore[arg-type]
-        compared = compare(ref_stdouts, ref_files, cand.stdout, cand.files, rtol, atol,
-                           follow=opts.rtol is None and opts.atol is None)
-        values, values_graphs = cand, graphs
-        if any(not o.ok for o in compared.outputs) and not opts.device_rng and _drew_on_device(graphs):
-            # XLA's generator is not the CPU's: the values are compared on a
-            # diagnostic run whose device draws come from the CPU generator
-            values_graphs = self.scratch / "graphs-rng" / "graphs.txt"
-            values_graphs.parent.mkdir()
-            try:
-                _, values = self.run_once("xla", "xla", self.cand_args, {
-                    **xla_env, "XLAPORT_DIAGNOSE": "rng", "XLA_SAVE_TENSORS_FILE": str(values_graphs)})
-                compared = compare(ref_stdouts, ref_files, values.stdout, values.files, rtol, atol,
-                                   follow=opts.rtol is None and opts.atol is None)
-            except VerifyError as exc:
-                values, values_graphs = cand, graphs
-                compared.not_compared.append(f"a run with the device's random draws from the CPU generator could "
-                                             f"not run ({str(exc)[:200]})")
-        if any(not o.ok for o in compared.outputs) and self.ref_name == "orig" and ref_kind == "cpu":
-            switched = self._switched_tests(dict(cand.data.get("imported") or {}))  # type: ignore[call-overload]
-            side = self._accelerator_side(switched) if switched else None
-            if side is not None:  # like with like: the original as it runs on a GPU, on the CPU
-                ref_stdouts, ref_files = [r.stdout for r in side], [r.files for r in side]
-                compared = compare(ref_stdouts, ref_files, values.stdout, values.files, rtol, atol,
-                                   follow=opts.rtol is None and opts.atol is None)
-        if any(not o.ok for o in compared.outputs) and ref_kind == "cpu" and _trained_batchnorm(values_graphs):
-            self._torch_xla_batchnorm(compared, values, rtol, atol)
-        if any(not o.ok for o in compared.outputs) and ref_kind == "cpu":
-            self._float_order(compared, ref_stdouts[0], ref_files[0])
-        if any(not o.ok for o in compared.outputs) and "autocast" in why and opts.against is None:
-            self._precision_noise(compared, ref_stdouts[0], ref_files[0], use_cuda)
+        compared, values, values_graphs = self._compare_values(ref_stdouts, ref_files, cand, graphs, xla_env,
+                                                               (rtol, atol, why), ref_kind, use_cuda)
         report = judge(cand, compared, lines, graphs, opts.warmup_steps, opts.max_host_reads_per_step, ref_kind,
                        traced)
         report.config["tolerance"] = {"rtol": rtol, "atol": atol, "why": why}
@@ -153,6 +128,47 @@ class Session(Runs, Checks):
                                    + "; a pass needs values")
         report.verdict = "fail" if report.failures else "pass"
         return report
+
+
+    def _compare_values(self, ref_stdouts: List[str], ref_files: List[Dict[str, Path]], cand: Run, graphs: Path,
+                        xla_env: Dict[str, str], tol: Tuple[float, float, str], ref_kind: str,
+                        use_cuda: bool) -> Tuple[Comparison, Run, Path]:
+        """The candidate's outputs against the reference's; where they differ,
+        the diagnostic runs that may explain it: the device's random draws
+        from the CPU generator, the original's accelerator side, torch_xla's
+        BatchNorm, the original's float-order and precision noise.  (The
+        comparison, the run whose values it compared, that run's graphs.)"""
+        opts = self.opts
+        rtol, atol, why = tol
+        follow = opts.rtol is None and opts.atol is None
+        compared = compare(ref_stdouts, ref_files, cand.stdout, cand.files, rtol, atol, follow=follow)
+        values, values_graphs = cand, graphs
+        if any(not o.ok for o in compared.outputs) and not opts.device_rng and _drew_on_device(graphs):
+            # XLA's generator is not the CPU's: the values are compared on a
+            # diagnostic run whose device draws come from the CPU generator
+            values_graphs = self.scratch / "graphs-rng" / "graphs.txt"
+            values_graphs.parent.mkdir()
+            try:
+                _, values = self.run_once("xla", "xla", self.cand_args, {
+                    **xla_env, "XLAPORT_DIAGNOSE": "rng", "XLA_SAVE_TENSORS_FILE": str(values_graphs)})
+                compared = compare(ref_stdouts, ref_files, values.stdout, values.files, rtol, atol, follow=follow)
+            except VerifyError as exc:
+                values, values_graphs = cand, graphs
+                compared.not_compared.append(f"a run with the device's random draws from the CPU generator could "
+                                             f"not run ({str(exc)[:200]})")
+        if any(not o.ok for o in compared.outputs) and self.ref_name == "orig" and ref_kind == "cpu":
+            switched = self._switched_tests(dict(cand.data.get("imported") or {}))  # type: ignore[call-overload]
+            side = self._accelerator_side(switched) if switched else None
+            if side is not None:  # like with like: the original as it runs on a GPU, on the CPU
+                ref_stdouts, ref_files = [r.stdout for r in side], [r.files for r in side]
+                compared = compare(ref_stdouts, ref_files, values.stdout, values.files, rtol, atol, follow=follow)
+        if any(not o.ok for o in compared.outputs) and ref_kind == "cpu" and _trained_batchnorm(values_graphs):
+            self._torch_xla_batchnorm(compared, values, rtol, atol)
+        if any(not o.ok for o in compared.outputs) and ref_kind == "cpu":
+            self._float_order(compared, ref_stdouts[0], ref_files[0])
+        if any(not o.ok for o in compared.outputs) and "autocast" in why and opts.against is None:
+            self._precision_noise(compared, ref_stdouts[0], ref_files[0], use_cuda)
+        return compared, values, values_graphs
 
 
 # measured on torch_xla 2.9.0 (XLA's CPU backend): one training step of
