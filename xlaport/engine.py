@@ -240,95 +240,114 @@ def _convert(source: bytes, settings: Settings, filename: str, triggered: Option
     # they are let go at the end, so that the trees are freed as soon as
     # the file is done rather than by the cycle collector (see
     # runner.tune_gc).
-    made: List[TreeCache] = []
+    run = _Passes(source, tree, original_text, context)
     try:
-        maps: List[Callable[[int], int]] = []  # maps[k]: lines after rule k -> before
-        findings: List[Finding] = []
-        on_tree: List[Finding] = []  # findings on the current tree, in its lines
-        unplaced: List[Unplaced] = []  # ... of which these still need their position
-        context.scratch[UNPLACED_KEY] = unplaced
-        text = original_text
-        context.scratch[TREE_KEY] = TreeCache(tree, source, original_text)
-        made.append(context.scratch[TREE_KEY])
-        # the prefilter's ``ast`` parse of this same source, for statement lines
-        context.scratch[TREE_KEY].memo["ast"] = pyast.parsed(source)
-
-        def flush(cache: TreeCache) -> None:
-            """Place the findings on the current tree (one position pass for
-            all the codemods that ran on it) and map them to the user's lines."""
-            place(cache, unplaced)
-            for f in on_tree:
-                for back in reversed(maps):
-                    f.map_lines(back)
-            findings.extend(on_tree)
-            on_tree.clear()
-
-        def current(tree: cst.Module) -> None:
-            """Make ``tree`` (rewritten) the one the next codemods read."""
-            made.append(TreeCache(tree, source, text, context.scratch.get(imports.NEEDED_KEY) or ()))
-            context.scratch[TREE_KEY] = made[-1]
-
-        def checked(tree: cst.Module) -> cst.Module:
-            """The rewritten ``tree``, copied whole where a rewrite put one node
-            in two places (metadata and the statement index need every node
-            once). Checked only before something reads the tree: the check
-            indexes it, a walk of the whole tree, and most rewrites are the
-            last thing done to a file."""
-            if context.scratch[TREE_KEY].nodes_unique():  # type: ignore[attr-defined]
-                return tree
-            tree = tree.deep_clone()
-            current(tree)
-            return tree
-
-        found = count_references(context.scratch[TREE_KEY]) if counting else 0  # type: ignore[arg-type]
-        unchecked = False  # the tree is a rewrite no codemod has read yet
+        found = count_references(run.cache) if counting else 0
         for cls in codemods:
-            # One TreeCache per tree holds the metadata and analyses that every
-            # codemod running on it shares; a codemod that changes the tree starts
-            # a new one.
-            if unchecked:
-                tree, unchecked = checked(tree), False
-            cache: TreeCache = context.scratch[TREE_KEY]  # type: ignore[assignment]
-            if not cls.wanted(cache, context.scratch[OPTIONS_KEY]):
-                continue
-            context.scratch[SOURCE_KEY] = text
-            context.scratch[FINDINGS_KEY] = []
-            context.scratch[ORIGINAL_LINE_KEY] = _back_through(list(maps))
-            new_tree = cls(context).transform_module_impl(tree)
-            new = context.scratch[FINDINGS_KEY]
-            on_tree.extend(new)
-            if any(f.fix and f.code in SWITCH_CODES for f in new):
-                context.scratch[SWITCHED_KEY] = True
-            # A codemod changes the tree only where it records a fix; without
-            # one, the rebuilt tree equals the old one and the old tree (with its
-            # metadata) is kept.
-            if any(f.fix for f in new):
-                new_text = spliced_code(tree, text, new_tree, cache.statement_starts())
-                if new_text is None:
-                    new_text = new_tree.code
-                if new_text != text:
-                    flush(cache)
-                    maps.append(LazyLineMap(text, new_text))
-                    text = new_text
-                    tree = new_tree
-                    current(tree)
-                    unchecked = True
-        flush(context.scratch[TREE_KEY])  # type: ignore[arg-type]
+            run.apply(cls)
+        run.flush()
+        text, tree = run.text, run.tree
         later = None
         if imports_later and imports.pending(context) and text != original_text:
             later = (list(context.scratch.get(imports.NEEDED_KEY) or []),
                      list(context.scratch.get(imports.UNUSED_KEY) or []))
         elif imports.pending(context):
-            if unchecked:
-                tree = checked(tree)
-            text = _with_imports(context, tree, text, context.scratch[TREE_KEY])  # type: ignore[arg-type]
+            tree = run.checked()
+            text = _with_imports(context, tree, text, run.cache)
         out = source if text == original_text else text.encode(tree.encoding)
         left = int(context.scratch.get(COVERAGE_KEY, 0)) if counting else 0  # type: ignore[call-overload]
-        return Outcome(out, findings, (found, left), later), list(context.scratch.get(LEFT_KEY) or ())
+        return Outcome(out, run.findings, (found, left), later), list(context.scratch.get(LEFT_KEY) or ())
     finally:
-        for cache in made:
-            cache.release()
+        run.release()
         context.scratch.clear()
+
+
+class _Passes:
+    """The codemods' passes over one file, in turn: each reads the tree the
+    last rewrite left (one TreeCache per tree, shared by the codemods that
+    read it), and its findings are placed on that tree and mapped back to
+    the user's lines."""
+
+    def __init__(self, source: bytes, tree: cst.Module, text: str, context: Context) -> None:
+        self.source, self.tree, self.text, self.context = source, tree, text, context
+        self.made: List[TreeCache] = []
+        self.maps: List[Callable[[int], int]] = []  # maps[k]: lines after rule k -> before
+        self.findings: List[Finding] = []
+        self.on_tree: List[Finding] = []  # findings on the current tree, in its lines
+        self.unplaced: List[Unplaced] = []  # ... of which these still need their position
+        context.scratch[UNPLACED_KEY] = self.unplaced
+        self._use(TreeCache(tree, source, text))
+        # the prefilter's ``ast`` parse of this same source, for statement lines
+        self.cache.memo["ast"] = pyast.parsed(source)
+        self.unchecked = False  # the tree is a rewrite no codemod has read yet
+
+    @property
+    def cache(self) -> TreeCache:
+        return self.context.scratch[TREE_KEY]  # type: ignore[no-any-return]
+
+    def _use(self, cache: TreeCache) -> None:
+        self.made.append(cache)
+        self.context.scratch[TREE_KEY] = cache
+
+    def flush(self) -> None:
+        """Place the findings on the current tree (one position pass for
+        all the codemods that ran on it) and map them to the user's lines."""
+        place(self.cache, self.unplaced)
+        for f in self.on_tree:
+            for back in reversed(self.maps):
+                f.map_lines(back)
+        self.findings.extend(self.on_tree)
+        self.on_tree.clear()
+
+    def checked(self) -> cst.Module:
+        """The rewritten tree, copied whole where a rewrite put one node in
+        two places (metadata and the statement index need every node once).
+        Checked only before something reads the tree: the check indexes it,
+        a walk of the whole tree, and most rewrites are the last thing done
+        to a file."""
+        if self.unchecked:
+            self.unchecked = False
+            if not self.cache.nodes_unique():
+                self.tree = self.tree.deep_clone()
+                self._current()
+        return self.tree
+
+    def _current(self) -> None:
+        """Make ``self.tree`` (rewritten) the one the next codemods read."""
+        self._use(TreeCache(self.tree, self.source, self.text, self.context.scratch.get(imports.NEEDED_KEY) or ()))
+
+    def apply(self, cls: type) -> None:
+        """One codemod's pass, unless it cannot find anything in this tree."""
+        context = self.context
+        tree = self.checked()
+        cache = self.cache
+        if not cls.wanted(cache, context.scratch[OPTIONS_KEY]):  # type: ignore[attr-defined]
+            return
+        context.scratch[SOURCE_KEY] = self.text
+        context.scratch[FINDINGS_KEY] = []
+        context.scratch[ORIGINAL_LINE_KEY] = _back_through(list(self.maps))
+        new_tree = cls(context).transform_module_impl(tree)
+        new = context.scratch[FINDINGS_KEY]
+        self.on_tree.extend(new)
+        if any(f.fix and f.code in SWITCH_CODES for f in new):
+            context.scratch[SWITCHED_KEY] = True
+        # A codemod changes the tree only where it records a fix; without
+        # one, the rebuilt tree equals the old one and the old tree (with its
+        # metadata) is kept.
+        if any(f.fix for f in new):
+            new_text = spliced_code(tree, self.text, new_tree, cache.statement_starts())
+            if new_text is None:
+                new_text = new_tree.code
+            if new_text != self.text:
+                self.flush()
+                self.maps.append(LazyLineMap(self.text, new_text))
+                self.text, self.tree = new_text, new_tree
+                self._current()
+                self.unchecked = True
+
+    def release(self) -> None:
+        for cache in self.made:
+            cache.release()
 
 
 def _with_imports(context: Context, tree: cst.Module, text: str, cache: TreeCache) -> str:

@@ -61,6 +61,10 @@ from codemods.analysis.steps import (
     called_like_a_model,
     callers_closure,
 )
+from codemods.analysis.prefilter_steps import dotted_name as _dotted
+from codemods.analysis.prefilter_steps import last_name as _last_name
+from codemods.analysis.prefilter_steps import may_step as _may_step
+from codemods.analysis.prefilter_steps import target_names as _target_names
 from codemods.syntax import pyast
 
 _LOADER_RE = LOADER_NAME_RE
@@ -110,15 +114,6 @@ def is_tie(left: str, right: str) -> bool:
             and left.startswith("self.") and right.startswith("self."))
 
 
-def _dotted(node: ast.AST) -> str:
-    parts: List[str] = []
-    while type(node) is ast.Attribute:
-        parts.append(node.attr)  # type: ignore[attr-defined]
-        node = node.value  # type: ignore[attr-defined]
-    if type(node) is not ast.Name:
-        return ""
-    parts.append(node.id)  # type: ignore[attr-defined]
-    return ".".join(reversed(parts))
 # words whose presence in code (an identifier or a string that is not a
 # docstring) the prefilter reports as ``code~WORD``
 # a CUDA reference (codemods.analysis.cuda) is only where the code holds one of these words ...
@@ -128,14 +123,6 @@ CUDA_REFERENCE_WORDS = ("cuda", "nccl", "pin_memory", "map_location", "device_id
 CUDA_RUNTIME_NAMES = ("inference_mode", "fused", "set_float32_matmul_precision", "DataParallel")
 CODE_WORDS = CUDA_REFERENCE_WORDS + ("cudnn", "accelerator")
 _BLANK = re.compile(r"\s")
-
-
-def _last_name(node: ast.AST) -> Optional[str]:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        return node.attr
-    return None
 
 
 _LAST_FACTS: Tuple[bytes, Optional[FrozenSet[str]]] = (b"", None)
@@ -157,28 +144,123 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
     tree = pyast.parse(source)
     if tree is None:
         return None
-    facts: Set[str] = set()
-    names: Set[str] = set()
-    loop_calls: Set[str] = set()  # names called anywhere inside a loop
-    step_functions: Set[str] = set()
-    variables: Set[str] = set()  # names (and self.attrs) assigned or taken as parameters: may hold a model
-    calls_of: Dict[str, Set[str]] = {}  # function name -> names its body calls
-    loops: List[ast.AST] = []  # loops outside a model's own methods
-    # something here can make a model (see kinds.library_kinds): torch.nn, an unpickled object
-    model_source = b"torch.nn" in source or b"load(" in source or b"jit." in source
-    any_loader = b"DataLoader" in source
-    may_tie = any(f"{a} = self.".encode() in source for a in TIE_ATTRS)
-    may_call_library = LIBRARY.encode() in source
-    # (node, inside a loop?, enclosing function names)
+    seen = _Seen(source)
+    _walk(tree, seen)
+    return seen.facts_found()
+
+
+class _Seen:
+    """What one walk of a file's ``ast`` collects, and the facts it gives."""
+
+    def __init__(self, source: bytes) -> None:
+        self.facts: Set[str] = set()
+        self.names: Set[str] = set()
+        self.loop_calls: Set[str] = set()  # names called anywhere inside a loop
+        self.step_functions: Set[str] = set()
+        self.variables: Set[str] = set()  # names (and self.attrs) assigned or taken as parameters: may hold a model
+        self.calls_of: Dict[str, Set[str]] = {}  # function name -> names its body calls
+        self.loops: List[ast.AST] = []  # loops outside a model's own methods
+        # something here can make a model (see kinds.library_kinds): torch.nn, an unpickled object
+        self.model_source = b"torch.nn" in source or b"load(" in source or b"jit." in source
+        self.any_loader = b"DataLoader" in source
+        self.may_tie = any(f"{a} = self.".encode() in source for a in TIE_ATTRS)
+        self.may_call_library = LIBRARY.encode() in source
+        self.strings: List[str] = []  # string constants of one word (prose left out: see code~W above)
+        self.torch_roots: Set[str] = set()  # names bound to torch or a torch module (`import torch.nn as nn`)
+        self.torch_names: Set[str] = set()  # what is imported from torch (`from torch import load`)
+        self.attrs_of: Dict[str, Set[str]] = {}  # name -> the attributes read along chains rooted at it
+        self.library_roots: Set[str] = set()  # names an import of LIBRARY binds
+        self.called_chains: Set[Tuple[str, str]] = set()  # (root name, dotted chain) of every call that may make a model
+
+    def imported(self, node: ast.AST) -> None:
+        self.model_source = self.model_source or _imports_models(node)  # type: ignore[arg-type]
+        if (node.module or "").split(".")[0] == LIBRARY if type(node) is ast.ImportFrom and not node.level else \
+                any(a.name.split(".")[0] == LIBRARY for a in node.names):  # type: ignore[attr-defined]
+            self.library_roots.update(a.asname or a.name.split(".")[0] for a in node.names)  # type: ignore[attr-defined]
+        if _imports_torch(node):  # type: ignore[arg-type]
+            for alias in node.names:  # type: ignore[attr-defined]
+                if isinstance(node, ast.ImportFrom):
+                    self.torch_names.add(alias.name)
+                    self.torch_roots.add(alias.asname or alias.name)
+                else:
+                    self.torch_roots.add(alias.asname or alias.name.split(".")[0])
+            self.torch_names.update(self.torch_roots)
+
+    def loop(self, node: ast.AST, in_model: bool) -> None:
+        if not isinstance(node, ast.While) and LOADER_LOOP not in self.facts:
+            if self.any_loader or any(_LOADER_RE.search(n) for n in map(_last_name, ast.walk(node.iter)) if n):  # type: ignore[attr-defined]
+                self.facts.add(LOADER_LOOP)
+        if not in_model:
+            self.loops.append(node)
+
+    def class_def(self, node: ast.ClassDef) -> None:
+        if self.may_tie and TIED_WEIGHTS not in self.facts and not any(
+                isinstance(m, _FUNCS) and m.name in RETIE_METHODS for m in node.body):
+            if any(type(n) is ast.Assign and len(n.targets) == 1 and type(n.targets[0]) is ast.Attribute
+                   and is_tie(_dotted(n.targets[0]), _dotted(n.value)) for n in ast.walk(node)):
+                self.facts.add(TIED_WEIGHTS)
+        for stmt in node.body:
+            if isinstance(stmt, _FUNCS) and (
+                    stmt.name == "step" or (stmt.name.endswith("_step") and not stmt.name.startswith("set_"))):
+                self.facts.add(STEP_METHOD)
+
+    def facts_found(self) -> FrozenSet[str]:
+        facts = self.facts
+        # what the dataflow of codemods.analysis.values can find a model in: a
+        # variable, or a function of the file that calls one (or a step-like name)
+        called_by: Dict[str, Set[str]] = {}
+        for fn, called in self.calls_of.items():
+            for name in called:
+                called_by.setdefault(name, set()).add(fn)
+        step_functions = callers_closure(self.step_functions, lambda name: called_by.get(name, ()))  # as loops.step_functions
+        models = (self.variables if self.model_source else set()) | {"self"} | step_functions
+        runners: Set[str] = set()
+        changed = True
+        while changed:
+            changed = False
+            for fn, called in self.calls_of.items():
+                if fn not in runners and any(c in models or c in runners or called_like_a_model(c) for c in called):
+                    runners.add(fn)
+                    changed = True
+        # (what state's model calls accept by name: with the step calls and the
+        # file's own functions, every call loops.step_kind can count; only the
+        # last name of a call is known here, so a draw `x.sample()` counts too)
+        if any(n in models or n in runners or n in STEP_CALLS or called_like_a_model(n) for n in self.loop_calls):
+            # some loop calls something step- or model-like; one of them must
+            # also take a step or carry a model's output (see _may_step)
+            def modelish(name: str) -> bool:
+                return name in models or name in runners or called_like_a_model(name)
+
+            steps = STEP_CALLS | step_functions
+            if any(_may_step(loop, steps, modelish) for loop in self.loops):
+                facts.add(STEP_LOOP)
+        facts.update(f"name:{n}" for n in self.names)
+        if any(root in self.library_roots for root, _ in self.called_chains):
+            facts.add(CALLS_LIBRARY)
+        if self.torch_roots:  # (every import of torch binds at least one name)
+            facts.add(IMPORTS_TORCH)
+            # torch:X -- X is imported from torch or read as an attribute along a
+            # chain rooted at a name bound to torch: only so can a name resolve
+            # to a qualified name torch.[...].X
+            facts.update(f"torch:{n}" for n in self.torch_names)
+            for root in self.torch_roots:
+                facts.update(f"torch:{a}" for a in self.attrs_of.get(root, ()))
+        # the trigger words of the CUDA rules, in code: a word that occurs only
+        # in comments and prose cannot concern them
+        code = "\x00".join(self.strings) + "\x00" + "\x00".join(self.names)
+        facts.update(f"code~{w}" for w in CODE_WORDS if w in code)
+        return frozenset(facts)
+
+
+def _walk(tree: ast.AST, seen: _Seen) -> None:
+    """One pass over every node (the hot loop of the prefilter: the common
+    kinds are handled inline, the rare ones by ``seen``'s methods)."""
+    facts, names, loop_calls, step_functions = seen.facts, seen.names, seen.loop_calls, seen.step_functions
+    calls_of, attrs_of, strings = seen.calls_of, seen.attrs_of, seen.strings
+    may_call_library, called_chains = seen.may_call_library, seen.called_chains
     # (node, inside a loop?, enclosing function names, inside a model's own
     # forward/backward/__init__ -- where no loop is a step loop)
     stack: List[Tuple[ast.AST, bool, Tuple[str, ...], bool]] = [(tree, False, (), False)]
-    strings: List[str] = []  # string constants of one word (prose left out: see code~W above)
-    torch_roots: Set[str] = set()  # names bound to torch or a torch module (`import torch.nn as nn`)
-    torch_names: Set[str] = set()  # what is imported from torch (`from torch import load`)
-    attrs_of: Dict[str, Set[str]] = {}  # name -> the attributes read along chains rooted at it
-    library_roots: Set[str] = set()  # names an import of LIBRARY binds
-    called_chains: Set[Tuple[str, str]] = set()  # (root name, dotted chain) of every call that may make a model
     pop, push, AST, Name, Constant = stack.pop, stack.append, ast.AST, ast.Name, ast.Constant
     add_name, blank = names.add, _BLANK.search
     while stack:
@@ -221,45 +303,22 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
                 if funcs:
                     calls_of.setdefault(funcs[-1], set()).add(name)
         elif kind in _ASSIGNS:
-            for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
-                variables.update(_target_names(target))
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):  # type: ignore[attr-defined]
+                seen.variables.update(_target_names(target))
         elif kind is ast.arg:
-            variables.add(node.arg)  # type: ignore[attr-defined]
+            seen.variables.add(node.arg)  # type: ignore[attr-defined]
             ann = node.annotation  # type: ignore[attr-defined]
-            if not model_source and ann is not None and any(_last_name(n) == "Module" for n in ast.walk(ann)):
-                model_source = True
+            if not seen.model_source and ann is not None and any(_last_name(n) == "Module" for n in ast.walk(ann)):
+                seen.model_source = True
         elif kind is ast.Import or kind is ast.ImportFrom:
-            model_source = model_source or _imports_models(node)
-            if (node.module or "").split(".")[0] == LIBRARY if kind is ast.ImportFrom and not node.level else \
-                    any(a.name.split(".")[0] == LIBRARY for a in node.names):  # type: ignore[attr-defined]
-                library_roots.update(a.asname or a.name.split(".")[0] for a in node.names)  # type: ignore[attr-defined]
-            if _imports_torch(node):
-                for alias in node.names:  # type: ignore[attr-defined]
-                    if isinstance(node, ast.ImportFrom):
-                        torch_names.add(alias.name)
-                        torch_roots.add(alias.asname or alias.name)
-                    else:
-                        torch_roots.add(alias.asname or alias.name.split(".")[0])
-                torch_names.update(torch_roots)
+            seen.imported(node)
         elif kind in _LOOP_KINDS:
-            if not isinstance(node, ast.While) and LOADER_LOOP not in facts:
-                if any_loader or any(_LOADER_RE.search(n) for n in map(_last_name, ast.walk(node.iter)) if n):
-                    facts.add(LOADER_LOOP)
+            seen.loop(node, in_model)
             in_loop = True
-            if not in_model:
-                loops.append(node)
         elif kind is ast.ClassDef:
-            if may_tie and TIED_WEIGHTS not in facts and not any(
-                    isinstance(m, _FUNCS) and m.name in RETIE_METHODS for m in node.body):  # type: ignore[attr-defined]
-                if any(type(n) is ast.Assign and len(n.targets) == 1 and type(n.targets[0]) is ast.Attribute
-                       and is_tie(_dotted(n.targets[0]), _dotted(n.value)) for n in ast.walk(node)):
-                    facts.add(TIED_WEIGHTS)
-            for stmt in node.body:
-                if isinstance(stmt, _FUNCS) and (
-                        stmt.name == "step" or (stmt.name.endswith("_step") and not stmt.name.startswith("set_"))):
-                    facts.add(STEP_METHOD)
+            seen.class_def(node)  # type: ignore[arg-type]
         if kind in _FUNC_KINDS:
-            funcs = funcs + (node.name,)
+            funcs = funcs + (node.name,)  # type: ignore[attr-defined]
         if kind is ast.ClassDef:
             for child in ast.iter_child_nodes(node):
                 stack.append((child, in_loop, funcs, in_model or (
@@ -276,50 +335,6 @@ def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
                         push((child, in_loop, funcs, in_model))
             elif isinstance(value, AST):
                 push((value, in_loop, funcs, in_model))
-    # what the dataflow of codemods.analysis.values can find a model in: a
-    # variable, or a function of the file that calls one (or a step-like name)
-    called_by: Dict[str, Set[str]] = {}
-    for fn, called in calls_of.items():
-        for name in called:
-            called_by.setdefault(name, set()).add(fn)
-    step_functions = callers_closure(step_functions, lambda name: called_by.get(name, ()))  # as loops.step_functions
-    models = (variables if model_source else set()) | {"self"} | step_functions
-    runners: Set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        for fn, called in calls_of.items():
-            if fn not in runners and any(c in models or c in runners or called_like_a_model(c) for c in called):
-                runners.add(fn)
-                changed = True
-    # (what state's model calls accept by name: with the step calls and the
-    # file's own functions, every call loops.step_kind can count; only the
-    # last name of a call is known here, so a draw `x.sample()` counts too)
-    if any(n in models or n in runners or n in STEP_CALLS or called_like_a_model(n) for n in loop_calls):
-        # some loop calls something step- or model-like; one of them must
-        # also take a step or carry a model's output (see _may_step)
-        def modelish(name: str) -> bool:
-            return name in models or name in runners or called_like_a_model(name)
-
-        steps = STEP_CALLS | step_functions
-        if any(_may_step(loop, steps, modelish) for loop in loops):
-            facts.add(STEP_LOOP)
-    facts.update(f"name:{n}" for n in names)
-    if any(root in library_roots for root, _ in called_chains):
-        facts.add(CALLS_LIBRARY)
-    if torch_roots:  # (every import of torch binds at least one name)
-        facts.add(IMPORTS_TORCH)
-        # torch:X -- X is imported from torch or read as an attribute along a
-        # chain rooted at a name bound to torch: only so can a name resolve
-        # to a qualified name torch.[...].X
-        facts.update(f"torch:{n}" for n in torch_names)
-        for root in torch_roots:
-            facts.update(f"torch:{a}" for a in attrs_of.get(root, ()))
-    # the trigger words of the CUDA rules, in code: a word that occurs only
-    # in comments and prose cannot concern them
-    code = "\x00".join(strings) + "\x00" + "\x00".join(names)
-    facts.update(f"code~{w}" for w in CODE_WORDS if w in code)
-    return frozenset(facts)
 
 
 def _imports_torch(node: ast.AST) -> bool:
@@ -328,105 +343,6 @@ def _imports_torch(node: ast.AST) -> bool:
     if isinstance(node, ast.ImportFrom):
         return not node.level and (node.module or "").split(".")[0] == "torch"
     return any(a.name.split(".")[0] == "torch" for a in node.names)  # type: ignore[attr-defined]
-
-
-_OWN_STOP = (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
-
-
-def _own(node: ast.AST):  # type: ignore[no-untyped-def]
-    """``node`` and its descendants at its own level: not inside a nested
-    loop, function, class or lambda (as ``loops.own_nodes``)."""
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        yield n
-        for child in ast.iter_child_nodes(n):
-            if not isinstance(child, _OWN_STOP):
-                stack.append(child)
-
-
-def _may_step(loop: ast.AST, steps: Set[str], modelish) -> bool:  # type: ignore[no-untyped-def]
-    """What ``loops.step_kind`` needs to call ``loop`` a step loop, read
-    loosely enough to hold whenever it does: a call at the loop's own level
-    of a step name (``backward``, ``step``, a function of the file that
-    takes one); or an assignment from a model-like call together with a
-    name read before it is written (state carried to the next iteration,
-    ``state._carries_model_state``, read by whole names: a name written
-    before, on every path, is not read first), the name being one written
-    from the model's output."""
-    body = list(loop.body)  # type: ignore[attr-defined]
-    for stmt in body:
-        if isinstance(stmt, _OWN_STOP):
-            continue
-        for n in _own(stmt):
-            if isinstance(n, ast.Call) and _last_name(n.func) in steps:
-                return True
-    read_first: Set[str] = set()
-    # per assignment: (names its value reads, roots of its targets, runs a model?)
-    assigns: List[Tuple[Set[str], Set[str], bool]] = []
-
-    def scan(stmts: List[ast.stmt], written: Set[str]) -> Set[str]:
-        """``stmts`` in order; ``written``: what is written before them in this
-        iteration, grown with what they write on every path (as state's
-        scan, but by whole names only: looser)."""
-        for stmt in stmts:
-            if isinstance(stmt, _OWN_STOP):
-                continue
-            if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
-                value = stmt.value
-                if value is None:
-                    continue
-                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-                reads = {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}
-                if isinstance(stmt, ast.AugAssign):
-                    reads |= {n.id for n in ast.walk(stmt.target) if isinstance(n, ast.Name)}
-                read_first.update(reads - written)
-                model = any(isinstance(c, ast.Call) and model_call(c) for c in ast.walk(value))
-                roots = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-                assigns.append((reads, roots, model))
-                for t in targets:
-                    written.update(_target_names(t, attributes=False))
-            elif isinstance(stmt, (ast.With, ast.AsyncWith)):
-                scan(stmt.body, written)
-            elif isinstance(stmt, ast.If):  # written on both branches: written after the `if`
-                written |= scan(stmt.body, set(written)) & scan(stmt.orelse, set(written))
-            elif isinstance(stmt, (ast.Try, ast.Match)) or type(stmt).__name__ == "TryStar":
-                blocks = _blocks(stmt)
-                for block in blocks[:-1]:
-                    scan(block, set(written))
-                last = blocks[-1]  # a `try`'s `finally` (runs on every path)
-                scan(last, written if isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar" else set(written))
-        return written
-
-    def model_call(call: ast.Call) -> bool:
-        """What ``state._is_model_call`` can accept: ``obj.m(...)`` (not on
-        ``self``) by its name alone; a name or ``self.m`` also by what the
-        file binds or defines under it."""
-        func = call.func
-        if isinstance(func, ast.Attribute) and not (isinstance(func.value, ast.Name) and func.value.id == "self"):
-            return called_like_a_model(_dotted(func))
-        return modelish(_last_name(func) or "")
-
-    scan(body, set())
-    # driven: written from a model's output, directly or through other
-    # assignments of the body (in any order: looser than the ordered scan)
-    driven: Set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        for reads, roots, model in assigns:
-            if (model or reads & driven) and not roots <= driven:
-                driven |= roots
-                changed = True
-    return bool(read_first & driven)
-
-
-def _blocks(stmt: ast.stmt) -> List[List[ast.stmt]]:
-    """The blocks of a ``match`` or ``try`` statement (a ``try``'s
-    ``finally`` last)."""
-    if isinstance(stmt, ast.Match):
-        return [case.body for case in stmt.cases]
-    return [stmt.body, stmt.orelse] + [h.body for h in stmt.handlers] + [stmt.finalbody]  # type: ignore[attr-defined]
 
 
 _MODEL_PACKAGES = ("timm", "torchvision", "diffusers", "transformers", "peft", "open_clip")
@@ -447,20 +363,6 @@ def _imports_models(node: ast.AST) -> bool:
 
 def _is_model_method(name: str) -> bool:  # == loops._is_model_method
     return name in ("forward", "backward", "_forward", "__init__") or name.startswith(("forward", "_forward"))
-
-
-def _target_names(target: ast.AST, attributes: bool = True) -> List[str]:
-    """Names an assignment target binds: ``x``, the names of a tuple, and
-    (with ``attributes``) the attribute of ``self.x``; never ``x[i]``."""
-    if isinstance(target, ast.Name):
-        return [target.id]
-    if isinstance(target, ast.Attribute):
-        return [target.attr] if attributes else []
-    if isinstance(target, (ast.Tuple, ast.List)):
-        return [n for e in target.elts for n in _target_names(e, attributes)]
-    if isinstance(target, ast.Starred):
-        return _target_names(target.value, attributes)
-    return []
 
 
 def holds(need: str, facts: FrozenSet[str]) -> bool:
