@@ -30,7 +30,7 @@ from xlaport.settings import Settings
 
 DIR_NAME = ".xlaport_cache"
 _PACKAGES = ("codemods", "xlaport")
-FORMAT = "3"  # of an entry; part of the key
+FORMAT = "4"  # of an entry; part of the key
 
 
 @lru_cache(maxsize=None)
@@ -78,7 +78,7 @@ class Cache:
         return cls(Path(os.environ.get("XLAPORT_CACHE_DIR") or DIR_NAME), settings)
 
     def key(self, path: str, data: bytes) -> str:
-        h = hashlib.sha256(data)
+        h = hashlib.sha256(_sha(data).encode())  # (the digest an entry is checked by: hashed once per file)
         h.update(b"\0" + path.encode("utf-8", "surrogateescape") + b"\0" + self.settings_key.encode())
         return h.hexdigest()
 
@@ -121,7 +121,15 @@ class Cache:
 
 
 def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    """The digest of ``data``; the last one is kept for the same bytes object
+    (a run asks for a file's digest for its key, then to check the entry)."""
+    global _LAST_SHA
+    if _LAST_SHA[0] is not data:
+        _LAST_SHA = (data, hashlib.sha256(data).hexdigest())
+    return _LAST_SHA[1]
+
+
+_LAST_SHA: "tuple[object, str]" = (None, "")
 
 
 def encode(output: Optional[bytes], original: bytes, findings: List[Finding], problem, cuda,

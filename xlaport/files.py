@@ -12,7 +12,7 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, List, Optional, Sequence
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence
 
 SOURCE_SUFFIXES = (".py", ".ipynb")
 TEMP_SUFFIX = ".xlaport-tmp"
@@ -75,14 +75,14 @@ def discover(paths: Sequence[str], exclude: Sequence[str] = (), force_exclude: b
     it too).  ``missing_ok``: a named file that does not exist is left out
     (a file a PR deleted, with ``--diff-base``).
     """
-    seen = set()
+    seen: Dict[str, Entry] = {}  # absolute path -> its entry
     entries: List[Entry] = []
     walked: List[Entry] = []
 
     def add(entry: Entry) -> None:
         key = os.path.abspath(entry.path)
         if key not in seen:
-            seen.add(key)
+            seen[key] = entry
             entries.append(entry)
 
     for raw in paths:
@@ -116,9 +116,10 @@ def discover(paths: Sequence[str], exclude: Sequence[str] = (), force_exclude: b
         # ignores it (the user asked for it); what git ignores inside it is not
         roots = {e.root for e in walked if e.root is not None}
         asked = {os.path.abspath(r) for r in ignored([r / "." for r in roots])} if roots else set()
-        drop = {os.path.abspath(p) for p in ignored([e.path for e in walked if not e.error
-                                                     and os.path.abspath(e.root) not in asked])}  # type: ignore[arg-type]
-        entries = [e for e in entries if e.root is None or os.path.abspath(e.path) not in drop]
+        inside = {r for r in roots if os.path.abspath(r) not in asked}
+        drop = {os.path.abspath(p) for p in ignored([e.path for e in walked if not e.error and e.root in inside])}
+        kept = {id(e) for key, e in seen.items() if key not in drop}
+        entries = [e for e in entries if e.root is None or id(e) in kept]
     return entries
 
 
@@ -133,31 +134,52 @@ def _excluded(rel: str, exclude: Sequence[str]) -> bool:
 
 
 def _walk(root: Path, exclude: Sequence[str]) -> Iterator[Entry]:
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        base = Path(dirpath)
-        dirnames[:] = sorted(
-            d
-            for d in dirnames
-            if d not in SKIP_DIRS
-            and not d.endswith(".egg-info")
-            and not (d.startswith(".") and d not in (".", ".."))
-            and not _excluded(str((base / d).relative_to(root)), exclude)
-        )
-        for name in sorted(filenames):
+    """The source files under ``root``, in ``os.walk``'s top-down order with
+    names sorted; read with ``os.scandir``, whose entries know a file's kind
+    from the directory itself (no ``stat`` per file on the usual file
+    systems: a warm run over a large tree is mostly this walk)."""
+    stack = [str(root)]
+    while stack:
+        top = stack.pop()
+        try:
+            with os.scandir(top) as it:
+                found = list(it)
+        except OSError:
+            continue  # (os.walk's default: an unreadable directory is passed over)
+        dirs, files = [], []
+        for e in found:
+            try:
+                is_dir = e.is_dir()  # (follows a link, as os.walk does: a linked directory is not walked)
+            except OSError:
+                is_dir = False
+            (dirs if is_dir else files).append(e)
+        base = Path(top)
+        for e in sorted(files, key=lambda e: e.name):
+            name = e.name
             if not name.endswith(SOURCE_SUFFIXES):
                 continue
             path = base / name
-            if _excluded(str(path.relative_to(root)), exclude):
+            if exclude and _excluded(str(path.relative_to(root)), exclude):
                 continue
-            if path.is_symlink():
+            if e.is_symlink():
                 if not path.exists():
                     yield Entry(path, root, error="broken or looping symbolic link")
                 else:
                     yield Entry(path, root, notice="symbolic link: not converted through (an output tree gets "
                                                     "the link itself)")
                 continue
-            special = _not_regular(path)
+            special = None if e.is_file(follow_symlinks=False) else _not_regular(path)
             yield Entry(path, root, error=special) if special else Entry(path, root)
+        kept = sorted(
+            d.name
+            for d in dirs
+            if d.name not in SKIP_DIRS
+            and not d.name.endswith(".egg-info")
+            and not (d.name.startswith(".") and d.name not in (".", ".."))
+            and not d.is_symlink()
+            and not (exclude and _excluded(str((base / d.name).relative_to(root)), exclude))
+        )
+        stack.extend(os.path.join(top, d) for d in reversed(kept))
 
 
 def _not_regular(path: Path) -> Optional[str]:
