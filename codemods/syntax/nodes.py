@@ -119,8 +119,19 @@ def node_types(kinds: Union[type, Tuple[type, ...]]) -> FrozenSet[type]:
     types (``type(n) in node_types(kinds)`` is the same test, faster)."""
     found = _EXPANDED.get(kinds)
     if found is None:
-        found = _EXPANDED[kinds] = frozenset(t for t in _NODE_TYPES if issubclass(t, kinds))
+        if isinstance(kinds, tuple):
+            found = frozenset().union(*(node_types(k) for k in kinds))
+        else:
+            if not _BELOW:  # every node class under each class of its MRO, in one pass over the node classes
+                for t in _NODE_TYPES:
+                    for base in t.__mro__:
+                        _BELOW.setdefault(base, set()).add(t)
+            found = frozenset(_BELOW.get(kinds, ()))
+        _EXPANDED[kinds] = found
     return found
+
+
+_BELOW: Dict[type, Set[type]] = {}  # a class -> the node classes that are it or derive from it
 
 
 def walk(node: cst.CSTNode, stop: Tuple[type, ...] = ()) -> Iterator[cst.CSTNode]:
