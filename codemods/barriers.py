@@ -48,7 +48,10 @@ STEP_BARRIER = Rule(
         "through the body counts as a barrier (not one under a flag); the micro-steps of gradient "
         "accumulation share the barrier after the optimizer step. When the body reads a tensor on the host after "
         "its optimizer step (`total += loss.item()`), the barrier goes right after that step, as experts place it: "
-        "the read then finds the step computed instead of running the pending step as a graph of its own."
+        "the read then finds the step computed instead of running the pending step as a graph of its own. "
+        "Likewise in a loop that is not a training step (a sampler, a decoder fed its own output) and reads a "
+        "value it computed on every pass (`out.append(tok.item())`): the barrier goes right before that read, "
+        "one graph execution per pass instead of the read's and then the barrier's."
     ),
     before=(
         "for x, y in batches:\n    loss = loss_fn(model(x), y)\n    loss.backward()\n"
@@ -188,8 +191,12 @@ class StepBarrier(LoopCodemod):
                       "add one here if this loop runs on the device", fix=False)
             return updated
         after = self._after_optimizer_step(original, exits)
-        where = ("right after its optimizer step (the host reads after it find the step computed)"
-                 if after is not None else "as its last statement")
+        where = "right after its optimizer step (the host reads after it find the step computed)"
+        if after is None:
+            after = self._before_first_read(original, exits)
+            where = "right before its first host read (it finds the pass computed: one graph execution per pass)"
+        if after is None:
+            where = "as its last statement"
         if not self.flag(original, STEP_BARRIER.code, f"step loop: `torch_xla.sync()` added {where}", fix=True):
             return updated
         self.add_imports(self.target.sync_imports)
@@ -231,6 +238,37 @@ class StepBarrier(LoopCodemod):
         if not any(host_read(self.tree, c, tensors, self.qualnames) for c in calls):  # type: ignore[arg-type]
             return None
         return k
+
+    def _before_first_read(self, loop: Loop, exits: Tuple[type, ...]) -> Optional[int]:
+        """Where the barrier goes in a loop that is not a training step (a
+        sampler, a decoder fed its own output) and reads a value it computed
+        on every pass (``out.append(nxt.item())``): right before that read,
+        so that the read finds the pass computed.  At the end, the read runs
+        the graph up to the value and the barrier the rest: two executions
+        and two graphs to compile per pass (a GRU cell read once a step: 4
+        compiles and 2 executions a step at 8 steps; 2 and 1 with the barrier
+        before the read, the same values).  The read must be of a name (what
+        the pass computed), in a statement of the loop's own level every
+        pass runs; None where there is none, where the body can end early,
+        or where a step closure follows (it would run a pass late)."""
+        if loop_step_kind(self.tree, loop, self.steps) == "step":
+            return None
+        stmts = body_statements(loop)
+        if _has_exit(stmts, exits + (cst.Break, cst.Return)):
+            return None
+        for k, stmt in enumerate(stmts):
+            if not isinstance(stmt, cst.SimpleStatementLine):
+                continue
+            calls = find_all(stmt, cst.Call, stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda))
+            reads = [c for c in calls if host_read(self.tree, c, self.tensors, self.qualnames)]  # type: ignore[arg-type]
+            if not reads:
+                continue
+            if k == 0 or not all(_reads_a_name(c) for c in reads):  # type: ignore[arg-type]
+                return None
+            later = [c for s in stmts[k:] for c in find_all(s, cst.Call, stop=(cst.FunctionDef, cst.ClassDef,
+                                                                                 cst.Lambda))]
+            return None if any(self.is_step_closure(c) for c in later) else k  # type: ignore[arg-type]
+        return None
 
     def _syncs_by_hand(self) -> bool:
         """The module already calls a barrier somewhere (``xm.mark_step()``,
@@ -300,6 +338,14 @@ def _host_step(stmt: cst.CSTNode) -> bool:
         isinstance(s, cst.Expr) and isinstance(s.value, cst.Call)
         and (call_name(s.value) == "zero_grad" or call_name(s.value) == "step" and not s.value.args)
         for s in stmt.body)
+
+
+def _reads_a_name(call: cst.Call) -> bool:
+    """``x.item()``, ``self.x.tolist()``, ``float(x)``: a read of a value the
+    code computed before, not of an expression computed in the read."""
+    func = call.func
+    value = func.value if isinstance(func, cst.Attribute) else (call.args[0].value if call.args else None)
+    return isinstance(value, (cst.Name, cst.Attribute))
 
 
 def _is_exit(stmt: cst.CSTNode, kinds: Tuple[type, ...]) -> bool:

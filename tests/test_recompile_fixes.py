@@ -6,6 +6,7 @@ Each rule's own examples run in tests/test_rules.py; fixtures/recompile_fixes
 is the golden program, run here on XLA's CPU backend at two lengths against
 the original on the CPU."""
 
+import json
 import os
 import re
 import subprocess
@@ -234,3 +235,65 @@ def test_the_same_program_with_the_traps_left_recompiles_every_step(tmp_path, mo
     short, _, _, _ = run_on_xla("recompile_fixes", tmp_path / "a", "--steps", "4")
     long, _, _, _ = run_on_xla("recompile_fixes", tmp_path / "b", "--steps", "8")
     assert long["metrics"]["compiles"] >= short["metrics"]["compiles"] + 8, (short, long)
+
+
+# ------------------------------------------------------------------ XLA302 before the read
+DECODE = HEAD + (
+    "import sys\n\n\nclass Step(torch.nn.Module):\n"
+    "    def __init__(self):\n        super().__init__()\n        self.cell = torch.nn.GRUCell(4, 8)\n"
+    "        self.head = torch.nn.Linear(8, 4)\n\n"
+    "    def forward(self, x, h):\n        h = self.cell(x, h)\n        return self.head(h), h\n\n\n"
+    "torch.manual_seed(0)\nmodel = Step().cuda().eval()\nh = torch.zeros(1, 8).cuda()\nx = torch.ones(1, 4).cuda()\n"
+    "out = []\nwith torch.no_grad():\n    for _ in range(int(sys.argv[1])):\n"
+    "        x, h = model(x, h)\n        y = x.sum()\n        out.append(round(y.item(), 5))\n"
+    "        x = torch.tanh(x)\nprint(out)\n"
+)
+
+
+def test_a_decoder_that_reads_its_output_every_pass_gets_its_barrier_before_the_read():
+    out, findings = convert_text(DECODE)
+    assert "        torch_xla.sync()\n        out.append(round(y.item(), 5))\n        x = torch.tanh(x)\n" in out, out
+    assert [f.message for f in findings if f.code == "XLA302"] == [
+        "step loop: `torch_xla.sync()` added right before its first host read (it finds the pass computed: one "
+        "graph execution per pass)"]
+
+
+@pytest.mark.parametrize("change", [
+    # the read computes what it reads; a pass can end early; a step closure follows
+    ("        y = x.sum()\n        out.append(round(y.item(), 5))\n", "        out.append(round(x.sum().item(), 5))\n"),
+    ("        x = torch.tanh(x)\n", "        x = torch.tanh(x)\n        if len(out) > 99:\n            break\n"),
+])
+def test_a_read_the_barrier_cannot_precede_leaves_it_at_the_end(change):
+    out, _ = convert_text(DECODE.replace(*change))
+    assert out.rstrip().endswith("        torch_xla.sync()\nprint(out)"), out
+
+
+@pytest.mark.xla
+@needs_xla
+def test_the_barrier_before_the_read_compiles_once_and_runs_one_graph_per_pass(tmp_path):
+    """Measured against the barrier at the end of the pass, the same values
+    as the original on the CPU: at 4 and 8 passes, compiles flat and one
+    graph execution per pass (at the end: two per pass, the read's and the
+    barrier's)."""
+    from test_runnable_ports import OBSERVER
+
+    original = subprocess.run([sys.executable, "-c", DECODE.replace(".cuda()", ""), "8"], capture_output=True,
+                              text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert original.returncode == 0, original.stderr
+    converted = transform(DECODE.encode(), Settings()).code.decode()
+    at_end = converted.replace("        torch_xla.sync()\n", "").replace("print(out)", "    torch_xla.sync()\nprint(out)")
+    at_end = at_end.replace("    torch_xla.sync()\nprint(out)", "        torch_xla.sync()\nprint(out)")
+    seen = {}
+    for name, text in (("before", converted), ("end", at_end)):
+        (tmp_path / f"{name}.py").write_text(text)
+        for n in (4, 8):
+            metrics = tmp_path / f"{name}-{n}.json"
+            done = subprocess.run([sys.executable, f"{name}.py", str(n)], cwd=tmp_path, capture_output=True, text=True,
+                                  timeout=300, env={**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": str(OBSERVER),
+                                                    "XLAPORT_TEST_METRICS": str(metrics)})
+            assert done.returncode == 0, done.stderr[-2000:]
+            m = json.loads(metrics.read_text())
+            seen[name, n] = (m["compiles"], m["executions"], done.stdout)
+    assert seen["before", 8][2] == seen["end", 8][2] == original.stdout
+    assert seen["before", 4][0] == seen["before", 8][0] <= seen["end", 8][0], seen
+    assert seen["before", 8][1] - seen["before", 4][1] == 4 and seen["end", 8][1] - seen["end", 4][1] == 8, seen
