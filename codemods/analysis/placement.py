@@ -33,7 +33,7 @@ from codemods.analysis.loops import loop_iterable
 from codemods.analysis.tensors import is_tensor_expr
 from codemods.analysis.dataflow import dataflow
 from codemods.analysis.values import DEVICE as DEVICE_KIND
-from codemods.analysis.values import DEVICE_LOADER, DEVICE_STR, LOADER, MODULE, Values
+from codemods.analysis.values import DEVICE_LOADER, DEVICE_STR, LOADER, MODULE, Values, class_kinds
 from codemods.analysis.values import values as values_of
 from codemods.syntax.tree import TreeCache, call_name, find_all, string_value
 
@@ -111,7 +111,7 @@ class _Placement:
         if key not in self.tree.memo:
             names = {string_value(c.args[0].value) for c in find_all(cls, cst.Call, stop=(cst.ClassDef,))
                      if call_name(c) == "register_buffer" and c.args}  # type: ignore[attr-defined]
-            model = self.values.class_kinds(cls) == {MODULE}
+            model = class_kinds(self.tree, cls) == {MODULE}
             self.tree.memo[key] = {n for n in names if n} if model else set()
         return self.tree.memo[key]  # type: ignore[return-value]
 

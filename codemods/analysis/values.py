@@ -196,7 +196,7 @@ class Values:
                 return frozenset({HOST})
             local = self.flow.local_function(call)
             if isinstance(local, cst.ClassDef):
-                return self.class_kinds(local)
+                return class_kinds(self.tree, local)
             if isinstance(local, cst.FunctionDef):
                 return self._returns(local, None)
         callee = self.of(func)
@@ -290,33 +290,35 @@ class Values:
                 kinds |= self.of(value) if index is None else self.element(value, index)
         return frozenset(kinds)
 
-    def class_kinds(self, cls: cst.ClassDef, seen: Optional[Set[str]] = None) -> Kinds:
-        """A class of the module: a model when it subclasses ``nn.Module`` (or
-        a model class of a library, or another such class of the module)."""
-        seen = seen or set()
-        seen.add(cls.name.value)
-        for base in cls.bases:
-            value = base.value
-            quals = self.tree.import_qualnames(value) or set()
-            text = dotted(value) or ""
-            for q in quals:
-                if q in ("torch.nn.Module", "torch.nn.modules.module.Module") or (
-                        q.startswith(MODEL_LIBS) and pretrained_kinds(q) == {MODULE}):
-                    # a module of the program named as a loss or a metric is one
-                    return frozenset({STATELESS if is_stateless_class(cls.name.value) else MODULE})
-                if q.startswith("torch.utils.data.") and q.endswith("DataLoader"):
-                    return frozenset({LOADER})
-                if q.startswith("torch.optim.") and q.split(".")[-1][:1].isupper():
-                    return frozenset({OPTIMIZER})
-            local = self.flow.functions().get(text)
-            if isinstance(local, cst.ClassDef) and text not in seen:
-                found = self.class_kinds(local, seen)
-                if found != {OBJECT}:
-                    return found
-        return frozenset({OBJECT})
 
     def _bound_here(self, name: cst.Name) -> bool:
         return bool(binding_nodes(self.tree, name))
+
+
+def class_kinds(tree: TreeCache, cls: cst.ClassDef, seen: Optional[Set[str]] = None) -> Kinds:
+    """A class of the module: a model when it subclasses ``nn.Module`` (or
+    a model class of a library, or another such class of the module)."""
+    seen = seen or set()
+    seen.add(cls.name.value)
+    for base in cls.bases:
+        value = base.value
+        quals = tree.import_qualnames(value) or set()
+        text = dotted(value) or ""
+        for q in quals:
+            if q in ("torch.nn.Module", "torch.nn.modules.module.Module") or (
+                    q.startswith(MODEL_LIBS) and pretrained_kinds(q) == {MODULE}):
+                # a module of the program named as a loss or a metric is one
+                return frozenset({STATELESS if is_stateless_class(cls.name.value) else MODULE})
+            if q.startswith("torch.utils.data.") and q.endswith("DataLoader"):
+                return frozenset({LOADER})
+            if q.startswith("torch.optim.") and q.split(".")[-1][:1].isupper():
+                return frozenset({OPTIMIZER})
+        local = dataflow(tree).functions().get(text)
+        if isinstance(local, cst.ClassDef) and text not in seen:
+            found = class_kinds(tree, local, seen)
+            if found != {OBJECT}:
+                return found
+    return frozenset({OBJECT})
 
 
 def _prepared(kinds: Kinds) -> Kinds:
@@ -331,6 +333,6 @@ def values(tree: TreeCache) -> Values:
     return found
 
 
-__all__ = ["Values", "values", "TENSOR", "DEVICE", "DEVICE_STR", "MODULE", "OPTIMIZER", "SCALER", "LR_SCHEDULER",
+__all__ = ["Values", "values", "class_kinds", "TENSOR", "DEVICE", "DEVICE_STR", "MODULE", "OPTIMIZER", "SCALER", "LR_SCHEDULER",
            "SAMPLER", "LOADER", "DEVICE_LOADER", "HOST", "OBJECT", "LOADED", "NONE", "UNKNOWN", "Kinds", "definitely_not",
            "STATELESS"]
