@@ -85,7 +85,11 @@ class Checkpoints(XlaCodemod):
             if not is_location or string_value(a.value) == "cpu":
                 continue
             model = self._loads_a_model(original)
-            message = ('map_location -> "cpu", then the model to the device (it is used as a model)' if model
+            # a device the program chose (`map_location=device`, `args.device`) stays its choice: the
+            # model goes where it said (CPU stays CPU; a CUDA choice is the device rules' to convert)
+            chosen = updated.args[i].value if isinstance(a.value, (cst.Name, cst.Attribute)) else None
+            where = f"`{cst.Module([]).code_for_node(chosen)}`" if chosen is not None else "the device"
+            message = (f'map_location -> "cpu", then the model to {where} (it is used as a model)' if model
                        else 'map_location -> "cpu" (load_state_dict moves the tensors)')
             if self.flag(a.value, MAP_LOCATION.code, message, fix=True):
                 args = list(updated.args)
@@ -93,9 +97,10 @@ class Checkpoints(XlaCodemod):
                 loaded = updated.with_changes(args=args)
                 if not model:
                     return loaded
-                self.add_imports(self.target.device_imports)
+                if chosen is None:
+                    self.add_imports(self.target.device_imports)
                 return cst.Call(func=cst.Attribute(value=loaded, attr=cst.Name("to")),
-                                args=[cst.Arg(self.target.device_node())])
+                                args=[cst.Arg(chosen if chosen is not None else self.target.device_node())])
         return updated
 
     def _loads_a_model(self, call: cst.Call) -> bool:

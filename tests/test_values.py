@@ -341,3 +341,20 @@ def test_a_device_string_under_any_name_is_known_by_where_it_goes():
     # a name that says "device" still counts where the module never uses it (a caller does)
     out, _ = convert_text("import torch\n\ndevice = 'cuda'\n")
     assert "device = 'xla'" in out, out
+
+
+def test_a_model_loaded_to_the_device_the_program_chose_goes_there():
+    """Issue 38 item 4: `torch.load(f, map_location=device)` of a model, with
+    `device` the program's own choice (CPU unless `--accel`): loaded to the
+    CPU, then moved to that same `device` -- not to XLA whatever the choice
+    (pytorch/examples' word_language_model `generate.py` without `--accel`
+    crashed so: a model on XLA, its input on the CPU).  A CUDA literal goes
+    to the XLA device."""
+    src = ("import torch\n\ndevice = torch.device('cpu')\nif use_accel:\n    device = torch.device('cuda')\n"
+           "with open('model.pt', 'rb') as f:\n    model = torch.load(f, map_location=device)\nmodel.eval()\n")
+    out, findings = convert_text(src)
+    assert "    model = torch.load(f, map_location=\"cpu\").to(device)\n" in out, out
+    assert [f.message for f in findings if f.code == "XLA131"] == [
+        'map_location -> "cpu", then the model to `device` (it is used as a model)']
+    out, _ = convert_text(src.replace("map_location=device", "map_location='cuda'"))
+    assert "    model = torch.load(f, map_location=\"cpu\").to(torch_xla.device())\n" in out, out
