@@ -213,7 +213,4 @@ class Dataflow:
 
 
 def dataflow(tree: TreeCache) -> Dataflow:
-    found = tree.memo.get("dataflow")
-    if not isinstance(found, Dataflow):
-        found = tree.memo["dataflow"] = Dataflow(tree)
-    return found
+    return tree.analysis(Dataflow, "dataflow")

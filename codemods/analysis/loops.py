@@ -420,10 +420,7 @@ def per_step_functions(module: cst.Module, loops: List[cst.CSTNode]) -> Dict[int
 
 
 def module_facts(tree: TreeCache) -> ModuleFacts:
-    facts = tree.memo.get("facts")
-    if not isinstance(facts, ModuleFacts):
-        facts = tree.memo["facts"] = ModuleFacts(tree)
-    return facts
+    return tree.analysis(ModuleFacts, "facts")
 
 
 def _is_lazy_init(node: cst.If) -> bool:

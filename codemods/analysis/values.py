@@ -327,10 +327,7 @@ def _prepared(kinds: Kinds) -> Kinds:
 
 
 def values(tree: TreeCache) -> Values:
-    found = tree.memo.get("values")
-    if not isinstance(found, Values):
-        found = tree.memo["values"] = Values(tree)
-    return found
+    return tree.analysis(Values, "values")
 
 
 __all__ = ["Values", "values", "class_kinds", "TENSOR", "DEVICE", "DEVICE_STR", "MODULE", "OPTIMIZER", "SCALER", "LR_SCHEDULER",

@@ -9,7 +9,7 @@ and resolved metadata (``tree_metadata``), and the analyses' memo.
 from __future__ import annotations
 
 import weakref
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import libcst as cst
 
@@ -17,6 +17,8 @@ from codemods.syntax.import_table import RULE_PACKAGES, ImportTable
 from codemods.syntax.node_index import NodeIndex
 from codemods.syntax.nodes import _NODE_TYPES, call_name, children, dotted, node_types, string_value, walk
 from codemods.syntax.tree_metadata import TreeMetadata
+
+T = TypeVar("T")
 
 
 def find_all(node: cst.CSTNode, kind: Union[type, Tuple[type, ...]], stop: Tuple[type, ...] = ()) -> List[cst.CSTNode]:
@@ -84,6 +86,14 @@ class TreeCache(NodeIndex, ImportTable, TreeMetadata):
         self._init_imports()
         self._init_metadata()
         _TREES[id(module)] = self
+
+    def analysis(self, kind: "Callable[[TreeCache], T]", key: str) -> "T":
+        """The per-tree analysis ``kind(self)`` (``Values``, ``ModuleFacts``
+        ...), made once and kept in ``memo`` under ``key``."""
+        found = self.memo.get(key)
+        if found is None:
+            found = self.memo[key] = kind(self)
+        return found  # type: ignore[return-value]
 
     def release(self) -> None:
         """Let go of everything computed about the tree, so that it is freed
