@@ -5,7 +5,7 @@ device, ``torch.device("cuda")``, the ``cuda if available else cpu`` idiom).
 Code that takes its device from the caller (``x.to(device)``) is device-generic
 and stays as it is, so a whole library can be converted and still work.
 Mentions of "cuda" that are not a device (comparisons, defaults of parameters)
-are reported, not rewritten.  A device kept in a string is XLA109
+are reported, not rewritten (comparisons: ``device_compare.py``).  A device kept in a string is XLA109
 (``device_strings.py``); ``torch.cuda.*`` calls are ``cuda_api.py``.
 """
 
@@ -19,7 +19,7 @@ import libcst as cst
 from codemods.analysis.cuda import cuda_facts, is_cuda_string
 from codemods.analysis.device_exprs import DeviceExprs
 from codemods.analysis.ordinals import ordinal_uses
-from codemods.base import Rule, XlaCodemod, dotted, find_all, string_value
+from codemods.base import Rule, XlaCodemod, dotted, find_all
 from codemods.syntax.nodes import source_of
 
 
@@ -92,22 +92,6 @@ CUDA_IDIOM = Rule(
     valid=("import torch\n\nmode = \"fast\" if torch.cuda.is_available() else \"slow\"\n",),
 )
 
-CUDA_COMPARE = Rule(
-    code="XLA104",
-    name="cuda-comparison",
-    summary='`device.type == "cuda"` -> `"xla"`; other comparisons with "cuda" are reported',
-    why=(
-        'Code such as `if device.type == "cuda": model = model.to(device)` chooses the path the '
-        'accelerator takes. On XLA the device type is "xla", so the comparison becomes one with "xla" '
-        "and the program takes the side it took on the GPU (a side that needs CUDA itself -- a fused "
-        "optimizer, device properties -- has been removed first: XLA116). A comparison with \"cuda\" "
-        "of anything else (a config value, a backend name) is reported: check the branch by hand."
-    ),
-    before='if x.device.type == "cuda":\n    model = model.to(x.device)\nif cfg.backend == "cuda":\n    pass\n',
-    after='if x.device.type == "xla":\n    model = model.to(x.device)\nif cfg.backend == "cuda":\n    pass\n',
-    valid=('if x.device.type == "xla":\n    pass\n',),
-)
-
 CUDA_DEFAULT = Rule(
     code="XLA106",
     name="cuda-parameter-default",
@@ -122,20 +106,6 @@ CUDA_DEFAULT = Rule(
     valid=("def run(x, device=None):\n    return x.to(device)\n",),
 )
 
-CUDA_GENERATOR = Rule(
-    code="XLA107",
-    name="cuda-generator",
-    summary="`torch.Generator(\"cuda\")`: XLA has no device generators; use a CPU one",
-    why=(
-        "torch_xla cannot create a `torch.Generator` on the XLA device. Libraries "
-        "that take a generator (diffusers' `randn_tensor`, samplers) accept a CPU "
-        "generator and move the numbers to the device, so the generator moves to the CPU."
-    ),
-    before='import torch\n\ng = torch.Generator("cuda").manual_seed(0)\n',
-    after='import torch\n\ng = torch.Generator("cpu").manual_seed(0)\n',
-)
-
-
 is_cuda_literal = is_cuda_string  # "cuda", "cuda:1", f"cuda:{rank}", "cuda:{}".format(gpu)
 
 
@@ -146,9 +116,7 @@ class DeviceSwap(XlaCodemod):
         CUDA_METHOD,
         CUDA_LITERAL,
         CUDA_IDIOM,
-        CUDA_COMPARE,
         CUDA_DEFAULT,
-        CUDA_GENERATOR,
     )
     # a name or a string saying "cuda" (see regions); or an integer ordinal,
     # which comes with DDP code (device_ids, a rank, a GPU index)
@@ -234,10 +202,6 @@ class DeviceSwap(XlaCodemod):
                     return self._device()
                 return updated_node
 
-        # torch.Generator("cuda") / torch.Generator(device="cuda")
-        if self.is_qualname(original_node.func, "torch.Generator", "torch._C.Generator"):
-            return self._generator(original_node, updated_node)
-
         # .to("cuda", ...) first positional
         if (
             isinstance(func, cst.Attribute)
@@ -262,17 +226,6 @@ class DeviceSwap(XlaCodemod):
         return updated_node
 
 
-    def _generator(self, original: cst.Call, updated: cst.Call) -> cst.Call:
-        args = list(updated.args)
-        for i, a in enumerate(original.args):
-            positional_device = i == 0 and a.keyword is None
-            keyword_device = a.keyword is not None and a.keyword.value == "device"
-            if (positional_device or keyword_device) and is_cuda_literal(a.value):
-                if self.flag(a.value, CUDA_GENERATOR.code, "CUDA generator -> CPU generator", fix=True):
-                    args[i] = args[i].with_changes(value=cst.SimpleString('"cpu"'))
-                    return updated.with_changes(args=args)
-        return updated
-
     # ------------------------------------------------------------ keywords
     def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
         if self._param_depth or original_node.keyword is None:
@@ -282,7 +235,7 @@ class DeviceSwap(XlaCodemod):
         value = original_node.value
         parent = self.parent(original_node)
         if isinstance(parent, cst.Call) and self.is_qualname(parent.func, "torch.Generator", "torch._C.Generator"):
-            return updated_node  # handled in leave_Call (XLA107)
+            return updated_node  # a generator's device (XLA107: ``generators.py``)
         if is_cuda_literal(value):
             if self.flag(value, CUDA_LITERAL.code, '`device="cuda"` -> XLA device', fix=True):
                 return updated_node.with_changes(value=self._device())
@@ -350,31 +303,6 @@ class DeviceSwap(XlaCodemod):
             self._if_idioms.add(node)
 
 
-    # ------------------------------------------------------------ XLA104
-    def leave_Comparison(self, original_node: cst.Comparison, updated_node: cst.Comparison) -> cst.Comparison:
-        node = original_node
-        operands = [node.left] + [t.comparator for t in node.comparisons]
-        for op in operands:
-            if string_value(op) is not None and string_value(op).startswith("cuda"):  # type: ignore[union-attr]
-                others = [o for o in operands if o is not op]
-                if string_value(op) == "cuda" and len(operands) == 2 and _is_device_type(others[0]):
-                    # `x.device.type == "cuda"`: the device's type (the
-                    # CUDA-only sides of such tests are gone: XLA116)
-                    if self.flag(node, CUDA_COMPARE.code, '`.type == "cuda"` -> `.type == "xla"`: the XLA '
-                                 "device takes the side the GPU took", fix=True):
-                        return _replace_operand(updated_node, operands.index(op),
-                                                cst.SimpleString(op.value[0] + "xla" + op.value[0]))  # type: ignore[attr-defined]
-                    return updated_node
-                self.flag(
-                    node,
-                    CUDA_COMPARE.code,
-                    'comparison with "cuda" is never true on XLA (device type is "xla"); '
-                    "check this branch",
-                    fix=False,
-                )
-                return updated_node
-        return updated_node
-
     # ------------------------------------------------------------ helpers
     def _device(self) -> cst.BaseExpression:
         self.add_imports(self.target.device_imports)
@@ -407,20 +335,6 @@ def cuda_to(call: cst.Call, device: Callable[[], cst.BaseExpression]) -> cst.Cal
         kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
         args += kept
     return call.with_changes(func=func.with_changes(attr=cst.Name("to")), args=args)
-
-
-def _is_device_type(node: cst.CSTNode) -> bool:
-    """``<a device>.type``: ``device.type``, ``x.device.type``, ``self.device.type``."""
-    return isinstance(node, cst.Attribute) and node.attr.value == "type" and \
-        bool(re.search(r"device$", (dotted(node.value) or "").split(".")[-1]))
-
-
-def _replace_operand(node: cst.Comparison, index: int, new: cst.BaseExpression) -> cst.Comparison:
-    if index == 0:
-        return node.with_changes(left=new.with_changes(lpar=node.left.lpar, rpar=node.left.rpar))
-    targets = list(node.comparisons)
-    targets[index - 1] = targets[index - 1].with_changes(comparator=new)
-    return node.with_changes(comparisons=targets)
 
 
 _DEVICE_ARG_RE = re.compile(r"(^|_)device$|^dev$")

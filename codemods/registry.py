@@ -22,6 +22,8 @@ ORDER: Tuple[Tuple[str, str], ...] = (
     ("codemods.guards", "CudaGuards"),  # decides CUDA tests before the device rules rewrite them
     ("codemods.device_strings", "DeviceStrings"),
     ("codemods.devices", "DeviceSwap"),
+    ("codemods.generators", "CudaGenerators"),
+    ("codemods.device_compare", "DeviceComparisons"),  # after the device choices: an idiom it replaces is gone
     ("codemods.tensor_types", "TensorTypes"),
     ("codemods.cuda_api", "CudaApi"),
     ("codemods.amp", "MixedPrecision"),

@@ -27,9 +27,13 @@ CODEMODS = (
         ('XLA101', 'cuda-method', '`.cuda()` moves to the CUDA device: move to the XLA device instead', True),
         ('XLA102', 'cuda-device-literal', '`"cuda"`/`"cuda:N"` used as a device: use the XLA device', True),
         ('XLA103', 'cuda-if-available', '`"cuda" if torch.cuda.is_available() else "cpu"`: use the XLA device', True),
-        ('XLA104', 'cuda-comparison', '`device.type == "cuda"` -> `"xla"`; other comparisons with "cuda" are reported', True),
         ('XLA106', 'cuda-parameter-default', 'a parameter defaults to a CUDA device (reported, not rewritten)', False),
+    )),
+    ('codemods.generators', 'CudaGenerators', (b'Generator',), ('code~cuda',), (
         ('XLA107', 'cuda-generator', '`torch.Generator("cuda")`: XLA has no device generators; use a CPU one', True),
+    )),
+    ('codemods.device_compare', 'DeviceComparisons', (b'cuda',), ('code~cuda',), (
+        ('XLA104', 'cuda-comparison', '`device.type == "cuda"` -> `"xla"`; other comparisons with "cuda" are reported', True),
     )),
     ('codemods.tensor_types', 'TensorTypes', (b'Tensor',), ('code~cuda',), (
         ('XLA119', 'cuda-tensor-type', 'legacy CUDA tensor types (`torch.cuda.FloatTensor`, aliases of them) -> dtype and device', True),

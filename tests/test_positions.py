@@ -106,6 +106,20 @@ def test_ignoring_a_rule_silences_its_lines_whichever_rule(tmp_path):
     assert "XLA199" not in xlaport("lint", "--format", "concise", f).stdout
 
 
+def test_ignoring_the_only_rule_of_a_codemod_still_silences_the_catch_all(tmp_path):
+    """XLA109 is its codemod's only rule: ignored, that codemod has nothing
+    to rewrite, but it still says where it would have spoken (the catch-all
+    used to report the device option's "cuda" as XLA199)."""
+    f = tmp_path / "ds.py"
+    f.write_text('import argparse\nimport torch\n\np = argparse.ArgumentParser()\n'
+                 'p.add_argument("--device", default="cuda")\nx = torch.zeros(2, device=p.parse_args().device)\n')
+    assert "XLA109" in xlaport("lint", "--format", "concise", f).stdout
+    ignored = xlaport("lint", "--format", "concise", "--ignore", "XLA109", f)
+    assert ignored.exit_code == 0 and "XLA199" not in ignored.output, ignored.output
+    only = xlaport("lint", "--format", "concise", "--select", "XLA199", f)
+    assert "XLA199" in only.output, only.output  # chosen alone, the catch-all speaks for every rule
+
+
 # ------------------------------------------------------------------ item 10
 
 def test_convert_diff_names_the_files_it_could_not_process_and_the_items_to_review(tmp_path):

@@ -212,10 +212,12 @@ def _convert(source: bytes, settings: Settings, filename: str, triggered: Option
     if not codemods:
         return Outcome(source, []), []
     counting = CudaCatchAll in codemods  # (the coverage line: the catch-all's)
+    running = codes
     if not counting and SWITCH_CODES & set(codes):
         # a rewritten CUDA test must own what it switches on, whichever rules
         # are selected: the catch-all lists what is left (and reports nothing)
         codemods = applicable(source, settings, [*codes, CATCH_ALL.code])
+        running = [*codes, CATCH_ALL.code]
     if pyast.rejected(source):
         # Python could not read it: too deep a nesting crashes LibCST's
         # native parser (a segfault, 5,000 nested brackets) -- say so first
@@ -235,7 +237,12 @@ def _convert(source: bytes, settings: Settings, filename: str, triggered: Option
         },
     )
     if CudaCatchAll in codemods and len(codes) < len(registry.selected_codes(None, ())):
-        context.scratch[SILENCED_KEY] = set()  # some rule is off: the catch-all must not speak for it
+        # some rule is off: the catch-all must not speak for it, so the
+        # codemods of rules that are ignored run too -- they rewrite nothing
+        # (``flag`` is False for a rule that is off), they only say where
+        # they would have spoken
+        context.scratch[SILENCED_KEY] = set()
+        codemods = applicable(source, settings, [*running, *registry.selected_codes(settings.select, ())])
     # The analyses a TreeCache holds point back at it (and at its tree):
     # they are let go at the end, so that the trees are freed as soon as
     # the file is done rather than by the cycle collector (see
