@@ -189,6 +189,63 @@ def test_record_then_compare_against_the_record(tmp_path):
     assert any("ms/batch" in v for v in report["varies_between_runs"])
 
 
+def test_a_record_of_a_cuda_reference_is_compared_through_its_routed_draws(tmp_path):
+    """A reference recorded on a GPU draws its dropout masks from CUDA's
+    generator, which neither the CPU nor XLA reproduces: ``--record`` there
+    also keeps runs with those draws taken from the CPU generator, and the
+    conversion's routed run is compared with them.  Here a record is made on
+    this host and its runs stand in for CUDA's own draws (other numbers)."""
+    from xlaport.cli import main
+
+    project = tmp_path / "drop"
+    project.mkdir()
+    script = project / "train.py"
+    script.write_text("import torch\n\ntorch.manual_seed(0)\nx = torch.ones(64, device='cuda')\n"
+                      "print(torch.nn.functional.dropout(x, 0.5).sum().item())\n")
+    ref = tmp_path / "ref.json"
+    recorded = CliRunner().invoke(main, ["verify", str(script), "--root", str(project), "--record", str(ref)])
+    assert recorded.exit_code == 0, recorded.output
+    record = json.loads(ref.read_text())
+    assert "rng_runs" not in record  # (a CPU reference drew on the CPU: nothing to route)
+    record["rng_runs"] = record["runs"]
+    record["runs"] = [{"stdout": "7.0\n", "files": {}}, {"stdout": "7.0\n", "files": {}}]  # CUDA's own masks
+    ref.write_text(json.dumps(record))
+
+    def against():
+        out = tmp_path / "report.json"
+        result = CliRunner().invoke(main, ["verify", str(script), "--root", str(project), "--against", str(ref),
+                                           "--json", str(out), "--timeout", "300"])
+        return result, json.loads(out.read_text())
+
+    result, report = against()
+    assert result.exit_code == 0, report["failures"]
+    assert "recorded on cpu with --record" in report["config"]["reference"]
+    assert "random draws taken from the CPU generator" in report["config"]["reference"]
+    del record["rng_runs"]
+    ref.write_text(json.dumps(record))
+    result, report = against()
+    assert result.exit_code == 1 and report["verdict"] == "fail", report
+
+
+def test_a_number_made_from_elapsed_time_is_seen_to_vary_even_when_rounded_alike(tmp_path):
+    """nanoGPT prints `mfu 0.01%`: rounded, it was equal in both reference
+    runs, so it was compared, and the slower conversion failed on it.  The
+    later reference runs read a faster clock: such a number varies."""
+    from xlaport.cli import main
+
+    project = tmp_path / "timed"
+    project.mkdir()
+    script = project / "train.py"
+    script.write_text("import time\n\nimport torch\n\nt0 = time.perf_counter()\nx = torch.ones(3, device='cuda')\n"
+                      "time.sleep(0.3)\nprint(f'loss {x.sum().item():.4f} rate {round(time.perf_counter() - t0, 1)}')\n")
+    out = tmp_path / "report.json"
+    result = CliRunner().invoke(main, ["verify", str(script), "--root", str(project), "--json", str(out),
+                                       "--timeout", "300"])
+    report = json.loads(out.read_text())
+    assert result.exit_code == 0, report["failures"]
+    assert any("stdout line 1" in v and "rate" in v for v in report["varies_between_runs"]), report
+
+
 def test_options_and_paths_are_checked_before_anything_runs(tmp_path):
     from xlaport.cli import main
 

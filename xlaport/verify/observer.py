@@ -15,6 +15,8 @@ verify puts on its path, only
   from torch_xla's own graph dump (``XLA_SAVE_TENSORS_FILE``), read by the
   parent (:mod:`xlaport.verify.syncs`).
 
+A later reference run (``XLAPORT_CLOCK``) reads a clock that runs faster,
+so that numbers made from elapsed time show as varying between the runs.
 Diagnostic runs -- never the run that is judged -- add one instrument each,
 named by ``XLAPORT_DIAGNOSE``: ``trace`` (per step, the host reads and CPU
 fallbacks and the line of each), ``no_autocast`` (the precision noise:
@@ -36,6 +38,7 @@ import time
 from typing import Callable, Dict, List, Optional
 
 SEED = 0
+_PERF = time.perf_counter  # the real clock, for the run's own seconds (see _clock)
 _KEPT: List[object] = []  # what a diagnostic instrument must keep alive for the run
 
 
@@ -76,7 +79,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 class _State:
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
-        self.t0 = time.perf_counter()
+        self.t0 = _PERF()
         self.extras: Dict[str, object] = {}
         self.recorder = None
 
@@ -91,6 +94,8 @@ def start(prefix: str) -> None:
 
         sandbox.protect(tree)
     random.seed(SEED)
+    if os.environ.get("XLAPORT_CLOCK"):
+        _clock(float(os.environ["XLAPORT_CLOCK"]))
     hooks: Dict[str, Callable] = {"numpy": lambda np: np.random.seed(SEED),
                                   "torch": lambda torch: _on_torch(torch, state),
                                   "torch_xla": lambda _: _record_before_torch_xla_exits(state)}
@@ -102,6 +107,23 @@ def start(prefix: str) -> None:
         state.recorder.install()
     atexit.unregister(_record)  # (importing torch_xla just now registered it)
     atexit.register(_record, state)
+
+
+def _clock(scale: float) -> None:
+    """Time as the program reads it runs ``scale`` times as fast from now on
+    (a later reference run only: what it computes from elapsed time differs
+    from the first run's, and so is seen to vary, not compared)."""
+    for name in ("time", "perf_counter", "monotonic"):
+        for suffix, kind in (("", float), ("_ns", int)):
+            real = getattr(time, name + suffix)
+            setattr(time, name + suffix, _scaled(real, real(), scale, kind))
+
+
+def _scaled(real: Callable, start: float, scale: float, kind: type) -> Callable:
+    def now():  # type: ignore[no-untyped-def]
+        return kind(start + (real() - start) * scale)
+
+    return now
 
 
 def _on_torch(torch, state: _State) -> None:  # type: ignore[no-untyped-def]
@@ -211,7 +233,7 @@ def _metrics() -> Optional[Dict[str, object]]:
 def _record(state: _State) -> None:
     from xlaport.verify import sandbox
 
-    data: Dict[str, object] = {"pid": os.getpid(), "seconds": time.perf_counter() - state.t0, **state.extras}
+    data: Dict[str, object] = {"pid": os.getpid(), "seconds": _PERF() - state.t0, **state.extras}
     try:
         metrics = _metrics()
         if metrics is not None:

@@ -41,7 +41,9 @@ def owns_store(store: Path) -> bool:
 
 
 def write(path: Path, script: Path, args: Sequence[str], device: str, runs: List[Tuple[str, Dict[str, Path]]],
-          seconds: List[float]) -> None:
+          seconds: List[float], rng_runs: Sequence[Tuple[str, Dict[str, Path]]] = ()) -> None:
+    """The record; ``rng_runs``: the reference again with its device's random
+    draws taken from the CPU generator (a CUDA reference: see ``rng``)."""
     store = path.with_name(path.name + ".d")
     if store.exists():
         if not owns_store(store):
@@ -49,17 +51,20 @@ def write(path: Path, script: Path, args: Sequence[str], device: str, runs: List
         shutil.rmtree(store)
     store.mkdir()
     (store / MARKER).write_text(f"{FORMAT}\n")
-    saved_runs = []
-    for i, (stdout, files) in enumerate(runs):
-        saved: Dict[str, str] = {}
+    def saved(kind: str, i: int, stdout: str, files: Dict[str, Path]) -> Dict[str, object]:
+        kept: Dict[str, str] = {}
         for rel, src in files.items():
-            dest = store / f"run{i}" / rel
+            dest = store / f"{kind}{i}" / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest)
-            saved[rel] = dest.relative_to(path.parent).as_posix()
-        saved_runs.append({"stdout": stdout, "files": saved})
+            kept[rel] = dest.relative_to(path.parent).as_posix()
+        return {"stdout": stdout, "files": kept}
+
     record = {"format": FORMAT, "script": script.name, "args": list(args), "device": device,
-              "environment": environment(), "seconds": seconds, "runs": saved_runs}
+              "environment": environment(), "seconds": seconds,
+              "runs": [saved("run", i, *run) for i, run in enumerate(runs)]}
+    if rng_runs:
+        record["rng_runs"] = [saved("rng", i, *run) for i, run in enumerate(rng_runs)]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(record, indent=2))
     tmp.replace(path)
@@ -73,9 +78,16 @@ def read(path: Path) -> Tuple[Dict[str, object], List[str], List[Dict[str, Path]
         raise ValueError(f"{path}: not a readable record ({exc})") from None
     if record.get("format") != FORMAT:
         raise ValueError(f"{path}: not an xlaport reference record (format {record.get('format')!r})")
-    stdouts = [r["stdout"] for r in record["runs"]]
-    files = [{rel: path.parent / p for rel, p in r["files"].items()} for r in record["runs"]]
+    stdouts, files = runs_of(path, record, "runs")
+    return record, stdouts, files
+
+
+def runs_of(path: Path, record: Dict[str, object], key: str) -> Tuple[List[str], List[Dict[str, Path]]]:
+    """(stdouts, files) of the record's ``runs`` or ``rng_runs`` (none: empty)."""
+    runs = record.get(key) or []
+    stdouts = [r["stdout"] for r in runs]  # type: ignore[union-attr,index]
+    files = [{rel: path.parent / p for rel, p in r["files"].items()} for r in runs]  # type: ignore[union-attr,index]
     missing = [str(p) for run in files for p in run.values() if not p.exists()]
     if missing:
         raise ValueError(f"{path}: recorded files are missing: {', '.join(missing[:3])}")
-    return record, stdouts, files
+    return stdouts, files

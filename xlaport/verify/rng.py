@@ -1,5 +1,6 @@
-"""In the harness (candidate side): random numbers drawn for the XLA device
-come from the CPU generator, in program order, and move to the device.
+"""In a diagnostic run: random numbers drawn for an accelerator (XLA's
+device on the candidate side, CUDA where the reference ran on a GPU) come
+from the CPU generator, in program order, and move to the device.
 
 The reference runs on the CPU and draws every random number from the CPU
 generator; a correct port run on XLA draws the ones made on the device from
@@ -9,6 +10,11 @@ candidate draws the same numbers in the same order, so a correct port
 agrees exactly.  What cannot be routed (random ops inside compiled code or
 inside torch's C++ kernels) still runs on XLA's generator: the parent finds
 those ops in the dumped graphs and lists them as "random, not compared".
+
+A reference that ran on CUDA drew its device numbers from CUDA's generator:
+it is compared, where the conversion drew on its device, through a run of
+its own with its CUDA draws routed the same way (recorded beside the
+reference by ``--record``), so the two sides draw the same numbers.
 
 ``--device-rng`` turns this off, to see the real program.
 """
@@ -21,6 +27,7 @@ _FACTORIES = ("randn", "rand", "randint", "randperm", "normal", "bernoulli", "mu
 _LIKES = ("randn_like", "rand_like", "randint_like")
 _METHODS = ("normal_", "uniform_", "bernoulli_", "random_", "exponential_", "geometric_", "log_normal_",
             "cauchy_")
+_ACCELERATORS = ("xla", "cuda")
 _DROPOUTS = ("dropout", "dropout1d", "dropout2d", "dropout3d")  # multiplicative masks (not alpha dropout)
 
 
@@ -29,11 +36,15 @@ def install(counts: Dict[str, int]) -> None:
     import torch
     import torch.nn.functional as F
 
-    def on_xla(value) -> bool:  # type: ignore[no-untyped-def]
+    def on_device(value) -> bool:  # type: ignore[no-untyped-def]
+        """On an accelerator: XLA's device, or CUDA's (an int device is a CUDA ordinal)."""
         if isinstance(value, torch.Tensor):
-            return value.device.type == "xla"
-        if isinstance(value, (str, torch.device)):
-            return torch.device(value).type == "xla"
+            return value.device.type in _ACCELERATORS
+        if isinstance(value, (str, torch.device, int)) and not isinstance(value, bool):
+            try:
+                return torch.device(value).type in _ACCELERATORS
+            except (RuntimeError, TypeError):
+                return False
         return False
 
     def count(name: str) -> None:
@@ -43,7 +54,7 @@ def install(counts: Dict[str, int]) -> None:
         def routed(*args, **kwargs):  # type: ignore[no-untyped-def]
             device = kwargs.get("device")
             sources = [a for a in args if isinstance(a, torch.Tensor)]
-            if (device is not None and on_xla(device)) or (device is None and any(on_xla(a) for a in sources)):
+            if (device is not None and on_device(device)) or (device is None and any(on_device(a) for a in sources)):
                 count(name)
                 target = device if device is not None else sources[0].device
                 cpu_args = [a.to("cpu") if isinstance(a, torch.Tensor) else a for a in args]  # (not .cpu(): no user read)
@@ -55,7 +66,7 @@ def install(counts: Dict[str, int]) -> None:
     def like(name: str, real: Callable) -> Callable:
         def routed(x, *args, **kwargs):  # type: ignore[no-untyped-def]
             device = kwargs.get("device", getattr(x, "device", None))
-            if device is not None and on_xla(device):
+            if device is not None and on_device(device):
                 count(name)
                 shaped = torch.empty(x.shape, dtype=kwargs.pop("dtype", x.dtype), device="cpu")
                 kwargs.pop("device", None)
@@ -66,7 +77,7 @@ def install(counts: Dict[str, int]) -> None:
 
     def method(name: str, real: Callable) -> Callable:
         def routed(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-            if on_xla(self):
+            if on_device(self):
                 count(name)
                 drawn = real(torch.empty(self.shape, dtype=self.dtype, device="cpu"), *args, **kwargs)
                 with torch.no_grad():
@@ -78,7 +89,7 @@ def install(counts: Dict[str, int]) -> None:
 
     def dropout(name: str, real: Callable) -> Callable:
         def routed(x, p=0.5, training=True, inplace=False, *args, **kwargs):  # type: ignore[no-untyped-def]
-            if training and p > 0 and on_xla(x):
+            if training and p > 0 and on_device(x):
                 count(name)
                 # the CPU's own mask for this shape: drawn exactly as the reference draws it
                 scale = real(torch.ones(x.shape, dtype=x.dtype, device="cpu"), p, True, False, *args, **kwargs)

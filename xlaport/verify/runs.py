@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from xlaport.verify import growth
+from xlaport.verify import growth, record
 from xlaport.verify.core import convert_sources, run_side
 from xlaport.verify.crashes import needs_cuda
 from xlaport.verify.model import (
@@ -145,7 +145,7 @@ class Runs:
         runs = self.opts.reference_runs
         if use_cuda:
             self.ref_name, self.reference_is = "cuda", "the original, unmodified, on CUDA"
-            return [self.run_once("cuda", "cuda", self.args)[1] for _ in range(runs)]
+            return [self.run_once("cuda", "cuda", self.args, _later(k))[1] for k in range(runs)]
         try:
             first = self.run_once("orig", "cpu", self.args)[1]
             self.ref_name, self.reference_is = "orig", "the original, unmodified, on the CPU"
@@ -160,7 +160,23 @@ class Runs:
             self.ref_name = "ref"
             why = needs if needs.startswith("unmodified") else f"unmodified it needs CUDA: {needs}"
             self.reference_is = f"the original retargeted to the CPU (its CUDA code converted for the CPU), because {why}"
-        return [first] + [self.run_once(self.ref_name, "cpu", self.args)[1] for _ in range(runs - 1)]
+        return [first] + [self.run_once(self.ref_name, "cpu", self.args, _later(k))[1] for k in range(1, runs)]
+
+    def _rng_references(self, use_cuda: bool) -> Optional[Tuple[List[str], List[Dict[str, Path]]]]:
+        """The reference again with its device's random draws taken from the
+        CPU generator, as the conversion's values run takes XLA's (``rng``):
+        from the record (``--against``), or run on CUDA; None where the
+        reference drew on the CPU anyway (or the record holds no such runs)."""
+        if self.opts.against is not None:
+            path = Path(self.opts.against)
+            recorded, _, _ = record.read(path)
+            stdouts, files = record.runs_of(path, recorded, "rng_runs")
+            return (stdouts, files) if stdouts else None
+        if not use_cuda:
+            return None
+        runs = [self.run_once(self.ref_name, "cuda", self.args, {"XLAPORT_DIAGNOSE": "rng", **_later(k)})[1]
+                for k in range(self.opts.reference_runs)]
+        return [r.stdout for r in runs], [r.files for r in runs]
 
     def _accelerator_side(self, switched: List[str]) -> Optional[List[Run]]:
         """The reference runs again where the conversion turned an accelerator
@@ -169,7 +185,7 @@ class Runs:
         takes the accelerator's side as the original does on a GPU (its data
         order, workers, precision) -- said.  None where that cannot run."""
         try:
-            runs = [self.run_once("ref", "cpu", self.args)[1] for _ in range(self.opts.reference_runs)]
+            runs = [self.run_once("ref", "cpu", self.args, _later(k))[1] for k in range(self.opts.reference_runs)]
         except VerifyError:
             return None
         shown = "; ".join(switched[:3]) + (f" and {len(switched) - 3} more" if len(switched) > 3 else "")
@@ -221,3 +237,12 @@ class Runs:
 # what makes two runs of one program at once collide (a port, a process group)
 _SHARED = re.compile(rb"init_process_group|MASTER_PORT|MASTER_ADDR|\.spawn\(|start_processes|torch_xla\.launch|"
                      rb"\bsocket\b|\.bind\(|multiprocessing|subprocess")
+
+
+def _later(k: int) -> Dict[str, str]:
+    """The environment of reference run ``k``: the first is the reference as
+    it runs; in the others the program's clock runs four times as fast
+    (``observer``), so that a number computed from elapsed time (a
+    throughput, an MFU, an ETA) differs between them even where it is
+    rounded alike, and is not compared."""
+    return {"XLAPORT_CLOCK": "4"} if k else {}

@@ -60,6 +60,9 @@ class Session(Runs, Checks, Explanations):
             except ValueError as exc:
                 raise VerifyError(str(exc)) from None
             ref_kind = f"record ({recorded.get('device')})"
+            env = recorded.get("environment") or {}
+            self.reference_is = (f"the original, unmodified, recorded on {recorded.get('device')} with --record "
+                                 f"(torch {env.get('torch')}, {env.get('platform')})")  # type: ignore[union-attr]
         else:
             early = self._start_candidate() if opts.record_to is None else None
             refs = self._references(use_cuda)
@@ -68,9 +71,11 @@ class Session(Runs, Checks, Explanations):
             ref_imports = dict(refs[0].data.get("imported") or {})  # type: ignore[arg-type]
             if opts.record_to is not None:
                 try:
+                    routed = self._rng_references(use_cuda)  # (CUDA's draws: see rng)
                     record.write(Path(opts.record_to), self.project.script, self.args, ref_kind,
                                  [(r.stdout, r.files) for r in refs],
-                                 [float(r.data.get("seconds", 0.0)) for r in refs])  # type: ignore[arg-type]
+                                 [float(r.data.get("seconds", 0.0)) for r in refs],  # type: ignore[arg-type]
+                                 list(zip(*routed)) if routed is not None else ())
                 except ValueError as exc:
                     raise VerifyError(str(exc)) from None
                 return Report("recorded", metrics={"reference": ref_kind, "runs": len(refs)})
@@ -151,8 +156,12 @@ class Session(Runs, Checks, Explanations):
             try:
                 _, values = self.run_once("xla", "xla", self.cand_args, {
                     **xla_env, "XLAPORT_DIAGNOSE": "rng", "XLA_SAVE_TENSORS_FILE": str(values_graphs)})
+                routed = self._rng_references(use_cuda)
+                if routed is not None:  # a reference that drew on CUDA: its own run with the draws routed
+                    ref_stdouts, ref_files = routed
+                    self.reference_is += "; its device's random draws taken from the CPU generator, as the conversion's"
                 compared = compare(ref_stdouts, ref_files, values.stdout, values.files, rtol, atol, follow=follow)
-            except VerifyError as exc:
+            except (VerifyError, ValueError) as exc:
                 values, values_graphs = cand, graphs
                 compared.not_compared.append(f"a run with the device's random draws from the CPU generator could "
                                              f"not run ({str(exc)[:200]})")
