@@ -48,7 +48,7 @@ DEVICE_STRING = Rule(
         "parser.add_argument(\"--device\", default=\"cuda\", choices=[\"cpu\", \"cuda\"])\n"
     ),
     after=(
-        "import torch_xla\n\ndevice = \"xla\"\ndevice_type = \"xla\" if \"xla\" in device else \"cpu\"\n"
+        "import torch_xla  # noqa: F401\n\ndevice = \"xla\"\ndevice_type = \"xla\" if \"xla\" in device else \"cpu\"\n"
         "parser.add_argument(\"--device\", default=\"xla\", choices=[\"cpu\", \"xla\"], "
         "type=lambda d: \"xla\" if d.startswith(\"cuda\") else d)\n"
     ),

@@ -14,6 +14,7 @@ import libcst as cst
 from codemods.analysis import is_tensor_expr, loop_iterable
 from codemods.analysis.counters import loop_counters
 from codemods.analysis.dataflow import dataflow
+from codemods.analysis.growth import grown_by
 from codemods.analysis.placement import DEVICE, placement
 from codemods.base import Rule, call_name, find_all
 from codemods.hot_path import HotPathCodemod, code
@@ -105,25 +106,12 @@ class ShapeTraps(HotPathCodemod):
 
     def visit_Assign(self, node: cst.Assign) -> None:
         """``x = torch.cat((x, new), ...)``: ``x`` grows by one piece a step."""
-        value = node.value
-        if not (isinstance(value, cst.Call) and call_name(value) in ("cat", "concat", "concatenate") and value.args
-                and any(q.startswith("torch.") for q in self.qualnames(value.func))):
+        if not self.loop_stack:
             return
-        parts = value.args[0].value
-        if not isinstance(parts, (cst.Tuple, cst.List)) or not self.loop_stack:
-            return
-        grown = {t.target.value for t in node.targets if isinstance(t.target, cst.Name)}
-        names = {e.value.value for e in parts.elements if isinstance(e.value, cst.Name)}
-        # grown only when carried from the last iteration: no other assignment
-        # in the loop makes it afresh (`x = torch.cat([zeros_like(x), x])`
-        # after `x = controlnet(...)` doubles this step's value once)
         loop = self.loop_stack[-1][0]
-        for other in find_all(loop.body, (cst.Assign, cst.AnnAssign), stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            if other is not node:
-                targets = other.targets if isinstance(other, cst.Assign) else [other]  # type: ignore[attr-defined]
-                grown -= {n.value for t in targets for n in find_all(t.target, cst.Name)}
-        if grown & names:  # every op in the loop that reads it (its related lines) sees a new shape
-            self._report(node, GROWING_CAT, f"`{sorted(grown & names)[0]}` grows with `torch.cat` every iteration: "
+        grown = grown_by(node, loop, self.qualnames)
+        if grown:  # every op in the loop that reads it (its related lines) sees a new shape
+            self._report(node, GROWING_CAT, f"`{sorted(grown)[0]}` grows with `torch.cat` every iteration: "
                                             "a new shape and a new graph per step; preallocate it and write into it",
                          related=[loop])
 

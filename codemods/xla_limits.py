@@ -22,9 +22,10 @@ from typing import Optional
 import libcst as cst
 
 from codemods.analysis.cuda import BEING_PORTED, being_ported
+from codemods.analysis.growth import grown_in
 from codemods.analysis.placement import DEVICE, placement
 from codemods.analysis.values import TENSOR, values
-from codemods.base import Rule, XlaCodemod, dotted
+from codemods.base import Rule, XlaCodemod, dotted, find_all
 from codemods.xla_ops_data import CPU_FALLBACK, TORCH_XLA
 
 XLA_CANNOT = Rule(
@@ -61,6 +62,32 @@ CPU_FALLBACK_OP = Rule(
     valid=("import torch\n\nx = torch.randn(8, 8).cuda()\ny = torch.sum(x)\n",),
 )
 
+NEGATIVE_BOUND = Rule(
+    code="XLA160",
+    name="xla-negative-slice-bound",
+    summary="a slice of the last `n` of a tensor a loop grows: torch_xla raises while it is shorter (reported, with the fix)",
+    why=(
+        "Eager PyTorch clamps a slice bound to the tensor: `x[:, -8:]` of a 5-wide `x` is all of it. torch_xla 2.9 "
+        "raises instead (\"Value out of range (expected to be in range of [-5, 4], but got -8)\"), so code that "
+        "keeps the last `block_size` tokens of a sequence it grows, still shorter than that, crashes on XLA. Reported "
+        "where a loop grows the tensor (`torch.cat`) and no test reads the bound first: clamp it "
+        "(`x[:, -min(n, x.size(1)):]`) or guard the slice (`x if x.size(1) <= n else x[:, -n:]`)."
+    ),
+    before=(
+        "import torch\n\nidx = torch.zeros((1, 1), dtype=torch.long).cuda()\n"
+        "for _ in range(8):\n    ctx = idx[:, -block_size:]\n    idx = torch.cat((idx, model(ctx)), dim=1)\n"
+    ),
+    after=None,
+    valid=(
+        "import torch\n\nx = torch.zeros(4, 9).cuda()\ny = x[:, -2:]\n",
+        "import torch\n\nx = torch.zeros(4, 9).cuda()\nctx = x[:, -min(n, x.size(1)):]\n",
+        "import torch\n\nidx = torch.zeros((1, 1)).cuda()\nfor _ in range(8):\n"
+        "    ctx = idx if idx.size(1) <= n else idx[:, -n:]\n    idx = torch.cat((idx, model(ctx)), dim=1)\n",
+        "import torch\n\nnames = ['a', 'b'][-n:]\ny = torch.zeros(3).cuda()\n",
+    ),
+)
+
+
 _SPARSE_CALLS = {"torch.sparse_coo_tensor", "torch.sparse_csr_tensor", "torch.sparse_csc_tensor", "torch.spmm",
                  "torch.smm", "torch.hspmm", "torch.sspaddmm"}
 _SPARSE_METHODS = {"to_sparse", "to_sparse_coo", "to_sparse_csr", "to_sparse_csc", "to_sparse_bsr"}
@@ -83,12 +110,14 @@ _NAMES = frozenset({"spmm", "smm", "hspmm", "sspaddmm", "share_memory", *_FALLBA
 
 
 class XlaLimits(XlaCodemod):
-    DESCRIPTION = "Report what XLA cannot do: sparse tensors, share_memory(), ops with no XLA lowering."
-    RULES = (XLA_CANNOT, CPU_FALLBACK_OP)
-    TRIGGERS = (b"sparse", b"spmm", b"share_memory", b"fold", b"Fold",
+    DESCRIPTION = ("Report what XLA cannot do: sparse tensors, share_memory(), ops with no XLA lowering, "
+                   "slice bounds past the size.")
+    RULES = (XLA_CANNOT, CPU_FALLBACK_OP, NEGATIVE_BOUND)
+    TRIGGERS = (b"sparse", b"spmm", b"share_memory", b"fold", b"Fold", b"[-", b", -", b":-", b": -",
                 *sorted({_spelled(op).encode() for op in CPU_FALLBACK}))
     NEEDS = ("name~sparse", "name:spmm", "name:smm", "name:hspmm", "name:share_memory",  # XLA158: anywhere
-             *(f"name:{n}&{BEING_PORTED}" for n in sorted(_FALLBACK_NAMES)))  # XLA159: in code being ported
+             *(f"name:{n}&{BEING_PORTED}" for n in sorted(_FALLBACK_NAMES)),  # XLA159: in code being ported
+             BEING_PORTED)  # XLA160: likewise (a negative bound has no name to find it by)
 
     def regions(self, tree):
         # names the module binds to a sparse tensor (coarsely: by their text, module-wide): moving one fails
@@ -97,8 +126,22 @@ class XlaLimits(XlaCodemod):
                         and "share_memory" not in (dotted(a.value.func) or "")} - {None}  # type: ignore[attr-defined]
         roots = {name.split(".")[0] for name in self._sparse}
         self._ported = being_ported(tree)  # (XLA159 speaks only there: a cost, not a failure)
-        return tree.statements_where(lambda n: n.value in _NAMES or n.value in roots or "sparse" in n.value,
-                                     (cst.Name,))
+        named = tree.statements_where(lambda n: n.value in _NAMES or n.value in roots or "sparse" in n.value,
+                                      (cst.Name,))
+        if not self._ported:
+            return named
+        bounds = tree.statements_where(lambda n: _from_the_end(n) is not None, (cst.Slice,))
+        return list({id(st): st for st in named + bounds}.values())
+
+    def visit_Subscript(self, node: cst.Subscript) -> None:
+        if not self._ported:
+            return
+        bounds = [b for e in node.slice if isinstance(e.slice, cst.Slice) for b in [_from_the_end(e.slice)] if b]
+        if bounds and self._grown(node) and not self._guarded(node, bounds[0]):
+            x = dotted(node.value) or "<tensor>"
+            self.flag(node, NEGATIVE_BOUND.code, f"`-{bounds[0]}` as a slice bound of `{x}`: torch_xla {TORCH_XLA} "
+                      f"raises \"Value out of range\" where `{bounds[0]}` exceeds the size, eager PyTorch clamps; "
+                      f"where it can, clamp it (`-min({bounds[0]}, {x}.size(dim))`)", fix=False)
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
@@ -115,6 +158,29 @@ class XlaLimits(XlaCodemod):
         if op is not None:
             self.flag(node, CPU_FALLBACK_OP.code, f"`{op}` has no XLA lowering in torch_xla {TORCH_XLA}: it runs on "
                       "the CPU, its tensors copied to the host and back at every call", fix=False)
+
+    def _grown(self, node: cst.Subscript) -> bool:
+        """``node`` slices a tensor that a loop around it grows (it starts
+        shorter than the last ``n`` the slice keeps)."""
+        if not isinstance(node.value, cst.Name):
+            return False
+        cur = self.parent(node)
+        while cur is not None and not isinstance(cur, (cst.FunctionDef, cst.ClassDef, cst.Module)):
+            if isinstance(cur, (cst.For, cst.While)) and node.value.value in grown_in(cur, self.qualnames):
+                return True
+            cur = self.parent(cur)
+        return False
+
+    def _guarded(self, node: cst.CSTNode, bound: str) -> bool:
+        """Taken only after a test that reads the bound (``idx if idx.size(1)
+        <= block_size else idx[:, -block_size:]``): the code knows the size."""
+        cur = self.parent(node)
+        while cur is not None and not isinstance(cur, (cst.FunctionDef, cst.ClassDef, cst.Module)):
+            if isinstance(cur, (cst.IfExp, cst.If, cst.While)) and any(
+                    dotted(n) == bound for n in find_all(cur.test, (cst.Name, cst.Attribute))):
+                return True
+            cur = self.parent(cur)
+        return False
 
     def _sparse_or_shared(self, node: cst.Call) -> Optional[str]:
         func = node.func
@@ -154,4 +220,17 @@ class XlaLimits(XlaCodemod):
         return None
 
 
-__all__ = ["XlaLimits", "XLA_CANNOT", "CPU_FALLBACK_OP"]
+def _from_the_end(part: cst.Slice) -> Optional[str]:
+    """The ``n`` of a bound ``-n`` of ``part`` that is not a number (``-block_size``,
+    ``-self.n``): a count from the end that may be larger than the size (a
+    literal ``-1``, ``-2`` is left alone: it reads a size the code knows; so
+    is ``-min(n, ...)``, a bound already clamped)."""
+    for bound in (part.lower, part.upper):
+        if isinstance(bound, cst.UnaryOperation) and isinstance(bound.operator, cst.Minus) and \
+                not isinstance(bound.expression, (cst.Integer, cst.Float)) and \
+                not (isinstance(bound.expression, cst.Call) and dotted(bound.expression.func) == "min"):  # (clamped)
+            return dotted(bound.expression) or "n"
+    return None
+
+
+__all__ = ["XlaLimits", "XLA_CANNOT", "CPU_FALLBACK_OP", "NEGATIVE_BOUND"]

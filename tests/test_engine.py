@@ -127,7 +127,9 @@ def _ours_and_libcsts(source, requests, adding):
         (AddImportsVisitor.add_needed_import if adding else RemoveImportsVisitor.remove_unused_import)(ref, *r)
     got, _ = imports.apply(ctx, cst.parse_module(source))
     visitor = (AddImportsVisitor if adding else RemoveImportsVisitor)(ref)
-    return got, Codemod.transform_module(visitor, cst.parse_module(source))
+    want = Codemod.transform_module(visitor, cst.parse_module(source))
+    # (an import added for its effect alone is marked, whoever inserted it: see imports._for_its_effect)
+    return got, imports._for_its_effect(list(requests), want) if adding else want
 
 
 @pytest.mark.parametrize("source, on_head", REMOVALS)

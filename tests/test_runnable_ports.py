@@ -115,3 +115,45 @@ def test_a_module_without_cuda_in_a_cuda_program_is_still_ported(tmp_path):
     result = CliRunner().invoke(main, ["convert", "--no-cache", "--diff", str(tmp_path)])
     assert "nothing to port" not in result.output
     assert "+        torch_xla.sync()" in result.stdout
+
+
+@pytest.mark.xla
+@needs_xla
+def test_an_xla_device_string_keeps_the_import_it_needs_through_the_style_fixes(tmp_path):
+    """`device = "cuda"` -> `"xla"` needs `import torch_xla` (it registers the
+    device), which no code reads: `convert` applied Ruff's fix for the
+    unused import (the input passed Ruff) and the program crashed at its
+    first tensor ("Could not run 'aten::empty.memory_format' ... 'XLA'")."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "main.py").write_text('import torch\n\ndevice = "cuda"\nx = torch.zeros(2, device=device)\nprint(x)\n')
+    result = CliRunner().invoke(main, ["convert", "--no-cache", str(src), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    out = (tmp_path / "out" / "main.py").read_text()
+    assert "import torch_xla  # noqa: F401\n" in out, out
+    done = subprocess.run([sys.executable, "main.py"], cwd=tmp_path / "out", env={**os.environ, "PJRT_DEVICE": "CPU"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "device='xla:0'" in done.stdout, done.stderr[-2000:]
+
+
+@pytest.mark.xla
+@needs_xla
+def test_the_slice_xla160_reports_is_out_of_range_on_xla_and_its_fix_runs(tmp_path):
+    """XLA160's claim, on torch_xla itself: the last `block_size` of a
+    sequence still shorter raises on XLA (eager clamps); the clamped bound
+    the message gives runs and equals the original on the CPU."""
+    program = ("import torch\n\nblock_size = 8\nidx = torch.zeros((1, 1), dtype=torch.long).cuda()\n"
+               "for _ in range(4):\n    ctx = idx[:, -block_size:]\n    idx = torch.cat((idx, ctx[:, -1:] + 1), dim=1)\n"
+               "print(idx.tolist())\n")
+    outcome = transform(program.encode(), Settings())
+    converted, findings = outcome.code.decode(), outcome.findings
+    assert [(f.code, f.line) for f in findings if f.code == "XLA160"] == [("XLA160", 6)]
+    env = {**os.environ, "PJRT_DEVICE": "CPU"}
+    (tmp_path / "as_is.py").write_text(converted)
+    as_is = subprocess.run([sys.executable, "as_is.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert as_is.returncode != 0 and "Value out of range" in as_is.stderr, as_is.stderr[-2000:]
+    (tmp_path / "fixed.py").write_text(converted.replace("-block_size:", "-min(block_size, idx.size(1)):"))
+    fixed = subprocess.run([sys.executable, "fixed.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert fixed.returncode == 0 and fixed.stdout.strip() == "[[0, 1, 2, 3, 4]]", fixed.stderr[-2000:]

@@ -45,7 +45,7 @@ def apply(context: object, tree: cst.Module) -> Tuple[cst.Module, bool]:
     unused: List[Request] = scratch.get(UNUSED_KEY) or []
     changed = False
     if needed:
-        tree, changed = _add(needed, tree), True
+        tree, changed = _for_its_effect(needed, _add(needed, tree)), True
     if unused:
         where = _removable(unused, tree)
         if where is not None:
@@ -59,6 +59,55 @@ def apply(context: object, tree: cst.Module) -> Tuple[cst.Module, bool]:
                 removed = removed.with_changes(body=[first.with_changes(leading_lines=lines), *removed.body[1:]])
             tree, changed = removed, True
     return tree, changed
+
+
+# imported for what importing it does, even where its name goes unread: torch_xla
+# registers the XLA device, so that `device="xla"` strings work
+_FOR_ITS_EFFECT = ("torch_xla",)
+
+
+def _for_its_effect(needed: List[Request], tree: cst.Module) -> cst.Module:
+    """``import torch_xla`` added where no code reads the name and no import of
+    one of its modules imports it anyway (a module that uses "xla" strings
+    as devices): marked ``# noqa: F401``, so that a linter's
+    fix for unused imports -- Ruff's, which ``convert`` applies where the input
+    passed Ruff -- does not take the device away with it."""
+    wanted = {m for m, obj, asname in needed if obj is None and asname is None and m in _FOR_ITS_EFFECT}
+    if not wanted:
+        return tree
+    read = _names_read(tree) | _imported_through_submodules(tree)
+    body = []
+    for stmt in tree.body:
+        if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Import) \
+                and stmt.trailing_whitespace.comment is None and len(stmt.body[0].names) == 1:
+            alias = stmt.body[0].names[0]
+            name = alias.name.value if isinstance(alias.name, cst.Name) else None
+            if name in wanted and alias.asname is None and name not in read:
+                stmt = stmt.with_changes(trailing_whitespace=stmt.trailing_whitespace.with_changes(
+                    whitespace=cst.SimpleWhitespace("  "), comment=cst.Comment("# noqa: F401")))
+        body.append(stmt)
+    return tree.with_changes(body=body)
+
+
+def _imported_through_submodules(tree: cst.Module) -> Set[str]:
+    """Packages an import of one of their modules imports anyway
+    (``import torch_xla.runtime as xr``, ``from torch_xla.core import ...``)."""
+    found: Set[str] = set()
+    for stmt in tree.body:
+        for imp in (stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ()):
+            if isinstance(imp, cst.Import):
+                found |= {dotted(a.name).split(".")[0] for a in imp.names if "." in (dotted(a.name) or "")}  # type: ignore[union-attr]
+            elif isinstance(imp, cst.ImportFrom) and imp.module is not None and not imp.relative:
+                found.add((dotted(imp.module) or "").split(".")[0])
+    return found
+
+
+def _names_read(tree: cst.Module) -> Set[str]:
+    """The names the module's code holds outside its top-level imports."""
+    return {n.value for stmt in tree.body
+            if not (isinstance(stmt, cst.SimpleStatementLine) and any(isinstance(b, (cst.Import, cst.ImportFrom))
+                                                                     for b in stmt.body))
+            for n in find_all(stmt, cst.Name)}
 
 
 def _remove(unused: List[Request], tree: cst.Module, head: int) -> cst.Module:
