@@ -41,7 +41,7 @@ PROCESS_GROUP = Rule(
         "dist.init_process_group(\"nccl\", rank=rank, world_size=world_size)\n"
     ),
     after=(
-        "import torch.distributed as dist\nimport torch_xla.distributed.xla_backend\n\n"
+        "import torch.distributed as dist\nimport torch_xla.distributed.xla_backend  # noqa: F401\n\n"
         "dist.init_process_group(\"xla\", init_method=\"xla://\")\n"
     ),
     valid=(

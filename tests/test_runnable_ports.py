@@ -134,6 +134,18 @@ def test_an_xla_device_string_keeps_the_import_it_needs_through_the_style_fixes(
     done = subprocess.run([sys.executable, "main.py"], cwd=tmp_path / "out", env={**os.environ, "PJRT_DEVICE": "CPU"},
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "device='xla:0'" in done.stdout, done.stderr[-2000:]
+    # the "xla" process-group backend is registered by an import no code reads either; where another import
+    # of the package's modules is marked, `import torch_xla` needs no mark of its own (Ruff: RUF100 otherwise)
+    (src / "main.py").write_text('import torch.distributed as dist\n\ndist.init_process_group("nccl")\n'
+                                 'device = "cuda"\n')
+    CliRunner().invoke(main, ["convert", "--no-cache", str(src / "main.py"), "-o", str(tmp_path / "dist")])
+    out = (tmp_path / "dist" / "main.py").read_text()
+    assert "import torch_xla\nimport torch_xla.distributed.xla_backend  # noqa: F401\n" in out, out
+    from xlaport.style import ruff_binary
+
+    checked = subprocess.run([ruff_binary(), "check", "--isolated", "--extend-select", "RUF100", str(tmp_path / "dist")],
+                             capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout
 
 
 @pytest.mark.xla

@@ -63,7 +63,8 @@ def apply(context: object, tree: cst.Module) -> Tuple[cst.Module, bool]:
 
 # imported for what importing it does, even where its name goes unread: torch_xla
 # registers the XLA device, so that `device="xla"` strings work
-_FOR_ITS_EFFECT = ("torch_xla",)
+# (and the distributed backend registers the "xla" process group backend)
+_FOR_ITS_EFFECT = ("torch_xla", "torch_xla.distributed.xla_backend")
 
 
 def _for_its_effect(needed: List[Request], tree: cst.Module) -> cst.Module:
@@ -75,14 +76,16 @@ def _for_its_effect(needed: List[Request], tree: cst.Module) -> cst.Module:
     wanted = {m for m, obj, asname in needed if obj is None and asname is None and m in _FOR_ITS_EFFECT}
     if not wanted:
         return tree
-    read = _names_read(tree) | _imported_through_submodules(tree)
+    read, through = _names_read(tree), _imported_through_submodules(tree)
     body = []
     for stmt in tree.body:
         if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Import) \
                 and stmt.trailing_whitespace.comment is None and len(stmt.body[0].names) == 1:
             alias = stmt.body[0].names[0]
-            name = alias.name.value if isinstance(alias.name, cst.Name) else None
-            if name in wanted and alias.asname is None and name not in read:
+            name = dotted(alias.name)
+            root = name.split(".")[0]  # type: ignore[union-attr]
+            # (a package that an import of one of its modules imports anyway needs no mark of its own)
+            if name in wanted and alias.asname is None and root not in read and ("." in name or root not in through):  # type: ignore[operator]
                 stmt = stmt.with_changes(trailing_whitespace=stmt.trailing_whitespace.with_changes(
                     whitespace=cst.SimpleWhitespace("  "), comment=cst.Comment("# noqa: F401")))
         body.append(stmt)
