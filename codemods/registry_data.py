@@ -95,8 +95,9 @@ CODEMODS = (
         ('XLA202', 'progress-bar-block', '`with tqdm(...) as bar:` / `with self.progress_bar(...)`: drop the block, keep its body', True),
         ('XLA203', 'progress-bar-tensor-postfix', 'kept bars: `set_postfix(loss=loss.item())` and the like are dropped', True),
     )),
-    ('codemods.tied_weights', 'TiedWeights', (b'weight = self.', b'bias = self.', b'transformers'), ('tied_weights', 'calls:transformers&name:to'), (
+    ('codemods.tied_weights', 'TiedWeights', (b'weight = self.', b'bias = self.', b'transformers', b'parameters()'), ('tied_weights', 'calls:transformers&name:to', 'name:parameters&name:optim'), (
         ('XLA157', 'tied-weights', 'weights shared between modules (`self.head.weight = self.embed.weight`) stay shared on the XLA device', True),
+        ('XLA133', 'optimizer-before-move', "an optimizer made over a module's parameters before the module moves to the XLA device keeps them", True),
     )),
     ('codemods.runtime', 'XlaRuntime', (b'inference_mode', b'fused', b'set_float32_matmul_precision', b'DataParallel', b'basicConfig', b'manual_seed'), ('name:inference_mode', 'name:fused', 'name:set_float32_matmul_precision', 'name:DataParallel', 'name:basicConfig', 'name:manual_seed'), (
         ('XLA151', 'inference-mode', '`torch.inference_mode()` -> `torch.no_grad()` (inference tensors fail on XLA)', True),

@@ -1,4 +1,5 @@
-"""XLA157: weights that modules share stay shared on the XLA device.
+"""XLA157: weights that modules share stay shared on the XLA device;
+XLA133: an optimizer made before its module moves keeps its parameters.
 
 A language model often ties its output layer to its embedding
 (``self.lm_head.weight = self.wte.weight``: one ``Parameter`` held by two
@@ -73,21 +74,49 @@ TIED_WEIGHTS = Rule(
 )
 
 
+EARLY_OPTIMIZER = Rule(
+    code="XLA133",
+    name="optimizer-before-move",
+    summary="an optimizer made over a module's parameters before the module moves to the XLA device keeps them",
+    why=(
+        "For the same reason (`.to(<XLA device>)` gives the module new `Parameter`s), an optimizer built over "
+        "`self.parameters()` in a module's constructor, or over `model.parameters()` before `model.to(device)`, "
+        "holds the old CPU parameters: it steps them, the model on the device never changes, and training "
+        "silently does nothing (pytorch/examples' mnist_forward_forward: its losses stayed put on XLA). On CUDA "
+        "the parameters are converted in place and it works. The module turns on the swapping conversion, so "
+        "that `.to()` keeps every parameter the optimizer holds."
+    ),
+    before=(
+        "import torch\nimport torch.nn as nn\n\n\nclass Layer(nn.Linear):\n    def __init__(self, n):\n"
+        "        super().__init__(n, n)\n        self.opt = torch.optim.Adam(self.parameters())\n"
+    ),
+    after=(
+        "import torch\nimport torch.nn as nn\n\n" + SWAP + "(True)\n\n\nclass Layer(nn.Linear):\n"
+        "    def __init__(self, n):\n        super().__init__(n, n)\n        self.opt = torch.optim.Adam(self.parameters())\n"
+    ),
+    valid=(
+        "import torch\n\nmodel = Net().to(device)\nopt = torch.optim.Adam(model.parameters())\n",
+        "import torch\n\nmodel = Net()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n",
+    ),
+)
+
+
 class TiedWeights(XlaCodemod):
-    DESCRIPTION = "Keep weights tied between modules shared when the model moves to the XLA device."
+    DESCRIPTION = "Keep the parameters modules share or optimizers hold when the model moves to the XLA device."
     RESPECTS_HAND_PORTS = True  # a module that supports XLA already may re-tie by hand (transformers does)
-    RULES = (TIED_WEIGHTS,)
-    TRIGGERS = (*(f"{name} = self.".encode() for name in TIE_ATTRS), LIBRARY.encode())
-    NEEDS = (TIED, f"{CALLS_LIBRARY}&name:to")
+    RULES = (TIED_WEIGHTS, EARLY_OPTIMIZER)
+    TRIGGERS = (*(f"{name} = self.".encode() for name in TIE_ATTRS), LIBRARY.encode(), b"parameters()")
+    NEEDS = (TIED, f"{CALLS_LIBRARY}&name:to", "name:parameters&name:optim")
 
     @classmethod
     def wanted(cls, tree, options):
-        return bool(_ties_here(tree) or library_moves(tree))
+        return bool(_ties_here(tree) or library_moves(tree) or early_optimizers(tree))
 
     def regions(self, tree):
         self._ties = _ties_here(tree)
         self._moves = {id(stmt): name for stmt, name in library_moves(tree)}
-        return self._ties + [stmt for stmt, _ in library_moves(tree)]
+        self._early = early_optimizers(tree)
+        return self._ties + [stmt for stmt, _ in library_moves(tree)] + self._early
 
     def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock):
         body = self._retied(original_node.body, updated_node.body)
@@ -100,6 +129,10 @@ class TiedWeights(XlaCodemod):
         flagged = [self.flag(tie, TIED_WEIGHTS.code, f"`{_text(tie)}` ties a weight between modules: `.to(<XLA "
                              "device>)` would untie it; parameters are swapped in place instead", fix=True)
                    for tie in self._ties]
+        flagged += [self.flag(stmt, EARLY_OPTIMIZER.code, "an optimizer made before its module moves to the XLA "
+                              "device: `.to()` would give the module new parameters and the optimizer would step "
+                              "the old ones; parameters are swapped in place instead", fix=True)
+                    for stmt in self._early]
         if not any(flagged):
             return updated_node
         self.add_imports((("torch", None, None),))
@@ -125,6 +158,53 @@ class TiedWeights(XlaCodemod):
                          f"re-tied after the move (`{name}.tie_weights()`)", fix=True):
                 out.append(statement(cst.Call(func=cst.parse_expression(f"{name}.tie_weights"))))
         return out
+
+
+def early_optimizers(tree) -> List[cst.CSTNode]:
+    """The statements that build a ``torch.optim`` optimizer over a module's
+    parameters before that module can have moved: over ``self.parameters()``
+    in a class's methods (made with the module), or over ``m.parameters()``
+    with a later statement of the same block moving ``m`` (``m.to(...)``)."""
+    key = "tied_weights:optimizers"
+    if key in tree.memo:
+        return tree.memo[key]  # type: ignore[no-any-return]
+    found: List[cst.CSTNode] = []
+    if not any(dotted(c.func) == SWAP for c in tree.nodes((cst.Call,))):  # (not swapping already)
+        for call in tree.nodes((cst.Call,)):
+            owner = _optimized(call, tree)
+            if owner is None:
+                continue
+            stmt = tree.statement_of(call)
+            if (_in_class(tree, call) if owner == "self" else _moved_later(tree, stmt, owner)) and stmt not in found:
+                found.append(stmt)
+    tree.memo[key] = found
+    return found
+
+
+def _optimized(call: cst.Call, tree) -> Optional[str]:
+    """``m`` for ``torch.optim.X(m.parameters(), ...)``."""
+    if not any(q.startswith("torch.optim.") and ".lr_scheduler." not in q for q in tree.import_qualnames(call.func) or ()):
+        return None
+    params = next((a.value for a in call.args if (a.keyword is None) or a.keyword.value == "params"), None)
+    if isinstance(params, cst.Call) and isinstance(params.func, cst.Attribute) and \
+            params.func.attr.value in ("parameters", "named_parameters"):
+        return dotted(params.func.value)
+    return None
+
+
+def _in_class(tree, node: cst.CSTNode) -> bool:
+    cur = tree.parents.get(id(node))
+    while cur is not None and not isinstance(cur, cst.ClassDef):
+        cur = tree.parents.get(id(cur))
+    return cur is not None
+
+
+def _moved_later(tree, stmt: cst.CSTNode, owner: str) -> bool:
+    block = tree.parents.get(id(stmt))
+    body = list(getattr(block, "body", ()))
+    later = body[body.index(stmt) + 1:] if stmt in body else []
+    return any(isinstance(c.func, cst.Attribute) and c.func.attr.value in ("to", "cuda") and dotted(c.func.value) == owner
+               for s in later for c in find_all(s, cst.Call))
 
 
 def _after_imports(module: cst.Module) -> int:

@@ -169,3 +169,30 @@ def test_the_slice_xla160_reports_is_out_of_range_on_xla_and_its_fix_runs(tmp_pa
     fixed = subprocess.run([sys.executable, "fixed.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
                            timeout=300)
     assert fixed.returncode == 0 and fixed.stdout.strip() == "[[0, 1, 2, 3, 4]]", fixed.stderr[-2000:]
+
+
+@pytest.mark.xla
+@needs_xla
+def test_an_optimizer_made_before_the_move_still_trains_the_model_on_xla(tmp_path):
+    """`.to(<XLA device>)` gives a module new Parameters (on CUDA they are
+    converted in place): an optimizer made over the old ones stepped CPU
+    tensors and the model on XLA never changed (pytorch/examples'
+    mnist_forward_forward).  XLA133 turns on the swapping conversion."""
+    program = ("import torch\n\ntorch.manual_seed(0)\n\n\nclass Layer(torch.nn.Linear):\n"
+               "    def __init__(self):\n        super().__init__(3, 2)\n"
+               "        self.opt = torch.optim.SGD(self.parameters(), lr=0.05)\n\n\n"
+               "device = 'cuda' if torch.cuda.is_available() else 'cpu'\nlayer = Layer().to(device)\n"
+               "x = torch.ones(4, 3, device=device)\nfor _ in range(3):\n    loss = layer(x).pow(2).mean()\n"
+               "    layer.opt.zero_grad()\n    loss.backward()\n    layer.opt.step()\n"
+               "    print(f'{loss.item():.6f}')\n")
+    outcome = transform(program.encode(), Settings())
+    assert "XLA133" in {f.code for f in outcome.findings}
+    (tmp_path / "orig.py").write_text(program)
+    (tmp_path / "conv.py").write_bytes(outcome.code)
+    runs = {name: subprocess.run([sys.executable, f"{name}.py"], cwd=tmp_path, capture_output=True, text=True,
+                                 timeout=300, env={**os.environ, "PJRT_DEVICE": "CPU", "CUDA_VISIBLE_DEVICES": ""})
+            for name in ("orig", "conv")}
+    assert all(r.returncode == 0 for r in runs.values()), runs["conv"].stderr[-2000:]
+    losses = [[float(v) for v in runs[n].stdout.split()] for n in ("orig", "conv")]
+    assert len(set(losses[0])) == 3  # it trains
+    assert losses[1] == pytest.approx(losses[0], rel=1e-4)
