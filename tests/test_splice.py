@@ -173,4 +173,4 @@ def test_adding_an_import_below_a_comment_header_keeps_the_header_and_splices():
     assert len(new.header) == len(old.header) == 3 and all(a is b for a, b in zip(new.header, old.header))
     got = spliced_code(old, text, new, statement_starts(old, text))
     assert got is not None and got == new.code
-    assert "import torch_xla\n" in got and got.startswith("# Copyright line one\n# line two\n")
+    assert "import torch_xla  # noqa: F401\n" in got and got.startswith("# Copyright line one\n# line two\n")

@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 from xlaport.engine import Settings, SourceError, transform
+from xlaport.verify import record
 from xlaport.verify.model import Report, Run, VerifyError
 from xlaport.verify.outputs import Compared, Comparison, compare, within_float_order
 from xlaport.verify.project import own_files
@@ -55,17 +56,17 @@ class Explanations:
         within_float_order(compared, {o.name: o.max_abs_err for o in moved.outputs},
                            "with autocast off (the precision noise of the low precision that ran)")
 
-    def _torch_xla_batchnorm(self, compared: Comparison, values: Run, rtol: float, atol: float) -> None:
+    def _torch_xla_batchnorm(self, compared: Comparison, values: Run, rtol: float, atol: float,
+                             use_cuda: bool = False) -> None:
         """Outputs that fail where the conversion trained BatchNorm are compared
         once more, against the original run with BatchNorm's running variance
         updated as torch_xla 2.9 updates it (the biased batch variance, where
         PyTorch takes the unbiased one): an output equal to that run's differs
         because of torch_xla, not of the conversion, and passes, said."""
-        try:
-            _, biased = self.run_once(self.ref_name, "cpu", self.args, {"XLAPORT_DIAGNOSE": "xla_batchnorm"})
-        except VerifyError:
+        biased = self._batchnorm_reference(use_cuda)
+        if biased is None:
             return
-        again = compare([biased.stdout], [biased.files], values.stdout, values.files, rtol, atol)
+        again = compare([biased[0]], [biased[1]], values.stdout, values.files, rtol, atol)
         agree = {_output_key(o.name) for o in again.outputs if o.ok}
         for i, o in enumerate(compared.outputs):
             if not o.ok and _output_key(o.name) in agree:
@@ -74,6 +75,25 @@ class Explanations:
                     f"{o.name}: off by {o.max_abs_err:.3g}; equal to the original's once BatchNorm's running variance "
                     "is updated as torch_xla 2.9 updates it (the biased batch variance; PyTorch uses the unbiased "
                     "one): a difference of torch_xla, not of the conversion")
+
+    def _batchnorm_reference(self, use_cuda: bool) -> Optional[Tuple[str, Dict[str, Path]]]:
+        """(stdout, files) of the original with torch_xla's BatchNorm update:
+        from the record (``--against``), or run here -- on CUDA with its
+        device's random draws routed as the conversion's values run routes
+        them (``rng``); None where there is none."""
+        if self.opts.against is not None:
+            path = Path(self.opts.against)
+            try:
+                stdouts, files = record.runs_of(path, record.read(path)[0], "bn_runs")
+            except ValueError:
+                return None
+            return (stdouts[0], files[0]) if stdouts else None
+        env = {"XLAPORT_DIAGNOSE": "rng,xla_batchnorm" if use_cuda else "xla_batchnorm"}
+        try:
+            _, run = self.run_once(self.ref_name, "cuda" if use_cuda else "cpu", self.args, env)
+        except VerifyError:
+            return None
+        return run.stdout, run.files
 
     def _switched(self, report: Report) -> None:
         """Outputs differ, and the reference was the original on this CPU

@@ -100,13 +100,19 @@ def start(prefix: str) -> None:
                                   "torch": lambda torch: _on_torch(torch, state),
                                   "torch_xla": lambda _: _record_before_torch_xla_exits(state)}
     sys.meta_path.insert(0, _AfterImport(hooks))
-    if os.environ.get("XLAPORT_DIAGNOSE") == "trace":
+    if "trace" in _instruments():
         from xlaport.verify.harness import XlaRecorder
 
         state.recorder = XlaRecorder()
         state.recorder.install()
     atexit.unregister(_record)  # (importing torch_xla just now registered it)
     atexit.register(_record, state)
+
+
+def _instruments() -> List[str]:
+    """The diagnostic instruments of this run (``XLAPORT_DIAGNOSE``: one, or
+    several joined by commas)."""
+    return [d for d in os.environ.get("XLAPORT_DIAGNOSE", "").split(",") if d]
 
 
 def _clock(scale: float) -> None:
@@ -133,16 +139,16 @@ def _on_torch(torch, state: _State) -> None:  # type: ignore[no-untyped-def]
         from xlaport.verify import sandbox
 
         sandbox.protect_save(tree, torch)
-    diagnose = os.environ.get("XLAPORT_DIAGNOSE")
-    if diagnose == "rng":
+    diagnose = _instruments()
+    if "rng" in diagnose:
         from xlaport.verify import rng
 
         routed: Dict[str, int] = {}
         state.extras["rng_routed"] = routed
         rng.install(routed)
-    if diagnose == "no_autocast":
+    if "no_autocast" in diagnose:
         _autocast_off(torch)
-    if diagnose == "xla_batchnorm":
+    if "xla_batchnorm" in diagnose:
         _KEPT.append(_batchnorm_as_torch_xla(torch))
     trace = os.environ.get("XLAPORT_TRACE_MODULES")
     if trace:
@@ -169,7 +175,9 @@ def _batchnorm_as_torch_xla(torch):  # type: ignore[no-untyped-def]
     unbiased one): a diagnostic run of the reference, to tell a difference
     torch_xla makes from one the conversion makes.  The CPU kernel of
     ``aten::native_batch_norm`` is replaced, so eager and TorchScript
-    modules alike take it; outputs and gradients are the kernel's own."""
+    modules alike take it; outputs and gradients are the kernel's own.  On
+    CUDA the CUDA kernel is replaced too, with cuDNN off (its BatchNorm is
+    another op) for the length of this diagnostic run."""
     import warnings
 
     aten = torch.ops.aten
@@ -190,6 +198,9 @@ def _batchnorm_as_torch_xla(torch):  # type: ignore[no-untyped-def]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (it says a kernel is overridden: that is the point)
         lib.impl("native_batch_norm", native_batch_norm, "CPU")
+        if torch.cuda.is_available():  # a reference on CUDA: cuDNN's BatchNorm is another op, so cuDNN is off
+            lib.impl("native_batch_norm", native_batch_norm, "CUDA")
+            torch.backends.cudnn.enabled = False
     return lib  # kept alive: the registration lasts as long as the library object
 
 

@@ -13,7 +13,7 @@ import platform
 import shutil
 import sys
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 FORMAT = "xlaport-reference/1"
 
@@ -41,9 +41,11 @@ def owns_store(store: Path) -> bool:
 
 
 def write(path: Path, script: Path, args: Sequence[str], device: str, runs: List[Tuple[str, Dict[str, Path]]],
-          seconds: List[float], rng_runs: Sequence[Tuple[str, Dict[str, Path]]] = ()) -> None:
-    """The record; ``rng_runs``: the reference again with its device's random
-    draws taken from the CPU generator (a CUDA reference: see ``rng``)."""
+          seconds: List[float], diagnostics: Optional[Dict[str, Sequence[Tuple[str, Dict[str, Path]]]]] = None) -> None:
+    """The record; ``diagnostics``: the reference's diagnostic runs by kind --
+    ``rng_runs`` (its device's random draws taken from the CPU generator, a
+    CUDA reference: see ``rng``), ``bn_runs`` (BatchNorm's running variance
+    updated as torch_xla updates it, those draws routed too)."""
     store = path.with_name(path.name + ".d")
     if store.exists():
         if not owns_store(store):
@@ -63,8 +65,9 @@ def write(path: Path, script: Path, args: Sequence[str], device: str, runs: List
     record = {"format": FORMAT, "script": script.name, "args": list(args), "device": device,
               "environment": environment(), "seconds": seconds,
               "runs": [saved("run", i, *run) for i, run in enumerate(runs)]}
-    if rng_runs:
-        record["rng_runs"] = [saved("rng", i, *run) for i, run in enumerate(rng_runs)]
+    for kind, kind_runs in (diagnostics or {}).items():
+        if kind_runs:
+            record[kind] = [saved(kind.split("_")[0], i, *run) for i, run in enumerate(kind_runs)]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(record, indent=2))
     tmp.replace(path)
@@ -83,7 +86,7 @@ def read(path: Path) -> Tuple[Dict[str, object], List[str], List[Dict[str, Path]
 
 
 def runs_of(path: Path, record: Dict[str, object], key: str) -> Tuple[List[str], List[Dict[str, Path]]]:
-    """(stdouts, files) of the record's ``runs`` or ``rng_runs`` (none: empty)."""
+    """(stdouts, files) of the record's ``runs``, ``rng_runs`` or ``bn_runs`` (none: empty)."""
     runs = record.get(key) or []
     stdouts = [r["stdout"] for r in runs]  # type: ignore[union-attr,index]
     files = [{rel: path.parent / p for rel, p in r["files"].items()} for r in runs]  # type: ignore[union-attr,index]

@@ -178,6 +178,19 @@ class Runs:
                 for k in range(self.opts.reference_runs)]
         return [r.stdout for r in runs], [r.files for r in runs]
 
+    def _recorded_diagnostics(self, use_cuda: bool) -> Dict[str, List[Tuple[str, Dict[str, Path]]]]:
+        """What ``--record`` keeps beside a CUDA reference for the XLA host to
+        explain differences with: its runs with CUDA's draws routed, and (a
+        project that names BatchNorm) one with torch_xla's BatchNorm update."""
+        if not use_cuda:
+            return {}
+        routed = self._rng_references(use_cuda)
+        out = {"rng_runs": list(zip(*routed)) if routed is not None else []}
+        if any(b"BatchNorm" in p.read_bytes() or b"batch_norm" in p.read_bytes() for p in self.project.python_files()):
+            bn = self._batchnorm_reference(use_cuda)  # type: ignore[attr-defined]  # (Explanations)
+            out["bn_runs"] = [bn] if bn is not None else []
+        return out
+
     def _accelerator_side(self, switched: List[str]) -> Optional[List[Run]]:
         """The reference runs again where the conversion turned an accelerator
         test true that the original, on this host without a GPU, took false

@@ -71,11 +71,10 @@ class Session(Runs, Checks, Explanations):
             ref_imports = dict(refs[0].data.get("imported") or {})  # type: ignore[arg-type]
             if opts.record_to is not None:
                 try:
-                    routed = self._rng_references(use_cuda)  # (CUDA's draws: see rng)
                     record.write(Path(opts.record_to), self.project.script, self.args, ref_kind,
                                  [(r.stdout, r.files) for r in refs],
                                  [float(r.data.get("seconds", 0.0)) for r in refs],  # type: ignore[arg-type]
-                                 list(zip(*routed)) if routed is not None else ())
+                                 self._recorded_diagnostics(use_cuda))
                 except ValueError as exc:
                     raise VerifyError(str(exc)) from None
                 return Report("recorded", metrics={"reference": ref_kind, "runs": len(refs)})
@@ -171,8 +170,9 @@ class Session(Runs, Checks, Explanations):
             if side is not None:  # like with like: the original as it runs on a GPU, on the CPU
                 ref_stdouts, ref_files = [r.stdout for r in side], [r.files for r in side]
                 compared = compare(ref_stdouts, ref_files, values.stdout, values.files, rtol, atol, follow=follow)
-        if any(not o.ok for o in compared.outputs) and ref_kind == "cpu" and _trained_batchnorm(values_graphs):
-            self._torch_xla_batchnorm(compared, values, rtol, atol)
+        if any(not o.ok for o in compared.outputs) and (ref_kind == "cpu" or use_cuda or opts.against is not None) \
+                and _trained_batchnorm(values_graphs):
+            self._torch_xla_batchnorm(compared, values, rtol, atol, use_cuda)
         if any(not o.ok for o in compared.outputs) and ref_kind == "cpu":
             self._float_order(compared, ref_stdouts[0], ref_files[0])
         if any(not o.ok for o in compared.outputs) and "autocast" in why and opts.against is None:
