@@ -298,3 +298,26 @@ def test_the_accelerator_side_of_a_test_is_compared_like_with_like_and_a_wrong_p
     result, report = _verify(tmp_path, "accel_branch", "--converted", str(broken / "train.py"))
     assert result.exit_code == 1 and report["verdict"] == "fail", result.output
     assert [o["ok"] for o in report["outputs"] if " loss " in o["name"]][1:] == [False] * 3, report["outputs"]
+
+
+@pytest.mark.xla
+@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla not installed")
+def test_a_record_made_on_a_gpu_explains_torch_xlas_batchnorm(tmp_path):
+    """fixtures/records/h200: the batchnorm fixture recorded on an H200
+    (torch 2.11).  The conversion here differs from CUDA's values by
+    torch_xla's BatchNorm variance, and the record's own BatchNorm run
+    explains it; without that run the same comparison fails."""
+    record = ROOT / "fixtures" / "records" / "h200" / "batchnorm.json"
+    copy = tmp_path / "record"
+    shutil.copytree(record.parent, copy)
+    result, report = _verify(tmp_path, "batchnorm", "--against", str(copy / "batchnorm.json"))
+    assert result.exit_code == 0 and report["verdict"] == "pass", report["failures"]
+    assert "recorded on cuda with --record (torch 2.11.0" in report["config"]["reference"]
+    assert any(e.startswith("model.pt[1.running_var]") and "torch_xla 2.9" in e
+               for e in report["within_float_order_noise"]), report["within_float_order_noise"]
+    data = json.loads((copy / "batchnorm.json").read_text())
+    del data["bn_runs"]
+    (copy / "batchnorm.json").write_text(json.dumps(data))
+    result, report = _verify(tmp_path, "batchnorm", "--against", str(copy / "batchnorm.json"))
+    assert result.exit_code == 1 and report["verdict"] == "fail", report
+
