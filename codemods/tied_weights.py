@@ -96,6 +96,7 @@ EARLY_OPTIMIZER = Rule(
     ),
     valid=(
         "import torch\n\nmodel = Net().to(device)\nopt = torch.optim.Adam(model.parameters())\n",
+
         "import torch\n\nmodel = Net()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n",
     ),
 )
@@ -126,14 +127,16 @@ class TiedWeights(XlaCodemod):
         body = self._retied(original_node.body, updated_node.body)
         if body is not None:
             updated_node = updated_node.with_changes(body=body)
+        blocked = self._cannot_swap()
+        done = (f"; not rewritten: {blocked}" if blocked else "; parameters are swapped in place instead")
         flagged = [self.flag(tie, TIED_WEIGHTS.code, f"`{_text(tie)}` ties a weight between modules: `.to(<XLA "
-                             "device>)` would untie it; parameters are swapped in place instead", fix=True)
+                             f"device>)` would untie it{done}", fix=not blocked)
                    for tie in self._ties]
         flagged += [self.flag(stmt, EARLY_OPTIMIZER.code, "an optimizer made before its module moves to the XLA "
                               "device: `.to()` would give the module new parameters and the optimizer would step "
-                              "the old ones; parameters are swapped in place instead", fix=True)
+                              f"the old ones{done}", fix=not blocked)
                     for stmt in self._early]
-        if not any(flagged):
+        if blocked or not any(flagged):
             return updated_node
         self.add_imports((("torch", None, None),))
         body = list(updated_node.body)
@@ -141,6 +144,17 @@ class TiedWeights(XlaCodemod):
         call = statement(cst.Call(func=cst.parse_expression(SWAP), args=[cst.Arg(cst.Name("True"))]))
         body.insert(at, call.with_changes(leading_lines=[cst.EmptyLine()] if at else []))
         return updated_node.with_changes(body=body)
+
+    def _cannot_swap(self) -> str:
+        """Why the swapping conversion cannot be turned on here ("" where it
+        can): the old ``torch.nn.utils.weight_norm`` keeps a computed weight
+        that holds its parameters, and ``.to()`` then fails ("Couldn't swap
+        Linear.weight_g"; its ``parametrizations`` successor swaps)."""
+        if any("torch.nn.utils.weight_norm" in self.qualnames(c.func) for c in self.tree.nodes((cst.Call,))):
+            return ("`torch.nn.utils.weight_norm` is used here, and its weights cannot be swapped (`.to()` would "
+                    "fail); use `torch.nn.utils.parametrizations.weight_norm`, or build the optimizer (or tie the "
+                    "weights again) after the move")
+        return ""
 
     def _retied(self, old, new) -> Optional[list]:
         """``new`` with ``model.tie_weights()`` after each statement that

@@ -68,3 +68,23 @@ def test_the_library_model_stays_tied_on_xla(tmp_path):
     """fixtures/tied_library_model: without the re-tie, 'parameters 17 tied False'."""
     _, out, _, _ = run_on_xla("tied_library_model", tmp_path, "--steps", "2")
     assert "parameters 16 tied True" in out, out
+
+
+def test_old_weight_norm_blocks_the_swap_and_the_finding_says_why():
+    """`torch.nn.utils.weight_norm` keeps a computed weight holding its
+    parameters: under the swapping conversion `.to(<XLA device>)` fails
+    ("Couldn't swap Linear.weight_g", measured on torch 2.9).  Where the
+    module uses it, XLA133/XLA157 report instead of turning swapping on."""
+    src = ("import torch\n\nnet = torch.nn.utils.weight_norm(torch.nn.Linear(3, 3))\n"
+           "opt = torch.optim.SGD(net.parameters(), lr=0.1)\nnet.cuda()\n")
+    outcome = transform(src.encode(), Settings())
+    assert b"set_swap_module_params_on_conversion" not in outcome.code
+    [early] = [f for f in outcome.findings if f.code == "XLA133"]
+    assert not early.fix and "weight_norm" in early.message
+    tied = ("import torch\nimport torch.nn as nn\n\n\nclass LM(nn.Module):\n    def __init__(self):\n"
+            "        super().__init__()\n        self.embed = nn.Embedding(10, 4)\n"
+            "        self.head = nn.utils.weight_norm(nn.Linear(4, 10, bias=False))\n"
+            "        self.head.weight = self.embed.weight\n")
+    outcome = transform(tied.encode(), Settings())
+    assert b"set_swap_module_params_on_conversion" not in outcome.code
+    assert [f.fix for f in outcome.findings if f.code == "XLA157"] == [False]
