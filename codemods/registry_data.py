@@ -87,7 +87,7 @@ CODEMODS = (
     )),
     ('codemods.shape_traps', 'ShapeTraps', (b'.item(', b'.tolist(', b'.numpy(', b'.cpu(', b'float(', b'int(', b'bool(', b'if ', b'while ', b'nonzero', b'masked_select', b'unique', b'where(', b'[', b'for '), ('step_loop', 'loader_loop', 'step_method', 'option:include_cold'), (
         ('XLA405', 'dynamic-shape-op', '`nonzero`, `masked_select`, `unique`, one-argument `where`: data-dependent shapes', False),
-        ('XLA406', 'boolean-mask-index', 'indexing with a boolean mask on the hot path (data-dependent shape)', False),
+        ('XLA406', 'boolean-mask-index', 'indexing with a boolean mask on the hot path (data-dependent shape)', True),
         ('XLA407', 'loop-counter-index', 'a device tensor iterated or indexed with the Python loop counter', False),
         ('XLA408', 'growing-concat', 'a tensor grown with `torch.cat` on every step', False),
     )),

@@ -7,7 +7,7 @@ keeps the program's meaning is rewritten by ``device_index`` (XLA411)."""
 
 from __future__ import annotations
 
-from typing import Set
+from typing import Dict, List, Set
 
 import libcst as cst
 
@@ -16,7 +16,8 @@ from codemods.analysis.counters import loop_counters
 from codemods.analysis.dataflow import dataflow
 from codemods.analysis.growth import grown_by
 from codemods.analysis.placement import DEVICE, placement
-from codemods.base import Rule, call_name, find_all
+from codemods.analysis.values import TENSOR, values
+from codemods.base import Rule, call_name, dotted, find_all
 from codemods.hot_path import HotPathCodemod, code
 
 DYNAMIC = Rule(
@@ -42,10 +43,18 @@ MASK_INDEX = Rule(
     why=(
         "`x[x > 0]` has as many elements as the mask has true values: a new shape, hence a "
         "new compilation, whenever the data changes. Use `torch.where(mask, x, 0)` or "
-        "`masked_fill` to keep the shape fixed."
+        "`masked_fill` to keep the shape fixed. An assignment of a number through a mask of the tensor's own "
+        "values (top-k sampling's `logits[logits < v[:, [-1]]] = -float('Inf')`) is rewritten to "
+        "`masked_fill_`, which writes the same values in place at a fixed shape; other mask indexing is reported."
     ),
-    before="for x in loader:\n    pos = x[x > 0]\n",
-    after=None,
+    before=(
+        "import torch\n\nfor x in loader:\n    pos = x[x > 0]\n    logits = model(x)\n"
+        "    logits[logits < 0.5] = -float('Inf')\n"
+    ),
+    after=(
+        "import torch\n\nfor x in loader:\n    pos = x[x > 0]\n    logits = model(x)\n"
+        "    logits.masked_fill_(logits < 0.5, -float('Inf'))\n"
+    ),
 )
 COUNTER_INDEX = Rule(
     code="XLA407",
@@ -91,6 +100,11 @@ class ShapeTraps(HotPathCodemod):
     DESCRIPTION = "Report what changes a shape every step on the hot path."
     RULES = (DYNAMIC, MASK_INDEX, COUNTER_INDEX, GROWING_CAT)
 
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self._fillable: Dict[int, str] = {}  # id of `x[x < v] = n` -> why it runs every step
+        self._fill_targets: List[cst.CSTNode] = []
+
     def visit_Call(self, node: cst.Call) -> None:
         super().visit_Call(node)
         self._counter_through_call(node)
@@ -105,7 +119,12 @@ class ShapeTraps(HotPathCodemod):
             self._report(node, DYNAMIC, "one-argument `torch.where` is `nonzero`: use `torch.where(cond, a, b)`")
 
     def visit_Assign(self, node: cst.Assign) -> None:
-        """``x = torch.cat((x, new), ...)``: ``x`` grows by one piece a step."""
+        """``x = torch.cat((x, new), ...)``: ``x`` grows by one piece a step;
+        ``x[x < v] = number`` is filled at a fixed shape instead (hot only)."""
+        where = self._where()
+        if where is not None and self._mask_fill(node):
+            self._fillable[id(node)] = where
+            self._fill_targets.append(node.targets[0].target)
         if not self.loop_stack:
             return
         loop = self.loop_stack[-1][0]
@@ -115,7 +134,40 @@ class ShapeTraps(HotPathCodemod):
                                             "a new shape and a new graph per step; preallocate it and write into it",
                          related=[loop])
 
+    def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign):
+        """``x[x < v] = number`` -> ``x.masked_fill_(x < v, number)``: the mask
+        compares the tensor itself, so (where the original runs) it has the
+        tensor's shape, and both write the number where it is true."""
+        if id(original_node) not in self._fillable:
+            return updated_node
+        target = updated_node.targets[0].target
+        assert isinstance(target, cst.Subscript)
+        if not self.flag(original_node, MASK_INDEX.code, "a number written through a boolean mask -> `masked_fill_`: "
+                         f"the same values at a fixed shape; {self._fillable[id(original_node)]}", fix=True, hot=True):
+            return updated_node
+        mask = target.slice[0].slice.value  # type: ignore[attr-defined]
+        return cst.Expr(cst.Call(func=cst.Attribute(target.value, cst.Name("masked_fill_")),
+                                 args=[cst.Arg(mask, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                                       cst.Arg(updated_node.value)]))
+
+    def _mask_fill(self, node: cst.Assign) -> bool:
+        """``x[x <op> y] = <a number>`` (or ``y <op> x``), ``x`` or ``y`` a tensor, ``x`` not on the host."""
+        if len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Subscript) or not _number(node.value):
+            return False
+        target = node.targets[0].target
+        if len(target.slice) != 1 or not isinstance(target.slice[0].slice, cst.Index):
+            return False
+        mask, x = target.slice[0].slice.value, dotted(target.value)
+        if not (x and isinstance(mask, cst.Comparison) and len(mask.comparisons) == 1
+                and x in (dotted(mask.left), dotted(mask.comparisons[0].comparator))):
+            return False
+        kinds = values(self.tree)  # (a tensor compared, or compared with one: not a numpy array)
+        return not self._on_host(target.value) and (self._on_device(target.value) or any(
+            TENSOR in kinds.of(side) for side in (mask.left, mask.comparisons[0].comparator)))
+
     def visit_Subscript(self, node: cst.Subscript) -> None:
+        if any(node is t for t in self._fill_targets):
+            return  # the assignment is rewritten (leave_Assign)
         if self._on_device(node.value) and self._counter_in(node):
             return
         if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
@@ -213,3 +265,15 @@ class ShapeTraps(HotPathCodemod):
             self._report(node.iter, COUNTER_INDEX, f"iterating device tensor `{code(it)}` takes each element as a "
                                                    "graph of its own (a new one per index): iterate a host copy, "
                                                    "read once (`.tolist()`), or use tensor ops")
+
+
+def _number(node: cst.CSTNode) -> bool:
+    """A Python number: ``0``, ``-1e9``, ``float("inf")``, ``-float('Inf')``, ``math.inf``."""
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, (cst.Minus, cst.Plus)):
+        node = node.expression
+    if isinstance(node, (cst.Integer, cst.Float)):
+        return True
+    if isinstance(node, cst.Call) and dotted(node.func) == "float" and len(node.args) == 1:
+        return isinstance(node.args[0].value, cst.SimpleString)
+    return dotted(node) in ("math.inf", "torch.inf", "np.inf", "numpy.inf")
+

@@ -297,3 +297,54 @@ def test_the_barrier_before_the_read_compiles_once_and_runs_one_graph_per_pass(t
     assert seen["before", 8][2] == seen["end", 8][2] == original.stdout
     assert seen["before", 4][0] == seen["before", 8][0] <= seen["end", 8][0], seen
     assert seen["before", 8][1] - seen["before", 4][1] == 4 and seen["end", 8][1] - seen["end", 4][1] == 8, seen
+
+
+# -- XLA406: a number written through a mask of the tensor's own values ------------------------
+
+TOPK = ("import sys\n\nimport torch\n\ntorch.manual_seed(0)\ndevice = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+        "model = torch.nn.Linear(16, 16).to(device)\nx = torch.randn(2, 16).to(device)\ntotal = 0.0\n"
+        "with torch.no_grad():\n    for _ in range(int(sys.argv[1])):\n        logits = model(x)\n"
+        "        v, _ = torch.topk(logits, 4)\n        logits[logits < v[:, [-1]]] = -float('Inf')\n"
+        "        x = torch.softmax(logits, dim=-1) @ model.weight\n        total += x.sum().item()\n"
+        "print(f'{total:.5f}')\n")
+
+
+def test_a_number_written_through_a_mask_of_the_tensor_is_filled_in_place():
+    out, findings = convert_text(TOPK)
+    assert "        logits.masked_fill_(logits < v[:, [-1]], -float('Inf'))\n" in out
+    assert [(f.code, f.fix) for f in findings if f.code == "XLA406"] == [("XLA406", True)]
+    assert convert_text(out)[0] == out
+
+
+@pytest.mark.parametrize("change", [
+    ("logits[logits < v[:, [-1]]] = -float('Inf')", "logits[logits < v[:, [-1]]] = v[:, :1]"),  # not a number
+    ("logits[logits < v[:, [-1]]]", "logits[x < v[:, [-1]]]"),  # a mask of another tensor's values
+    ("logits[logits < v[:, [-1]]] = -float('Inf')", "kept = logits[logits < v[:, [-1]]]"),  # a read
+])
+def test_other_mask_indexing_stays_reported(change):
+    out, findings = convert_text(TOPK.replace(*change))
+    assert "masked_fill_" not in out
+    assert [(f.code, f.fix) for f in findings if f.code == "XLA406"] == [("XLA406", False)]
+
+
+@pytest.mark.xla
+@needs_xla
+def test_the_filled_mask_runs_without_a_cpu_fallback_and_gives_the_same_numbers(tmp_path):
+    """Measured on torch_xla 2.9: the indexed form runs `aten::nonzero` on
+    the CPU at every step (8 at 8 steps); filled, none, 2 compiles at 4 and 8."""
+    (tmp_path / "orig.py").write_text(TOPK)
+    (tmp_path / "conv.py").write_bytes(transform(TOPK.encode(), Settings()).code)
+    observe = os.path.join(os.path.dirname(__file__), "observe")
+    ran = {}
+    for name, steps in (("orig", "8"), ("conv", "4"), ("conv", "8")):
+        metrics = tmp_path / f"{name}-{steps}.json"
+        env = {**os.environ, "PJRT_DEVICE": "CPU", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": observe,
+               "XLAPORT_TEST_METRICS": str(metrics)}
+        done = subprocess.run([sys.executable, f"{name}.py", steps], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        ran[name, steps] = (done.stdout.strip(), json.loads(metrics.read_text()) if metrics.exists() else None)
+    assert float(ran["conv", "8"][0]) == pytest.approx(float(ran["orig", "8"][0]), rel=1e-5)
+    four, eight = ran["conv", "4"][1], ran["conv", "8"][1]
+    assert four["compiles"] == eight["compiles"], (four, eight)
+    assert not eight.get("fallbacks", {}).get("aten::nonzero"), eight

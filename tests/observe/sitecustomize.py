@@ -18,7 +18,8 @@ def _dump():
         return int(data[0]) if data else 0
 
     with open(out, "w") as f:
-        json.dump({"compiles": samples("CompileTime"), "executions": samples("ExecuteTime")}, f)
+        fallbacks = {n: met.counter_value(n) for n in met.counter_names() if n.startswith("aten::")}  # (CPU fallbacks)
+        json.dump({"compiles": samples("CompileTime"), "executions": samples("ExecuteTime"), "fallbacks": fallbacks}, f)
 
 
 atexit.register(_dump)
