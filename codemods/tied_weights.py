@@ -79,12 +79,13 @@ EARLY_OPTIMIZER = Rule(
     name="optimizer-before-move",
     summary="an optimizer made over a module's parameters before the module moves to the XLA device keeps them",
     why=(
-        "For the same reason (`.to(<XLA device>)` gives the module new `Parameter`s), an optimizer built over "
-        "`self.parameters()` in a module's constructor, or over `model.parameters()` before `model.to(device)`, "
-        "holds the old CPU parameters: it steps them, the model on the device never changes, and training "
-        "silently does nothing (pytorch/examples' mnist_forward_forward: its losses stayed put on XLA). On CUDA "
-        "the parameters are converted in place and it works. The module turns on the swapping conversion, so "
-        "that `.to()` keeps every parameter the optimizer holds."
+        "From the CPU to an XLA device `module.to()` gives the module new `Parameter`s (to CUDA it converts them "
+        "in place). An optimizer built over `self.parameters()` in a module's constructor, or over "
+        "`model.parameters()` before `model.to(device)`, holds the old CPU parameters: it steps them, the model "
+        "on the device never changes, and training silently does nothing (pytorch/examples' "
+        "mnist_forward_forward did not train on XLA). The module turns on PyTorch's swapping conversion, as for "
+        "tied weights (XLA157), so that `.to()` keeps every parameter the optimizer holds. Where the module uses "
+        "the old `torch.nn.utils.weight_norm`, whose weights cannot be swapped, it is reported instead."
     ),
     before=(
         "import torch\nimport torch.nn as nn\n\n\nclass Layer(nn.Linear):\n    def __init__(self, n):\n"
