@@ -208,10 +208,7 @@ def _optimized(call: cst.Call, tree) -> Optional[str]:
 
 
 def _in_class(tree, node: cst.CSTNode) -> bool:
-    cur = tree.parents.get(id(node))
-    while cur is not None and not isinstance(cur, cst.ClassDef):
-        cur = tree.parents.get(id(cur))
-    return cur is not None
+    return any(isinstance(a, cst.ClassDef) for a in dataflow(tree).ancestors(node))
 
 
 def _moved_later(tree, stmt: cst.CSTNode, owner: str) -> bool:

@@ -162,25 +162,23 @@ class XlaLimits(XlaCodemod):
     def _grown(self, node: cst.Subscript) -> bool:
         """``node`` slices a tensor that a loop around it grows (it starts
         shorter than the last ``n`` the slice keeps)."""
-        if not isinstance(node.value, cst.Name):
-            return False
-        cur = self.parent(node)
-        while cur is not None and not isinstance(cur, (cst.FunctionDef, cst.ClassDef, cst.Module)):
-            if isinstance(cur, (cst.For, cst.While)) and node.value.value in grown_in(cur, self.qualnames):
-                return True
-            cur = self.parent(cur)
-        return False
+        return isinstance(node.value, cst.Name) and any(
+            isinstance(a, (cst.For, cst.While)) and node.value.value in grown_in(a, self.qualnames)
+            for a in self._in_scope(node))
 
     def _guarded(self, node: cst.CSTNode, bound: str) -> bool:
         """Taken only after a test that reads the bound (``idx if idx.size(1)
         <= block_size else idx[:, -block_size:]``): the code knows the size."""
-        cur = self.parent(node)
-        while cur is not None and not isinstance(cur, (cst.FunctionDef, cst.ClassDef, cst.Module)):
-            if isinstance(cur, (cst.IfExp, cst.If, cst.While)) and any(
-                    dotted(n) == bound for n in find_all(cur.test, (cst.Name, cst.Attribute))):
-                return True
-            cur = self.parent(cur)
-        return False
+        return any(isinstance(a, (cst.IfExp, cst.If, cst.While))
+                   and any(dotted(n) == bound for n in find_all(a.test, (cst.Name, cst.Attribute)))
+                   for a in self._in_scope(node))
+
+    def _in_scope(self, node: cst.CSTNode):  # type: ignore[no-untyped-def]
+        """The nodes around ``node`` up to its function, class or module."""
+        for a in self.ancestors(node):
+            if isinstance(a, (cst.FunctionDef, cst.ClassDef, cst.Module)):
+                return
+            yield a
 
     def _sparse_or_shared(self, node: cst.Call) -> Optional[str]:
         func = node.func

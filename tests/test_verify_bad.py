@@ -189,6 +189,14 @@ def test_record_then_compare_against_the_record(tmp_path):
     assert any("ms/batch" in v for v in report["varies_between_runs"])
 
 
+def _one_file_project(project, source):
+    """(the project's root, its ``train.py``) holding ``source``."""
+    project.mkdir()
+    script = project / "train.py"
+    script.write_text(source)
+    return project, script
+
+
 def test_a_record_of_a_cuda_reference_is_compared_through_its_routed_draws(tmp_path):
     """A reference recorded on a GPU draws its dropout masks from CUDA's
     generator, which neither the CPU nor XLA reproduces: ``--record`` there
@@ -197,11 +205,9 @@ def test_a_record_of_a_cuda_reference_is_compared_through_its_routed_draws(tmp_p
     this host and its runs stand in for CUDA's own draws (other numbers)."""
     from xlaport.cli import main
 
-    project = tmp_path / "drop"
-    project.mkdir()
-    script = project / "train.py"
-    script.write_text("import torch\n\ntorch.manual_seed(0)\nx = torch.ones(64, device='cuda')\n"
-                      "print(torch.nn.functional.dropout(x, 0.5).sum().item())\n")
+    project, script = _one_file_project(tmp_path / "drop", "import torch\n\ntorch.manual_seed(0)\n"
+                                        "x = torch.ones(64, device='cuda')\n"
+                                        "print(torch.nn.functional.dropout(x, 0.5).sum().item())\n")
     ref = tmp_path / "ref.json"
     recorded = CliRunner().invoke(main, ["verify", str(script), "--root", str(project), "--record", str(ref)])
     assert recorded.exit_code == 0, recorded.output
@@ -233,11 +239,9 @@ def test_a_number_made_from_elapsed_time_is_seen_to_vary_even_when_rounded_alike
     later reference runs read a faster clock: such a number varies."""
     from xlaport.cli import main
 
-    project = tmp_path / "timed"
-    project.mkdir()
-    script = project / "train.py"
-    script.write_text("import time\n\nimport torch\n\nt0 = time.perf_counter()\nx = torch.ones(3, device='cuda')\n"
-                      "time.sleep(0.3)\nprint(f'loss {x.sum().item():.4f} rate {round(time.perf_counter() - t0, 1)}')\n")
+    project, script = _one_file_project(tmp_path / "timed", "import time\n\nimport torch\n\nt0 = time.perf_counter()\n"
+                                        "x = torch.ones(3, device='cuda')\ntime.sleep(0.3)\n"
+                                        "print(f'loss {x.sum().item():.4f} rate {round(time.perf_counter() - t0, 1)}')\n")
     out = tmp_path / "report.json"
     result = CliRunner().invoke(main, ["verify", str(script), "--root", str(project), "--json", str(out),
                                        "--timeout", "300"])

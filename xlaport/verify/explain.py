@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from xlaport.engine import Settings, SourceError, transform
-from xlaport.verify import record
 from xlaport.verify.model import Report, Run, VerifyError
 from xlaport.verify.outputs import Compared, Comparison, compare, within_float_order
 from xlaport.verify.project import own_files
@@ -82,9 +81,8 @@ class Explanations:
         device's random draws routed as the conversion's values run routes
         them (``rng``); None where there is none."""
         if self.opts.against is not None:
-            path = Path(self.opts.against)
             try:
-                stdouts, files = record.runs_of(path, record.read(path)[0], "bn_runs")
+                stdouts, files = self.recorded_runs("bn_runs")  # type: ignore[attr-defined]  # (Runs)
             except ValueError:
                 return None
             return (stdouts[0], files[0]) if stdouts else None

@@ -40,6 +40,7 @@ class Runs:
         self._sources: Dict[str, Tuple[Dict[str, bytes], Optional[Path], List[str]]] = {}
         self._latest: Dict[str, Side] = {}  # the last copy made for each side
         self.ref_name = "orig"  # the side the reference runs: the original, or its CPU retargeting
+        self.recorded: Dict[str, object] = {}  # the record --against reads (read once, by the session)
         self.reference_is = "the original, unmodified, on the CPU"
 
     # -- trees and runs ------------------------------------------------------
@@ -162,15 +163,17 @@ class Runs:
             self.reference_is = f"the original retargeted to the CPU (its CUDA code converted for the CPU), because {why}"
         return [first] + [self.run_once(self.ref_name, "cpu", self.args, _later(k))[1] for k in range(1, runs)]
 
+    def recorded_runs(self, key: str) -> Tuple[List[str], List[Dict[str, Path]]]:
+        """(stdouts, files) of the record's runs of kind ``key`` (none: empty)."""
+        return record.runs_of(Path(self.opts.against), self.recorded, key)  # type: ignore[arg-type]
+
     def _rng_references(self, use_cuda: bool) -> Optional[Tuple[List[str], List[Dict[str, Path]]]]:
         """The reference again with its device's random draws taken from the
         CPU generator, as the conversion's values run takes XLA's (``rng``):
         from the record (``--against``), or run on CUDA; None where the
         reference drew on the CPU anyway (or the record holds no such runs)."""
         if self.opts.against is not None:
-            path = Path(self.opts.against)
-            recorded, _, _ = record.read(path)
-            stdouts, files = record.runs_of(path, recorded, "rng_runs")
+            stdouts, files = self.recorded_runs("rng_runs")
             return (stdouts, files) if stdouts else None
         if not use_cuda:
             return None
@@ -186,7 +189,7 @@ class Runs:
             return {}
         routed = self._rng_references(use_cuda)
         out = {"rng_runs": list(zip(*routed)) if routed is not None else []}
-        if any(b"BatchNorm" in p.read_bytes() or b"batch_norm" in p.read_bytes() for p in self.project.python_files()):
+        if any(re.search(rb"BatchNorm|batch_norm", p.read_bytes()) for p in self.project.python_files()):
             bn = self._batchnorm_reference(use_cuda)  # type: ignore[attr-defined]  # (Explanations)
             out["bn_runs"] = [bn] if bn is not None else []
         return out

@@ -60,6 +60,7 @@ class Session(Runs, Checks, Explanations):
             except ValueError as exc:
                 raise VerifyError(str(exc)) from None
             ref_kind = f"record ({recorded.get('device')})"
+            self.recorded = recorded
             env = recorded.get("environment") or {}
             self.reference_is = (f"the original, unmodified, recorded on {recorded.get('device')} with --record "
                                  f"(torch {env.get('torch')}, {env.get('platform')})")  # type: ignore[union-attr]
