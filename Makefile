@@ -10,7 +10,10 @@ export PJRT_DEVICE ?= CPU
 
 WHEEL_042 := .cache/wheels/diffusers-0.42.1-py3-none-any.whl
 
+# torch (a CUDA build on PyPI) and torch_xla fill about 8 GB: say so before pip runs out of room
 $(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import shutil, sys; free = shutil.disk_usage(".").free / 2**30; \
+	  sys.exit(0 if free >= 8.5 else f"make setup: $(VENV) needs about 8.5 GB free (torch and torch_xla); {free:.1f} GB is free here")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[verify,test,diffusers]'
