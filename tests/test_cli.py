@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
 
 from xlaport.cli import main
@@ -162,25 +161,6 @@ def test_output_tree_mirrors_and_copies(tmp_path):
     assert r.exit_code == 2 and "inside" in r.output
 
 
-def test_notebook_cells(tmp_path):
-    nbformat = pytest.importorskip("nbformat")
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [
-        nbformat.v4.new_markdown_cell("uses cuda"),
-        nbformat.v4.new_code_cell("%matplotlib inline\nimport torch\nx = torch.ones(2).cuda()"),
-        nbformat.v4.new_code_cell("def broken(:\n  x.cuda()"),
-    ]
-    f = tmp_path / "n.ipynb"
-    f.write_text(nbformat.writes(nb))
-    r = run("convert", f)
-    assert r.exit_code == 2 and "cell 3" in r.output
-    out = nbformat.read(str(f), as_version=4)
-    assert out.cells[1].source == "import torch_xla"  # the added import cell
-    assert out.cells[2].source.startswith("%matplotlib inline\nimport torch\n")
-    assert "x = torch.ones(2).to(torch_xla.device())" in out.cells[2].source
-    assert out.cells[3].source == "def broken(:\n  x.cuda()"
-
-
 def test_rules_and_explain():
     out = run("rules").output
     assert "XLA101" in out and "XLA302" in out
@@ -293,35 +273,3 @@ def test_installed_and_built_code_is_not_scanned(tmp_path):
     assert {Path(r["path"]).parent.name for r in rows} == {"src"}
 
 
-def _notebook(tmp_path, *cells):
-    nbformat = pytest.importorskip("nbformat")
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_markdown_cell(c[3:]) if c.startswith("md:") else nbformat.v4.new_code_cell(c)
-                for c in cells]
-    f = tmp_path / "train.ipynb"
-    f.write_text(nbformat.writes(nb))
-    return f
-
-
-def test_notebook_is_one_program_with_one_added_import_cell(tmp_path):
-    nbformat = pytest.importorskip("nbformat")
-    f = _notebook(tmp_path, "md:# Training", "%matplotlib inline\nimport torch\nfrom tqdm import tqdm\n"
-                  "model = torch.nn.Linear(2, 2).cuda()",
-                  "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nbatches = [torch.ones(2)] * 3",
-                  "for x in tqdm(batches):\n    x = x.cuda()\n    loss = model(x).sum()\n    loss.backward()\n"
-                  "    opt.step()")
-    lint = json.loads(run("lint", "--format", "json", f).stdout)["findings"]
-    # the loop in cell 4 is known to be a step loop, and its progress bar's import (cell 2) is known
-    assert {(x["cell"], x["code"]) for x in lint} >= {(4, "XLA302"), (4, "XLA201"), (2, "XLA101"), (4, "XLA101")}
-    assert all(x["line"] <= 6 for x in lint)  # lines inside the cell, not the program
-    diff = run("convert", "--diff", f).stdout
-    assert f"{str(f).lstrip('/')}:new cell (added imports)" in diff and ":cell 4" in diff and '"source"' not in diff
-    assert run("convert", f).exit_code == 0
-    out = nbformat.read(str(f), as_version=4)
-    code = [c.source for c in out.cells if c.cell_type == "code"]
-    assert code[0] == "import torch_xla"  # one new cell, before the first code cell
-    assert sum("import torch_xla" in c for c in code) == 1
-    assert "from tqdm import tqdm" not in code[1]  # no longer used anywhere in the notebook
-    assert code[3].rstrip().endswith("torch_xla.sync()")
-    compile("\n".join(c for c in code if not c.startswith("%")).replace("%matplotlib inline", ""), "nb", "exec")
-    assert run("convert", "--check", f).exit_code == 0  # idempotent

@@ -311,68 +311,6 @@ def test_a_file_that_kills_its_worker_is_reported_and_the_rest_finish(tmp_path):
     assert checked.returncode == 2 and "too many nested parentheses" in checked.stdout  # in-process: said, not crashed
 
 
-# ------------------------------------------------------------------ notebooks (items 4, 18)
-
-def _notebook(path: Path, sources, minor: int = 4, sort_keys: bool = True) -> dict:
-    cells = [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-              "source": src.splitlines(keepends=True)} for src in sources]
-    nb = {"cells": cells, "metadata": {"zeta": 1, "kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                                  "language": "python"}},
-          "nbformat": 4, "nbformat_minor": minor}
-    path.write_text(json.dumps(nb, indent=1, sort_keys=sort_keys, ensure_ascii=False) + "\n")
-    return nb
-
-
-def test_a_cell_holding_the_join_marker_loses_nothing(tmp_path):
-    f = tmp_path / "n.ipynb"
-    cells = ["import torch\nx = torch.zeros(2).cuda()\n",
-             "# xlaport-cell 1\ny = x + 1\n",
-             "__xlaport_magic_0__\nz = y * 2\n",
-             "print(z)\n"]
-    _notebook(f, cells)
-    result = xlaport("convert", f)
-    assert result.exit_code == 0, result.output
-    out = json.loads(f.read_text())
-    code = ["".join(c["source"]) for c in out["cells"] if c["cell_type"] == "code"]
-    assert code[1] == "import torch\nx = torch.zeros(2).to(torch_xla.device())\n"
-    assert code[2:] == cells[1:]
-
-
-def test_a_converted_v4_4_notebook_stays_valid_and_keeps_its_key_order(tmp_path):
-    import nbformat
-
-    f = tmp_path / "n.ipynb"
-    _notebook(f, ["import torch\nx = torch.zeros(2).cuda()\n", "print(x)\n"], minor=4, sort_keys=False)
-    before_keys = list(json.loads(f.read_text())["metadata"])
-    result = subprocess.run([sys.executable, "-m", "xlaport", "convert", "--no-cache", str(f)],
-                            capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert "Warning" not in result.stderr and "warn" not in result.stderr.lower()
-    text = f.read_text()
-    nb = nbformat.reads(text, as_version=nbformat.NO_CONVERT)
-    nbformat.validate(nb)  # raises on a schema error (an `id` in a 4.4 cell is one)
-    data = json.loads(text)
-    assert all("id" not in c for c in data["cells"])
-    assert list(data["metadata"]) == before_keys  # not re-sorted
-    lint = subprocess.run([sys.executable, "-m", "xlaport", "lint", "--no-cache", str(f)], capture_output=True,
-                          text=True)
-    assert "arning" not in lint.stdout + lint.stderr
-
-
-def test_a_v4_5_notebook_gets_a_cell_id_for_the_added_cell(tmp_path):
-    import nbformat
-
-    f = tmp_path / "n.ipynb"
-    nb = _notebook(f, ["import torch\nx = torch.zeros(2).cuda()\n"], minor=5)
-    for k, c in enumerate(nb["cells"]):
-        c["id"] = f"cell{k}"
-    f.write_text(json.dumps(nb, indent=1, sort_keys=True) + "\n")
-    assert xlaport("convert", f).exit_code == 0
-    out = nbformat.reads(f.read_text(), as_version=nbformat.NO_CONVERT)
-    nbformat.validate(out)
-    assert len(out.cells) == 2 and out.cells[0].id not in ("cell0",)
-
-
 def test_a_broken_pool_leaves_no_manager_thread_for_the_exit_hook():
     # concurrent.futures' exit hook writes to each pool's wake-up pipe while a
     # broken pool's manager thread may be closing it (Python 3.11: "OSError:

@@ -2,26 +2,29 @@
 module, a package, data and a config read by relative path, an editable
 install, a torchrun trainer -- each run from its own root as a user runs it.
 A correct conversion passes; broken ones fail naming the cause and the line;
-the user's tree is never written; the run is safe to interrupt."""
+the user's tree is never written (safety: test_verify_safety; growth: test_verify_growth)."""
 
-import hashlib
 import importlib.util
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from tests.verifying import (
+    PROJECTS,
+    ROOT,
+    converted_tree,
+    multi_file,
+    tree_digest,
+    verify_in,
+)
 from xlaport.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
-PROJECTS = ROOT / "fixtures" / "projects"
 BAD = ROOT / "fixtures" / "bad"
 
 pytestmark = [
@@ -30,39 +33,10 @@ pytestmark = [
 ]
 
 
-def tree_digest(root: Path) -> str:
-    h = hashlib.sha256()
-    for p in sorted(root.rglob("*")):
-        if p.is_file() and "__pycache__" not in p.parts:
-            h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes())
-    return h.hexdigest()
-
-
 @pytest.fixture
 def project(tmp_path):
     """The multi-file trainer, as a user's checkout."""
-    dest = tmp_path / "multi_file"
-    shutil.copytree(PROJECTS / "multi_file", dest)
-    return dest
-
-
-def verify_in(cwd: Path, *args: str, report: Path, runs: str = "1"):
-    """`xlaport verify ARGS` from ``cwd`` (one reference run unless asked:
-    these programs print no timings)."""
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        result = CliRunner().invoke(main, ["verify", "--json", str(report), "--timeout", "300",
-                                           "--reference-runs", runs, *args])
-    finally:
-        os.chdir(old)
-    return result, json.loads(report.read_text()) if report.exists() else None
-
-
-def converted_tree(project: Path, dest: Path) -> Path:
-    result = CliRunner().invoke(main, ["convert", "--no-cache", "-q", str(project), "-o", str(dest)])
-    assert result.exit_code == 0, result.output
-    return dest
+    return multi_file(tmp_path)
 
 
 def test_a_multi_file_project_passes_from_its_own_root_and_its_tree_is_untouched(project, tmp_path):
@@ -180,91 +154,6 @@ def test_a_recompile_names_the_read_that_makes_each_graph_differ_and_lint_predic
     assert event["predicted"].startswith("XLA407 at line")
 
 
-# ------------------------------------------------------------------ safety
-
-
-def test_output_paths_in_the_project_or_on_the_script_are_refused_before_anything_runs(project, tmp_path):
-    for option, value in (("--json", project / "report.json"), ("--json", project / "train.py"),
-                          ("--html", project / "out" / "r.html")):
-        result = CliRunner().invoke(main, ["verify", str(project / "train.py"), option, str(value)])
-        assert result.exit_code == 2 and "would be replaced" in result.output or "inside the project" in result.output
-    assert not (project / "report.json").exists()
-    store = tmp_path / "ref.json.d"
-    store.mkdir()
-    (store / "mine.txt").write_text("keep me")
-    result = CliRunner().invoke(main, ["verify", str(project / "train.py"), "--record", str(tmp_path / "ref.json")])
-    assert result.exit_code == 2 and "not a record store verify made" in result.output
-    assert (store / "mine.txt").read_text() == "keep me"
-
-
-def _slow_project(tmp_path: Path) -> Path:
-    proj = tmp_path / "slow"
-    proj.mkdir()
-    (proj / "pyproject.toml").write_text("[project]\nname = 'slow'\n")
-    (proj / "main.py").write_text(
-        "import os, subprocess, sys, time\n"
-        "import torch\n"
-        "x = torch.zeros(2).cuda()\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
-        "open(sys.argv[1], 'a').write(f'{os.getpid()} {child.pid}\\n')\n"
-        "print(float((x + 1).sum()))\n"
-        "if len(sys.argv) > 2:\n    time.sleep(120)\n"
-        "print('done')\n")
-    return proj
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split()[2] != "Z"
-    except OSError:
-        return False
-
-
-@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_a_signal_stops_the_program_and_its_children_and_removes_the_copies(tmp_path, signum, status):
-    proj = _slow_project(tmp_path)
-    pids = tmp_path / "pids.txt"
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "xlaport", "verify", "main.py", "--", str(pids), "hang"],
-                            cwd=proj, env={**os.environ, "TMPDIR": str(tmp)}, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not pids.exists():
-        time.sleep(0.2)
-    assert pids.exists(), "the program did not start"
-    time.sleep(0.5)
-    proc.send_signal(signum)
-    assert proc.wait(timeout=60) == status
-    assert "interrupted" in proc.stderr.read()
-    started = [int(p) for line in pids.read_text().splitlines() for p in line.split()]
-    time.sleep(0.5)
-    assert not [p for p in started if _alive(p)], "the program (or its child) still runs"
-    assert not list(tmp.glob("xlaport-verify-*")), "a temporary copy was left behind"
-
-
-def test_a_background_child_never_stalls_a_run(tmp_path):
-    proj = _slow_project(tmp_path)
-    pids = tmp_path / "pids.txt"
-    start = time.time()
-    result, report = verify_in(proj, "main.py", "--", str(pids), report=tmp_path / "r.json")
-    assert result.exit_code == 0, result.output
-    assert time.time() - start < 100  # the child sleeps 120 s each run: nobody waited for it
-    children = [int(line.split()[1]) for line in pids.read_text().splitlines()]
-    assert len(children) == 2 and not [p for p in children if _alive(p)]
-
-
-def test_help_says_that_verify_runs_the_program():
-    result = CliRunner().invoke(main, ["verify", "--help"])
-    assert "runs your program, unsandboxed" in " ".join(result.output.split())
-    readme = (ROOT / "README.md").read_text()
-    assert "runs your program, unsandboxed" in " ".join(readme.split())
-
-
 # ------------------------------------------------------------------ the page
 
 
@@ -310,133 +199,6 @@ def test_the_candidate_reads_the_projects_data_not_what_the_converted_tree_holds
     assert (side.tree / "pkg" / "m.py").read_text() == "DEVICE = 'xla'\n"
     assert (side.tree / "input.txt").read_text() == "the project's data\n"
     assert not (side.tree / "snapshot.pt").exists()
-
-
-def test_a_sequence_grown_per_token_fails_and_lint_predicted_it(tmp_path):
-    """A generation loop that appends each token (the model in a sibling
-    module): a new graph per token, tied to the XLA408 that causes it."""
-    dest = tmp_path / "generate"
-    shutil.copytree(PROJECTS / "generate", dest)
-    result, report = verify_in(dest, "sample.py", report=tmp_path / "r.json")
-    assert result.exit_code == 1, result.output
-    recompiles = [e for e in report["events"] if e["kind"] == "recompile"]
-    assert recompiles and all(e["predicted"] and e["predicted"].startswith("XLA408") for e in recompiles), recompiles
-    # the growth is the `cat` that feeds the sequence back, not the model's
-    # `arange` that is only the first op to read it
-    cat = (dest / "sample.py").read_text().splitlines().index("            idx = torch.cat((idx, nxt), dim=1)") + 1
-    assert [(Path(e["original_path"]).name, e["original_line"]) for e in recompiles] == [("sample.py", cat)]
-    assert "is the next step's input with a new shape" in recompiles[0]["detail"]
-
-
-def test_a_run_that_times_out_compiling_every_step_says_so_and_names_the_line(tmp_path):
-    """A generation loop too slow on XLA to finish (a new graph per token):
-    the run is killed at --timeout, and the report says how many compiles it
-    saw in how many steps and where lint reports the trap -- in the module
-    the run imported (sampler.py), not in one it did not (unused.py)."""
-    dest = tmp_path / "grows_every_step"
-    shutil.copytree(PROJECTS / "grows_every_step", dest)
-    old = os.getcwd()
-    os.chdir(dest)
-    try:
-        result = CliRunner().invoke(main, ["verify", "--json", str(tmp_path / "r.json"), "--timeout", "40",
-                                           "--reference-runs", "1", "main.py"])
-    finally:
-        os.chdir(old)
-    report = json.loads((tmp_path / "r.json").read_text())
-    assert result.exit_code == 1 and report["verdict"] == "fail", result.output
-    killed, why = report["failures"]
-    assert "ran past --timeout 40s and was killed (after" in killed
-    steps = int(killed.split(" steps, ")[0].rsplit(" ", 1)[1])
-    compiles = int(killed.split(" compiles")[0].rsplit(" ", 1)[1])
-    assert steps >= 3 and compiles >= steps, killed
-    line = (dest / "sampler.py").read_text().splitlines().index("            seq = torch.cat((seq, nxt), dim=0)") + 1
-    assert why.endswith(f"lint reports what changes shape every step at sampler.py:{line} (XLA408)"), why
-
-
-def test_events_are_tied_to_related_lines_and_to_growth_in_the_cut_loop(tmp_path):
-    """Without running anything: a recompile in a helper is predicted by the
-    XLA407 on the call that passes the loop counter (the finding's related
-    line); one in another module's function by the XLA408 of the loop whose
-    barrier cut the graph; a host read only by a finding on its own line."""
-    from xlaport.verify.predicted import predicted
-
-    (tmp_path / "model.py").write_text("import torch\n\ndef embed(idx):\n    return torch.arange(0, idx.size(1))\n")
-    main = ("import torch\nfrom model import embed\n\ndef get_batch(source, i):\n    return source[i:i + 2]\n\n"
-            "data = torch.randn(20, 4).cuda()\nfor i in range(0, 18, 2):\n    x = get_batch(data, i)\n"
-            "    x.sum().backward()\n    opt.step()\n\nidx = torch.zeros(1, 1).cuda()\nfor _ in range(4):\n"
-            "    out = model(idx)\n    embed(idx)\n    print(out.sum().item())\n    idx = torch.cat((idx, out), dim=1)\n"
-            "for k in range(3):\n    model(data).sum().backward()\n    opt.step()\n")
-    (tmp_path / "main.py").write_text(main)
-    events = [
-        {"kind": "recompile", "original_path": str(tmp_path / "main.py"), "original_line": 5, "detail": "d"},
-        {"kind": "recompile", "original_path": str(tmp_path / "model.py"), "original_line": 4, "detail": "d",
-         "cut_loop": [str(tmp_path / "main.py"), 14]},
-        {"kind": "host_read", "original_path": str(tmp_path / "main.py"), "original_line": 17, "detail": "d"},
-        # in the growing loop, but no finding on its line / cut by a loop with no trap in it
-        {"kind": "host_read", "original_path": str(tmp_path / "main.py"), "original_line": 16, "detail": "d"},
-        {"kind": "recompile", "original_path": str(tmp_path / "model.py"), "original_line": 4, "detail": "d",
-         "cut_loop": [str(tmp_path / "main.py"), 19]},
-        # cut by the loop that slices with its counter (XLA407 inside it): the op named may be a neighbour
-        {"kind": "recompile", "original_path": str(tmp_path / "model.py"), "original_line": 4, "detail": "d",
-         "cut_loop": [str(tmp_path / "main.py"), 8]},
-    ]
-    predicted(events)
-    assert [e["predicted"] for e in events] == ["XLA407 at line 9", "XLA408 at line 18 of main.py",
-                                                "XLA401 at line 17", None, None, "XLA407 at line 9 of main.py"]
-    assert events[-2]["detail"] == "d; not predicted by lint"
-
-
-def _line_of_fixture(name, text):
-    lines = (ROOT / "fixtures" / name / "input.py").read_text().splitlines()
-    return next(i for i, line in enumerate(lines, 1) if text in line)
-
-
-def test_a_growth_names_the_findings_that_predicted_its_recompilations():
-    from xlaport.verify.growth import judge_lengths
-    from xlaport.verify.predicted import growth_reported
-
-    events = [{"kind": "recompile", "predicted_at": ["XLA407", "/p/model.py", 9]},
-              {"kind": "recompile", "predicted_at": ["XLA407", "/p/model.py", 9]},
-              {"kind": "recompile", "predicted_at": ["XLA408", "/p/main.py", 18]},
-              {"kind": "recompile"},
-              {"kind": "host_read", "predicted_at": ["XLA401", "/p/main.py", 20]}]
-    reported = growth_reported(events)
-    assert reported == (["XLA407 at model.py:9", "XLA408 at main.py:18"], 1)
-    assert judge_lengths("--steps", ["3", "6", "9"], [5, 8, 11], [40, 40, 40], [], reported) == [
-        "compilations grow with --steps: 5 at 3, 8 at 6, 11 at 9; lint reports it: XLA407 at model.py:9, "
-        "XLA408 at main.py:18; 1 recompilation(s) no lint finding predicts"]
-    # flat compilations name nothing
-    assert judge_lengths("--steps", ["3", "6", "9"], [5, 5, 5], [40, 40, 40], [], reported) == []
-
-
-def test_a_fixture_run_by_verify_at_two_lengths_grows_where_lint_said(tmp_path):
-    """fixtures/sampler_traps through `verify --lengths`: compilations grow
-    with the steps, and every recompilation after warm-up is one lint
-    reported on its line (XLA407/XLA403)."""
-    prog = tmp_path / "prog"
-    prog.mkdir()
-    # the indexes convert would send to the device (XLA411) kept where they are, on purpose
-    kept = (ROOT / "fixtures" / "sampler_traps" / "input.py").read_text().replace(
-        "self.alphas[t], self.alphas[t_next]\n", "self.alphas[t], self.alphas[t_next]  # noqa: XLA411\n")
-    assert "noqa: XLA411" in kept
-    (prog / "sampler.py").write_text(kept)
-    result, report = verify_in(prog, "sampler.py", "--lengths", "--steps=3,6", report=tmp_path / "r.json")
-    assert result.exit_code == 1, result.output
-    assert any(f.startswith("compilations grow with --steps") for f in report["failures"]), report["failures"]
-    recompiles = [e for e in report["events"] if e["kind"] == "recompile"]
-    assert recompiles, report["events"]
-    for e in recompiles:
-        assert e["predicted"] and e["predicted"][:6] in ("XLA407", "XLA403"), e
-    # the growth itself names what lint reported, on the fixture's lines
-    [grow] = [f for f in report["failures"] if f.startswith("compilations grow with --steps")]
-    named = sorted({e["predicted_at"][2] for e in recompiles})
-    assert "lint reports it: " in grow and all(f"sampler.py:{n}" in grow for n in named), grow
-    assert "no lint finding predicts" not in grow
-    # torch.full's fill value read from a device table: a host read inside
-    # C++ (no tensor method runs), on its line and predicted by XLA403
-    full = _line_of_fixture("sampler_traps", "return torch.full(")
-    reads = [e for e in report["events"] if e["kind"] == "host_read" and e["original_line"] == full]
-    assert reads and reads[0]["predicted"] == f"XLA403 at line {full}", report["events"]
 
 
 def test_a_conversion_that_dies_in_xla_names_the_signal_the_cause_and_the_line(tmp_path):
@@ -575,31 +337,3 @@ def test_an_original_that_needs_cuda_is_retargeted_and_the_report_says_why(tmp_p
     assert said.startswith("the original retargeted to the CPU") and "NVIDIA driver" in said, said
 
 
-def test_a_recompile_is_placed_at_the_op_that_made_the_grown_input_not_at_its_first_reader(tmp_path):
-    """Two graphs of a token loop: the newer takes a s64[1,5] input the older
-    made with its `cat` (a root); the first op that differs reads it in the
-    model.  The recompile is the `cat`'s line.  A graph whose inputs keep
-    their shapes (a slice moved along) is still placed at its first changed
-    op."""
-    from xlaport.verify.compiles import LineMapper, locate_recompile
-
-    (tmp_path / "model.py").write_text("x = 1\n" * 20)
-    script = tmp_path / "sample.py"
-    script.write_text("x = 1\n" * 30)
-
-    def graph(n, h):
-        return {"hash": h, "frames": [], "ir": [
-            f"%0 = s64[1,{n}]{{1,0}} xla::device_data(), location=embedding@functional.py:2542, xla_shape=s",
-            f"%1 = s64[{n}]{{0}} aten::arange(), location=forward@model.py:16, xla_shape=s",
-            f"%2 = f32[1,{n},8]{{2,1,0}} aten::add(%0, %1), location=forward@model.py:17, xla_shape=f",
-            "%3 = s64[1,1]{1,0} aten::argmax(%2), location=main@sample.py:25, xla_shape=s, ROOT=0",
-            f"%4 = s64[1,{n + 1}]{{1,0}} aten::cat(%0, %3), location=main@sample.py:26, xla_shape=s, ROOT=1"]}
-
-    lines = LineMapper(script, script, tmp_path, tmp_path)
-    where = locate_recompile([graph(3, "a"), graph(4, "b"), graph(5, "c")], lines)
-    assert where is not None and (Path(where[0]).name, where[1]) == ("sample.py", 26), where
-    sliding = [{**graph(4, h), "ir": [l.replace("s64[1,4]{1,0} xla::device_data", "s64[1,9]{1,0} xla::device_data")
-                                      for l in graph(4, h)["ir"]]} for h in "ab"]
-    sliding[1]["ir"][1] = sliding[1]["ir"][1].replace("s64[4]", "s64[5]")
-    where = locate_recompile(sliding, lines)
-    assert where is not None and (Path(where[0]).name, where[1]) == ("model.py", 16), where

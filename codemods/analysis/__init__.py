@@ -22,25 +22,43 @@ every codemod (no rules here).
   GradScalers, which scopes launch worker processes.
 """
 
-from codemods.analysis.cuda import CudaFacts, cuda_facts, cuda_references, scope_of
-from codemods.analysis.data_loaders import DATALOADER_NAMES
-from codemods.analysis.loops import (
-    LOADER_NAME_RE,
-    Loop,
-    ModuleFacts,
-    body_statements,
-    has_barrier,
-    hot_methods,
-    is_barrier_call,
-    is_device_loader_expr,
-    is_step_call,
-    is_step_loop,
-    loop_iterable,
-    module_facts,
-    own_nodes,
-    step_functions,
-)
-from codemods.analysis.tensors import is_tensor_expr, reads_tensor_value, tensor_names
+# Imported when first asked for (PEP 562): a module of this package that needs
+# no LibCST (``project``, ``prefilter``) is imported without it
+_WHERE = {
+    "CudaFacts": "codemods.analysis.cuda",
+    "cuda_facts": "codemods.analysis.cuda",
+    "cuda_references": "codemods.analysis.cuda",
+    "scope_of": "codemods.analysis.cuda",
+    "DATALOADER_NAMES": "codemods.analysis.data_loaders",
+    "LOADER_NAME_RE": "codemods.analysis.loops",
+    "Loop": "codemods.analysis.loops",
+    "ModuleFacts": "codemods.analysis.loops",
+    "body_statements": "codemods.analysis.loops",
+    "has_barrier": "codemods.analysis.loops",
+    "hot_methods": "codemods.analysis.loops",
+    "is_barrier_call": "codemods.analysis.loops",
+    "is_device_loader_expr": "codemods.analysis.loops",
+    "is_step_call": "codemods.analysis.loops",
+    "is_step_loop": "codemods.analysis.loops",
+    "loop_iterable": "codemods.analysis.loops",
+    "module_facts": "codemods.analysis.loops",
+    "own_nodes": "codemods.analysis.loops",
+    "step_functions": "codemods.analysis.loops",
+    "is_tensor_expr": "codemods.analysis.tensors",
+    "reads_tensor_value": "codemods.analysis.tensors",
+    "tensor_names": "codemods.analysis.tensors",
+}
+
+
+def __getattr__(name: str):  # type: ignore[no-untyped-def]
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CudaFacts", "cuda_facts", "cuda_references", "scope_of", "DATALOADER_NAMES", "LOADER_NAME_RE", "Loop",

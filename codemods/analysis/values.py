@@ -234,51 +234,18 @@ class Values:
 
     def _bound_value(self, binding: cst.CSTNode) -> Kinds:
         if isinstance(binding, cst.Param):
-            return self._param(binding)
+            return _param(self, binding)
         if isinstance(binding, cst.ClassDef):
             return NONE
         value, path = self.flow.source(binding)
         if isinstance(value, cst.For):
-            return self._iterated(value.iter, path)
+            return _iterated(self, value.iter, path)
         if value is None:
             return NONE
         if not path:
             return self.of(value)
         kinds = self.element(value, path[0])
         return kinds if len(path) == 1 else kinds & {TENSOR, HOST}
-
-    def _iterated(self, it: cst.BaseExpression, path: List[int]) -> Kinds:
-        """Kinds of the loop target at ``path`` when iterating ``it``."""
-        if isinstance(it, cst.Call) and call_name(it) in ("enumerate", "tqdm") and it.args:
-            if call_name(it) == "enumerate":
-                if not path:
-                    return NONE
-                if path[0] == 0:
-                    return frozenset({HOST})
-                path = path[1:]
-            return self._iterated(it.args[0].value, path)
-        if isinstance(it, cst.Call) and call_name(it) == "range":
-            return frozenset({HOST})
-        source = self.of(it)
-        if source & {LOADER, DEVICE_LOADER, TENSOR}:
-            return frozenset({TENSOR})  # batches
-        return NONE
-
-    def _param(self, param: cst.Param) -> Kinds:
-        """A parameter: its annotation, its default, and what the module's own
-        call sites pass to it."""
-        kinds: Set[str] = set()
-        if param.annotation is not None:
-            text = (dotted(param.annotation.annotation) or "").split(".")[-1]
-            kinds |= {"Tensor": {TENSOR}, "Module": {MODULE}, "DataLoader": {LOADER}, "Optimizer": {OPTIMIZER},
-                      "device": {DEVICE}, "int": {HOST}, "float": {HOST}, "bool": {HOST}}.get(text, set())
-        parts = [self.of(param.default)] if param.default is not None else []
-        fn = next((a for a in self.flow.ancestors(param) if isinstance(a, (cst.FunctionDef, cst.Lambda))), None)
-        if isinstance(fn, cst.FunctionDef):
-            parts += [self.of(arg) for arg in self.flow.arguments(fn, param)]
-        if kinds or not parts:
-            return frozenset(kinds)  # an annotation is what the author says it holds
-        return union_kinds(*parts)
 
     # -- the module's own functions and classes ---------------------------
 
@@ -290,9 +257,43 @@ class Values:
                 kinds |= self.of(value) if index is None else self.element(value, index)
         return frozenset(kinds)
 
-
     def _bound_here(self, name: cst.Name) -> bool:
         return bool(binding_nodes(self.tree, name))
+
+
+def _iterated(values: Values, it: cst.BaseExpression, path: List[int]) -> Kinds:
+    """Kinds of the loop target at ``path`` when iterating ``it``."""
+    if isinstance(it, cst.Call) and call_name(it) in ("enumerate", "tqdm") and it.args:
+        if call_name(it) == "enumerate":
+            if not path:
+                return NONE
+            if path[0] == 0:
+                return frozenset({HOST})
+            path = path[1:]
+        return _iterated(values, it.args[0].value, path)
+    if isinstance(it, cst.Call) and call_name(it) == "range":
+        return frozenset({HOST})
+    source = values.of(it)
+    if source & {LOADER, DEVICE_LOADER, TENSOR}:
+        return frozenset({TENSOR})  # batches
+    return NONE
+
+
+def _param(values: Values, param: cst.Param) -> Kinds:
+    """A parameter: its annotation, its default, and what the module's own
+    call sites pass to it."""
+    kinds: Set[str] = set()
+    if param.annotation is not None:
+        text = (dotted(param.annotation.annotation) or "").split(".")[-1]
+        kinds |= {"Tensor": {TENSOR}, "Module": {MODULE}, "DataLoader": {LOADER}, "Optimizer": {OPTIMIZER},
+                  "device": {DEVICE}, "int": {HOST}, "float": {HOST}, "bool": {HOST}}.get(text, set())
+    parts = [values.of(param.default)] if param.default is not None else []
+    fn = next((a for a in values.flow.ancestors(param) if isinstance(a, (cst.FunctionDef, cst.Lambda))), None)
+    if isinstance(fn, cst.FunctionDef):
+        parts += [values.of(arg) for arg in values.flow.arguments(fn, param)]
+    if kinds or not parts:
+        return frozenset(kinds)  # an annotation is what the author says it holds
+    return union_kinds(*parts)
 
 
 def class_kinds(tree: TreeCache, cls: cst.ClassDef, seen: Optional[Set[str]] = None) -> Kinds:

@@ -1,5 +1,5 @@
 """The runs of one verification: a fresh copy of the project for each
-(``xlaport.verify.project``), the sources each side gets, the references
+(``xlaport.verify.project``) from the sources each side gets (``sources``), the references
 (the original, or its CPU retargeting where it needs CUDA), the judged run of
 the conversion (beside the references where it can), the runs at other
 lengths and the diagnostic run that ties reads and fallbacks to lines."""
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from xlaport.verify import growth, record
-from xlaport.verify.core import convert_sources, run_side
+from xlaport.verify.core import run_side
 from xlaport.verify.crashes import needs_cuda
 from xlaport.verify.model import (
     LEFTOVERS,
@@ -24,6 +24,7 @@ from xlaport.verify.model import (
     VerifyError,
 )
 from xlaport.verify.project import Project, Side, build_side
+from xlaport.verify.sources import Sources
 from xlaport.verify.syncs import read_graphs
 
 
@@ -37,7 +38,7 @@ class Runs:
         self.cand_args = list(opts.converted_args) if opts.converted_args is not None else args
         self._count = 0
         self._lock = threading.Lock()
-        self._sources: Dict[str, Tuple[Dict[str, bytes], Optional[Path], List[str]]] = {}
+        self.sources = Sources(project, converted, opts)
         self._latest: Dict[str, Side] = {}  # the last copy made for each side
         self.ref_name = "orig"  # the side the reference runs: the original, or its CPU retargeting
         self.recorded: Dict[str, object] = {}  # the record --against reads (read once, by the session)
@@ -47,58 +48,16 @@ class Runs:
 
     def side(self, name: str) -> Side:
         """A fresh copy of the project for one run of side ``name``."""
-        sources, files_from, _ = self.sources(name)
+        sources, files_from, _ = self.sources.of(name)
         with self._lock:  # (the candidate may be starting beside the references)
             self._count += 1
             dest = self.scratch / f"{name}-{self._count}" / self.project.root.name
         self._latest[name] = build_side(self.project, name, dest, sources, files_from)
         return self._latest[name]
 
-    def sources(self, name: str) -> Tuple[Dict[str, bytes], Optional[Path], List[str]]:
-        """(converted modules, a converted tree to copy instead of the
-        project, extra import paths) for side ``name``; once per side."""
-        if name not in self._sources:
-            if name in ("cuda", "orig"):
-                self._sources[name] = ({}, None, [])  # the original, unchanged
-            elif name == "ref":
-                self._sources[name] = (convert_sources(self.project, "cpu"), None, [])
-            else:
-                self._sources[name] = self._candidate_sources()
-        return self._sources[name]
-
-    def _candidate_sources(self) -> Tuple[Dict[str, bytes], Optional[Path], List[str]]:
-        """The default conversion of every module; or the converted tree
-        ``--converted`` points into (a directory, or the converted script at
-        the same place in its tree); or, for a converted script outside such
-        a tree, the default conversion with that script, and its directory
-        on the import path (a converted package beside it)."""
-        converted = self.converted
-        if converted is None:
-            return convert_sources(self.project, self.opts.target), None, []
-        converted = converted.resolve()
-        if converted.is_dir():
-            return {}, converted, []
-        rel = self.project.rel_script
-        tree = converted
-        for _ in rel.parts:
-            tree = tree.parent
-        if converted.name == rel.name and (tree / rel).resolve() == converted and tree != self.project.root:
-            return {}, tree, []
-        sources = dict(convert_sources(self.project, self.opts.target))
-        sources[rel.as_posix()] = converted.read_bytes()
-        return sources, None, [str(converted.parent)]
-
-    def _shown(self) -> Tuple[Optional[Path], Optional[Path]]:
-        """(the converted tree, the converted script) the user named, for
-        pointing at the candidate's files where the user can open them."""
-        tree = self.sources("xla")[1]
-        if tree is not None:
-            return tree, None
-        return None, (self.converted.resolve() if self.converted is not None else None)
-
     def run_once(self, name: str, mode: str, args: List[str], env: Optional[Dict[str, str]] = None) -> Tuple[Side, Run]:
         side = self.side(name)
-        extra = self.sources(name)[2]
+        extra = self.sources.of(name)[2]
         return side, run_side(side, mode, args, self.opts.timeout, self.opts.python, env, extra_path=extra)
 
     # -- the verification ----------------------------------------------------
@@ -120,7 +79,7 @@ class Runs:
             return None
         import concurrent.futures
 
-        self.sources("xla")  # (converted here, not in the thread)
+        self.sources.of("xla")  # (converted here, not in the thread)
         _, xla_env = self._xla_env()
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
         future = pool.submit(self.run_once, "xla", "xla", self.cand_args, xla_env)

@@ -35,7 +35,7 @@ class Session(Runs, Checks, Explanations):
         length_spec = growth.parse_lengths(opts.lengths) if opts.lengths else None  # checked before anything runs
         if self.converted is None:
             try:
-                self.sources("xla")  # (converted once, kept for the candidate)
+                self.sources.of("xla")  # (converted once, kept for the candidate)
             except NothingToPort as said:
                 report = Report("nothing to port")
                 report.config["nothing_to_port"] = str(said)
@@ -89,7 +89,7 @@ class Session(Runs, Checks, Explanations):
         except VerifyError as exc:  # the original ran: a conversion that cannot is a failed one
             return self._crashed(str(exc), exc.so_far, exc.ended)
         traced = self._traced(cand, xla_env)
-        lines = LineMapper(self.project.script, cand_side.script, cand_side.tree, self.project.root, self._shown())
+        lines = LineMapper(self.project.script, cand_side.script, cand_side.tree, self.project.root, self.sources.shown())
         length_runs = self._lengths(length_spec, xla_env) if length_spec is not None else []
         rtol, atol, why = tolerance(opts.rtol, opts.atol, ref_autocast + list(cand.data.get("autocast", [])))  # type: ignore[arg-type]
         compared, values, values_graphs = self._compare_values(ref_stdouts, ref_files, cand, graphs, xla_env,
