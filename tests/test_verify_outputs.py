@@ -198,3 +198,51 @@ def test_a_word_that_ends_like_a_duration_word_is_not_one():
 
     assert _values("Namespace(beta1=0.5, lr=0.0002, niter=1)") == ["1", "0.5", "0.0002", "1"]
     assert _values("eta 12 loss 0.5") == ["0.5"]
+
+
+def test_a_sampled_text_is_compared_word_for_word():
+    """A sampler prints words, not numbers (nanoGPT's `sample.py`): its lines
+    are outputs.  A line that differs between the reference runs (a random
+    name, a path) is left out; the devices are named alike."""
+    ref = "Using device cuda\nKING RICHARD: thou art\nsaved to run_ab\n"
+    refs = [ref, ref.replace("run_ab", "run_xy")]
+    out = Comparison()
+    compare_text("stdout", refs, ref.replace("cuda", "xla"), 1e-3, 1e-5, out)
+    assert [(o.name, o.ok) for o in out.outputs] == [("stdout lines without numbers (2 alike, word for word)", True)]
+    assert out.varies == ["stdout: 1 line(s) without numbers"]
+    wrong = Comparison()
+    compare_text("stdout", refs, ref.replace("thou art", "thou arf"), 1e-3, 1e-5, wrong)
+    assert [o.ok for o in wrong.outputs] == [False, True]
+    assert "'KING RICHARD: thou art', the conversion printed 'KING RICHARD: thou arf'" in wrong.outputs[0].name
+    fewer = Comparison()
+    compare_text("stdout", refs, "Using device xla\n", 1e-3, 1e-5, fewer)
+    assert [o.ok for o in fewer.outputs] == [False]
+
+
+def test_integer_tensors_agree_element_for_element(tmp_path):
+    """Tokens a sampler drew are compared exactly (one token off fails, at
+    any tolerance); among thousands of argmax labels, as many may differ as
+    rtol allows of their number (a near tie)."""
+    import torch
+
+    from xlaport.verify.outputs import compare_files
+
+    tokens = torch.tensor([[5, 17, 3, 9, 40000, 2]])
+    labels = torch.arange(5000) % 10
+
+    def failed(toks, labs):
+        torch.save({"y": tokens, "pred": labels}, tmp_path / "ref.pt")
+        torch.save({"y": toks, "pred": labs}, tmp_path / "cand.pt")
+        out = Comparison()
+        compare_files([{"o.pt": tmp_path / "ref.pt"}], {"o.pt": tmp_path / "cand.pt"}, 1.6e-2, 1e-5, out)
+        return sorted(o.name for o in out.outputs if not o.ok)
+
+    one_off = tokens.clone()
+    one_off[0, 4] = 40001  # within 1.6e-2 of 40000 as a number, another token as a token
+    flipped = labels.clone()
+    flipped[:3] = 9
+    assert failed(tokens, labels) == []
+    assert failed(one_off, labels) == ["o.pt[y]"]
+    assert failed(tokens, flipped) == []  # 3 of 5000
+    flipped[:100] = 9
+    assert failed(tokens, flipped) == ["o.pt[pred]"]  # 90 of 5000 differ: more than 1.6e-2 of them

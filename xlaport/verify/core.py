@@ -85,6 +85,10 @@ def run_side(side: Side, mode: str, args: Sequence[str], timeout: float, python:
     env["XLAPORT_LEFTOVERS"] = str(run_dir / f"{side.name}-{LEFTOVERS}")
     env["XLAPORT_SCRATCH"] = str(side.tree.parent.parent)
     env.setdefault("PYTHONFAULTHANDLER", "1")  # a fatal error (an abort in XLA) still shows the Python lines
+    # one string hash for every run (the user's own, where set): a set of
+    # strings iterates in one order on every side (pygcn numbers its classes
+    # in the order of `set(labels)`), as it does in any one run of the user's
+    env.setdefault("PYTHONHASHSEED", "0")
     if mode == "xla":
         env.setdefault("PJRT_DEVICE", "CPU")
     elif mode == "cpu":

@@ -273,7 +273,7 @@ def _record(state: _State) -> None:
 
 
 def _save_leftovers(namespace: Dict[str, object], path: str) -> Dict[str, str]:
-    """The tensors and modules the script leaves in its globals, on the CPU,
+    """The tensors (not masks) and modules the script leaves in its globals, on the CPU,
     so that they are compared like the files it saves.  Returns the device
     type each module was on (a conversion whose model stayed on the CPU)."""
     torch = sys.modules.get("torch")
@@ -291,8 +291,8 @@ def _save_leftovers(namespace: Dict[str, object], path: str) -> Dict[str, str]:
                     devices[name] = first.device.type
                 found[name] = {k: v.detach().cpu() for k, v in value.state_dict().items()
                                if isinstance(v, torch.Tensor) and v.dtype.is_floating_point}
-            elif isinstance(value, torch.Tensor) and value.dtype.is_floating_point:
-                found[name] = value.detach().cpu()
+            elif isinstance(value, torch.Tensor) and value.dtype != torch.bool:
+                found[name] = value.detach().cpu()  # values, and the integers a sampler drew (its tokens)
         except Exception:  # noqa: BLE001 -- a value that cannot be read back is simply not compared
             continue
     if found:
