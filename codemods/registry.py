@@ -66,6 +66,7 @@ class CodemodInfo:
     triggers: Tuple[bytes, ...]
     needs: Tuple[str, ...]
     rules: Tuple[RuleInfo, ...]
+    sibling_triggers: Tuple[bytes, ...] = ()  # (``XlaCodemod.SIBLING_TRIGGERS``)
 
     def load(self) -> type:
         return getattr(importlib.import_module(self.module), self.name)
@@ -79,15 +80,16 @@ def _infos() -> Tuple[CodemodInfo, ...]:
     known = {(module, name): rest for module, name, *rest in data}
     out = []
     for module, name in ORDER:
-        if len(known.get((module, name), ())) == 3:  # (a stale data file is read from the classes)
-            triggers, needs, rule_rows = known[(module, name)]
+        if len(known.get((module, name), ())) == 4:  # (a stale data file is read from the classes)
+            triggers, needs, rule_rows, siblings = known[(module, name)]
         else:
             cls = getattr(importlib.import_module(module), name)
-            triggers, needs = tuple(cls.TRIGGERS), tuple(cls.NEEDS)
+            triggers, needs, siblings = tuple(cls.TRIGGERS), tuple(cls.NEEDS), tuple(cls.SIBLING_TRIGGERS)
             rule_rows = tuple((r.code, r.name, r.summary, r.fix) for r in cls.RULES)
         # (shortest first: the commonest, which ends the search soonest; the set is the same)
         triggers = tuple(sorted(dict.fromkeys(triggers), key=len))
-        out.append(CodemodInfo(module, name, triggers, tuple(needs), tuple(RuleInfo(*r) for r in rule_rows)))
+        out.append(CodemodInfo(module, name, triggers, tuple(needs), tuple(RuleInfo(*r) for r in rule_rows),
+                               tuple(siblings)))
     return tuple(out)
 
 
@@ -113,11 +115,13 @@ def selected_codes(select: Optional[Sequence[str]], ignore: Sequence[str]) -> Li
 
 
 def applicable(source: bytes, codes: Sequence[str], options: Optional[Mapping[str, object]] = None,
-               prefilter: bool = True, triggered: Optional[Sequence[CodemodInfo]] = None) -> List[CodemodInfo]:
+               prefilter: bool = True, triggered: Optional[Sequence[CodemodInfo]] = None,
+               filename: Optional[str] = None) -> List[CodemodInfo]:
     """The codemods worth parsing the file for: enabled, triggered by its
-    bytes and, for those with ``NEEDS``, by the ``ast`` prefilter's facts.
-    ``triggered``: what an earlier call found triggered by these bytes (for
-    these codes or more), so that they are not scanned again."""
+    bytes (or by a project module it imports from, ``sibling_triggers``:
+    ``filename`` is where the file is) and, for those with ``NEEDS``, by the
+    ``ast`` prefilter's facts.  ``triggered``: what an earlier call found
+    triggered (for these codes or more), so that they are not scanned again."""
     wanted = set(codes)
     if triggered is not None:
         found = [c for c in triggered if any(r.code in wanted for r in c.rules)]
@@ -130,7 +134,8 @@ def applicable(source: bytes, codes: Sequence[str], options: Optional[Mapping[st
                 hit = seen[trigger] = trigger in source
             return hit
 
-        found = [c for c in CODEMODS if any(r.code in wanted for r in c.rules) and any(map(present, c.triggers))]
+        found = [c for c in CODEMODS if any(r.code in wanted for r in c.rules)
+                 and (any(map(present, c.triggers)) or _from_siblings(c, source, filename))]
     if not prefilter or not any(c.needs for c in found):
         return found
     from codemods.analysis.prefilter import facts_of
@@ -141,4 +146,14 @@ def applicable(source: bytes, codes: Sequence[str], options: Optional[Mapping[st
     from codemods.analysis.prefilter import holds
 
     facts = facts | {f"option:{k}" for k, v in (options or {}).items() if v}
-    return [c for c in found if not c.needs or any(holds(n, facts) for n in c.needs)]
+    return [c for c in found if not c.needs or any(holds(n, facts) for n in c.needs)
+            or _from_siblings(c, source, filename)]
+
+
+def _from_siblings(info: CodemodInfo, source: bytes, filename: Optional[str]) -> bool:
+    """Is ``info`` triggered by a project module the file imports from?"""
+    if not info.sibling_triggers or not filename:
+        return False
+    from codemods.analysis.project import siblings_hold
+
+    return any(siblings_hold(filename, source, word) for word in info.sibling_triggers)

@@ -4,7 +4,7 @@ What the command line needs to know about the codemods before importing
 LibCST: their order, their rules and the bytes that trigger them.
 """
 
-# (module, class, trigger bytes, needs, ((code, name, summary, fixes), ...))
+# (module, class, trigger bytes, needs, ((code, name, summary, fixes), ...), sibling trigger bytes)
 CODEMODS = (
     ('codemods.from_xla', 'FromTorchXla', (b'torch_xla',), ('name~torch_xla',), (
         ('XLA501', 'xla-device', "`torch_xla.device()` / `xm.xla_device()` -> the accelerator's device", True),
@@ -14,30 +14,30 @@ CODEMODS = (
         ('XLA505', 'xla-save-closure', '`xm.save` -> `torch.save`; `xm.add_step_closure(fn, args)` -> `fn(*args)`; seeds and prints', True),
         ('XLA506', 'xla-distributed', "process group, compile backend, world size and ordinals -> TorchTPU's", True),
         ('XLA509', 'xla-left-over', 'a torch_xla name with no TorchTPU counterpart (reported)', False),
-    )),
+    ), ()),
     ('codemods.guards', 'CudaGuards', (b'cuda', b'accelerator'), ('code~cuda', 'code~accelerator'), (
         ('XLA116', 'cuda-only-branch', 'a side of a CUDA test that needs CUDA itself (fused kernels, device properties) goes: XLA takes the other', True),
         ('XLA117', 'cuda-requirement', "a requirement for CUDA on the program's path (`assert torch.cuda.is_available()`) is met by XLA: removed", True),
         ('XLA118', 'cuda-test-kept', 'a CUDA test whose CUDA side holds code no rule converts is kept as it is (reported)', False),
-    )),
+    ), ()),
     ('codemods.device_strings', 'DeviceStrings', (b'cuda',), ('code~cuda',), (
         ('XLA109', 'cuda-device-string', 'a device kept in a string (`device = "cuda"`) becomes `"xla"`, and tests on it follow', True),
-    )),
+    ), ()),
     ('codemods.devices', 'DeviceSwap', (b'cuda', b'device_ids', b'rank', b'gpu'), ('code~cuda', 'code~device_ids', 'name~rank', 'name~gpu'), (
         ('XLA101', 'cuda-method', '`.cuda()` moves to the CUDA device: move to the XLA device instead', True),
         ('XLA102', 'cuda-device-literal', '`"cuda"`/`"cuda:N"` used as a device: use the XLA device', True),
         ('XLA103', 'cuda-if-available', '`"cuda" if torch.cuda.is_available() else "cpu"`: use the XLA device', True),
         ('XLA106', 'cuda-parameter-default', 'a parameter defaults to a CUDA device (reported, not rewritten)', False),
-    )),
+    ), ()),
     ('codemods.generators', 'CudaGenerators', (b'Generator',), ('code~cuda',), (
         ('XLA107', 'cuda-generator', '`torch.Generator("cuda")`: XLA has no device generators; use a CPU one', True),
-    )),
+    ), ()),
     ('codemods.device_compare', 'DeviceComparisons', (b'cuda',), ('code~cuda',), (
         ('XLA104', 'cuda-comparison', '`device.type == "cuda"` -> `"xla"`; other comparisons with "cuda" are reported', True),
-    )),
+    ), ()),
     ('codemods.tensor_types', 'TensorTypes', (b'Tensor',), ('code~cuda',), (
         ('XLA119', 'cuda-tensor-type', 'legacy CUDA tensor types (`torch.cuda.FloatTensor`, aliases of them) -> dtype and device', True),
-    )),
+    ), ()),
     ('codemods.cuda_api', 'CudaApi', (b'cuda', b'accelerator', b'pin_memory', b'cudnn'), ('code~cuda', 'code~accelerator', 'code~pin_memory', 'code~cudnn'), (
         ('XLA105', 'cuda-is-available', '`torch.cuda.is_available()` and other accelerator tests: true on XLA', True),
         ('XLA108', 'pin-memory', 'pinned host memory (`.pin_memory()`, `pin_memory=True`) is dropped', True),
@@ -46,59 +46,59 @@ CODEMODS = (
         ('XLA113', 'cuda-manual-seed', '`torch.cuda.manual_seed[_all]`: seed the XLA generator', True),
         ('XLA114', 'cuda-device-query', 'device counts and indices come from `torch_xla.runtime`', True),
         ('XLA115', 'cuda-unsupported-api', 'CUDA memory statistics, streams, events, graphs, NVTX: no XLA counterpart (reported)', False),
-    )),
+    ), ()),
     ('codemods.amp', 'MixedPrecision', (b'autocast', b'GradScaler', b'scaler'), ('name:autocast&code~cuda', 'name:GradScaler', 'name:scaler', 'name:grad_scaler', 'name:loss_scaler', 'name:amp_scaler'), (
         ('XLA121', 'cuda-autocast', 'CUDA autocast -> `torch.autocast("xla", dtype=torch.bfloat16)`', True),
         ('XLA122', 'grad-scaler', 'GradScaler is not needed with bf16: removed, its call sites unwrapped', True),
-    )),
+    ), ()),
     ('codemods.checkpoints', 'Checkpoints', (b'torch.load', b'torch.save', b'map_location', b'load(', b'save('), ('torch:load', 'torch:save'), (
         ('XLA131', 'map-location', '`torch.load(..., map_location=<device>)` -> `map_location="cpu"`', True),
         ('XLA132', 'xm-save', '`torch.save` of model/optimizer state -> `xm.save`', True),
-    )),
+    ), ()),
     ('codemods.distributed', 'Distributed', (b'init_process_group', b'DistributedDataParallel', b'DDP', b'spawn', b'compile', b'DistributedSampler'), ('torch:init_process_group', 'torch:DistributedDataParallel', 'torch:DDP', 'torch:spawn', 'torch:compile', 'torch:DistributedSampler'), (
         ('XLA141', 'xla-process-group', '`init_process_group("nccl", ...)` -> `init_process_group("xla", init_method="xla://")`', True),
         ('XLA142', 'ddp-device-ids', '`DistributedDataParallel(m, device_ids=...)`: no device ids; `gradient_as_bucket_view=True`', True),
         ('XLA143', 'xla-launch', '`mp.spawn(fn, args, nprocs=n)` -> `torch_xla.launch(fn, args=args)`; samplers shard by the runtime', True),
         ('XLA144', 'compile-openxla', '`torch.compile(m)` -> `torch.compile(m, backend="openxla")`', True),
-    )),
+    ), ()),
     ('codemods.progress', 'BarIterables', (b'tqdm', b'trange'), ('name:tqdm', 'name:trange'), (
         ('XLA201', 'progress-bar-iterable', '`for x in tqdm(it)` / `trange(n)`: iterate the plain iterable', True),
-    )),
+    ), ()),
     ('codemods.accumulators', 'DeviceAccumulators', (b'.item(',), ('step_loop', 'loader_loop'), (
         ('XLA412', 'device-accumulator', 'a number summed from `.item()` every step (`total += loss.item()`) is summed on the device, read after the loop', True),
-    )),
+    ), ()),
     ('codemods.prints', 'HotPrints', (b'print', b'log', b'add_scalar'), ('step_loop&output_in_loop', 'loader_loop&output_in_loop'), (
         ('XLA210', 'hot-loop-tensor-print', 'print/log of a tensor value in the hot loop: defer it to a step closure', True),
-    )),
+    ), ()),
     ('codemods.loaders', 'DeviceLoader', (b'oader', b'_dl'), ('loader_loop',), (
         ('XLA301', 'mp-device-loader', 'loop over a DataLoader: iterate `MpDeviceLoader(loader, device)` instead', True),
-    )),
+    ), ()),
     ('codemods.barriers', 'StepBarrier', (b'backward', b'Backward', b'BACKWARD', b'step', b'Step', b'STEP', b'sampl', b'Sampl', b'SAMPL', b'denois', b'Denois', b'DENOIS', b'model', b'Model', b'MODEL', b'unet', b'Unet', b'UNET', b'forward', b'Forward', b'FORWARD', b'generate', b'Generate', b'GENERATE', b'predict', b'Predict', b'PREDICT', b'net', b'Net', b'NET', b'policy', b'Policy', b'POLICY', b'actor', b'Actor', b'ACTOR', b'critic', b'Critic', b'CRITIC', b'Module', b'nn.', b'from torch import', b'from_pretrained', b'from_config', b'from_single_file', b'diffusers', b'transformers', b'timm', b'torchvision', b'peft', b'open_clip', b'parallel', b'fsdp', b'DataParallel', b'create_model', b'load', b'trace', b'script', b'fully_shard'), ('step_loop',), (
         ('XLA302', 'step-barrier', 'insert the step barrier (`torch_xla.sync()`) at the end of the step loop', True),
-    )),
+    ), ()),
     ('codemods.device_index', 'DeviceIndex', (b'[',), ('step_loop', 'loader_loop'), (
         ('XLA411', 'device-index', "a device table indexed by a step's Python int (`alphas[t]`) is indexed with the int sent to the device", True),
-    )),
+    ), ()),
     ('codemods.host_reads', 'HostReads', (b'.item(', b'.tolist(', b'.numpy(', b'.cpu(', b'float(', b'int(', b'bool(', b'if ', b'while ', b'nonzero', b'masked_select', b'unique', b'where(', b'[', b'for '), ('step_loop', 'loader_loop', 'step_method', 'option:include_cold'), (
         ('XLA401', 'host-read-item', '`.item()` on the hot path reads a tensor on the host every step', False),
         ('XLA402', 'host-read-transfer', '`.tolist()` / `.numpy()` / `.cpu()` on the hot path copies a tensor to the host', False),
         ('XLA403', 'host-read-scalar', "`float(t)` / `int(t)` / `bool(t)` of a tensor, or a tensor as `torch.full`'s fill value, on the hot path", False),
         ('XLA404', 'tensor-condition', 'a tensor in an `if`/`while`/`assert` condition on the hot path', False),
-    )),
+    ), ()),
     ('codemods.shape_traps', 'ShapeTraps', (b'.item(', b'.tolist(', b'.numpy(', b'.cpu(', b'float(', b'int(', b'bool(', b'if ', b'while ', b'nonzero', b'masked_select', b'unique', b'where(', b'[', b'for '), ('step_loop', 'loader_loop', 'step_method', 'option:include_cold'), (
         ('XLA405', 'dynamic-shape-op', '`nonzero`, `masked_select`, `unique`, one-argument `where`: data-dependent shapes', False),
         ('XLA406', 'boolean-mask-index', 'indexing with a boolean mask on the hot path (data-dependent shape)', True),
         ('XLA407', 'loop-counter-index', 'a device tensor iterated or indexed with the Python loop counter', False),
         ('XLA408', 'growing-concat', 'a tensor grown with `torch.cat` on every step', False),
-    )),
+    ), ()),
     ('codemods.progress', 'BarBlocks', (b'tqdm', b'trange', b'progress_bar'), ('name:tqdm', 'name:trange', 'name:progress_bar'), (
         ('XLA202', 'progress-bar-block', '`with tqdm(...) as bar:` / `with self.progress_bar(...)`: drop the block, keep its body', True),
         ('XLA203', 'progress-bar-tensor-postfix', 'kept bars: `set_postfix(loss=loss.item())` and the like are dropped', True),
-    )),
+    ), ()),
     ('codemods.tied_weights', 'TiedWeights', (b'weight = self.', b'bias = self.', b'transformers', b'parameters()'), ('tied_weights', 'calls:transformers&name:to', 'name:parameters&name:optim'), (
         ('XLA157', 'tied-weights', 'weights shared between modules (`self.head.weight = self.embed.weight`) stay shared on the XLA device', True),
         ('XLA133', 'optimizer-before-move', "an optimizer made over a module's parameters before the module moves to the XLA device keeps them", True),
-    )),
+    ), ()),
     ('codemods.runtime', 'XlaRuntime', (b'inference_mode', b'fused', b'set_float32_matmul_precision', b'DataParallel', b'basicConfig', b'manual_seed'), ('name:inference_mode', 'name:fused', 'name:set_float32_matmul_precision', 'name:DataParallel', 'name:basicConfig', 'name:manual_seed'), (
         ('XLA151', 'inference-mode', '`torch.inference_mode()` -> `torch.no_grad()` (inference tensors fail on XLA)', True),
         ('XLA152', 'fused-optimizer', '`torch.optim.X(..., fused=True)` -> `fused=False` (no fused kernels for XLA tensors)', True),
@@ -106,20 +106,20 @@ CODEMODS = (
         ('XLA154', 'data-parallel', '`nn.DataParallel` does nothing on XLA (reported)', False),
         ('XLA155', 'logging-basic-config', '`logging.basicConfig(...)` gets `force=True` in torch programs: importing torch_xla configures logging first', True),
         ('XLA156', 'xla-seed', "`torch.manual_seed(s)` is followed by `torch_xla.manual_seed(s)`: XLA's generator is apart", True),
-    )),
+    ), ()),
     ('codemods.recompiles', 'Recompiles', (b'random', b'pad_sequence', b'pack_padded_sequence'), ('name~random&code~cuda', 'name:pad_sequence&code~cuda', 'name:pack_padded_sequence&code~cuda'), (
         ('XLA409', 'host-random-choice', "a choice drawn from the host's random numbers in a loop (teacher forcing) recompiles as choices vary", True),
         ('XLA410', 'ragged-batches', "sequences padded to each batch's longest (`pad_sequence`): a new graph for every batch length", False),
-    )),
+    ), ()),
     ('codemods.xla_limits', 'XlaLimits', (b'sparse', b'spmm', b'share_memory', b'fold', b'Fold', b'[-', b', -', b':-', b': -', b'addbmm', b'angle', b'cholesky_inverse', b'col2im', b'eig', b'equal', b'geqrf', b'histc', b'histogram', b'householder_product', b'huber_loss', b'im2col', b'is_set_to', b'multi_margin_loss', b'nansum', b'nonzero_static', b'ormqr', b'quantized_gru', b'quantized_lstm', b'searchsorted', b'slow_conv_transpose3d', b'solve_triangular', b'unfold', b'view_as_complex', b'view_as_real'), ('name~sparse', 'name:spmm', 'name:smm', 'name:hspmm', 'name:share_memory', 'name:Fold&code~cuda', 'name:Unfold&code~cuda', 'name:addbmm&code~cuda', 'name:angle&code~cuda', 'name:cholesky_inverse&code~cuda', 'name:col2im&code~cuda', 'name:eig&code~cuda', 'name:equal&code~cuda', 'name:fold&code~cuda', 'name:geqrf&code~cuda', 'name:histc&code~cuda', 'name:histogram&code~cuda', 'name:householder_product&code~cuda', 'name:huber_loss&code~cuda', 'name:im2col&code~cuda', 'name:is_set_to&code~cuda', 'name:multi_margin_loss&code~cuda', 'name:nansum&code~cuda', 'name:nonzero_static&code~cuda', 'name:ormqr&code~cuda', 'name:quantized_gru&code~cuda', 'name:quantized_lstm&code~cuda', 'name:searchsorted&code~cuda', 'name:slow_conv_transpose3d&code~cuda', 'name:solve_triangular&code~cuda', 'name:unfold&code~cuda', 'name:view_as_complex&code~cuda', 'name:view_as_real&code~cuda', 'code~cuda'), (
         ('XLA158', 'xla-cannot', 'sparse tensors and `share_memory()` fail on XLA (reported, with the fix)', False),
         ('XLA159', 'xla-cpu-fallback', 'an op torch_xla 2.9.0 has no lowering for runs on the CPU (reported)', False),
         ('XLA160', 'xla-negative-slice-bound', 'a slice of the last `n` of a tensor a loop grows: torch_xla raises while it is shorter (reported, with the fix)', False),
-    )),
+    ), (b'sparse',)),
     ('codemods.coverage', 'CudaCatchAll', (b'cuda', b'nccl', b'pin_memory', b'map_location', b'device_ids', b'output_device', b'GradScaler', b'spawn', b'inference_mode', b'fused', b'set_float32_matmul_precision', b'DataParallel'), ('code~cuda', 'code~nccl', 'code~pin_memory', 'code~map_location', 'code~device_ids', 'code~output_device', 'code~GradScaler', 'code~spawn', 'name:inference_mode', 'name:fused', 'name:set_float32_matmul_precision', 'name:DataParallel'), (
         ('XLA199', 'cuda-left-over', 'a CUDA-specific construct no rule converted (reported, with a hint)', False),
-    )),
+    ), ()),
     ('codemods.suppressions', 'UnusedSuppressions', (b'xlaport:', b'noqa: XLA', b'noqa:XLA', b'NOQA: XLA', b'noqa: xla'), (), (
         ('XLA002', 'unused-suppression', 'a suppression comment silences nothing, or names no xlaport rule', False),
-    )),
+    ), ()),
 )

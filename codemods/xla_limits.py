@@ -24,6 +24,7 @@ import libcst as cst
 from codemods.analysis.cuda import BEING_PORTED, being_ported
 from codemods.analysis.growth import grown_in
 from codemods.analysis.placement import DEVICE, placement
+from codemods.analysis.project import SPARSE_CALLS, SPARSE_METHODS, sparse_from_siblings
 from codemods.analysis.values import TENSOR, values
 from codemods.base import Rule, XlaCodemod, dotted, find_all
 from codemods.xla_ops_data import CPU_FALLBACK, TORCH_XLA
@@ -38,7 +39,9 @@ XLA_CANNOT = Rule(
         "shared between processes either: `model.share_memory()` raises \"_share_fd_: only available on CPU\", "
         "so Hogwild-style training does not port. Keep sparse data on the CPU or make it dense (`.to_dense()`) "
         "before it goes to the device; train across processes with `torch_xla.launch` and "
-        "DistributedDataParallel. A CUDA test that would switch such code on is kept (XLA118)."
+        "DistributedDataParallel. A CUDA test that would switch such code on is kept (XLA118). A sparse tensor "
+        "another module of the project returns (`adj, features = load_data()`, `load_data` in `utils.py`) is "
+        "said where this module moves it: the rule reads what that module's functions return."
     ),
     before="import torch\n\nadj = adj.to_sparse().cuda()\nout = torch.spmm(adj, x)\n",
     after=None,
@@ -88,9 +91,6 @@ NEGATIVE_BOUND = Rule(
 )
 
 
-_SPARSE_CALLS = {"torch.sparse_coo_tensor", "torch.sparse_csr_tensor", "torch.sparse_csc_tensor", "torch.spmm",
-                 "torch.smm", "torch.hspmm", "torch.sspaddmm"}
-_SPARSE_METHODS = {"to_sparse", "to_sparse_coo", "to_sparse_csr", "to_sparse_csc", "to_sparse_bsr"}
 # how a user spells the aten op names of the table: torch.linalg.eig is aten::linalg_eig
 _NAMESPACES = {"torch.linalg.": "linalg_", "torch.special.": "special_", "torch.nn.functional.": "",
                "torch.": ""}
@@ -115,6 +115,7 @@ class XlaLimits(XlaCodemod):
     RULES = (XLA_CANNOT, CPU_FALLBACK_OP, NEGATIVE_BOUND)
     TRIGGERS = (b"sparse", b"spmm", b"share_memory", b"fold", b"Fold", b"[-", b", -", b":-", b": -",
                 *sorted({_spelled(op).encode() for op in CPU_FALLBACK}))
+    SIBLING_TRIGGERS = (b"sparse",)  # a sparse tensor another module's function returns, moved here
     NEEDS = ("name~sparse", "name:spmm", "name:smm", "name:hspmm", "name:share_memory",  # XLA158: anywhere
              *(f"name:{n}&{BEING_PORTED}" for n in sorted(_FALLBACK_NAMES)),  # XLA159: in code being ported
              BEING_PORTED)  # XLA160: likewise (a negative bound has no name to find it by)
@@ -124,6 +125,7 @@ class XlaLimits(XlaCodemod):
         self._sparse = {dotted(t.target) for a in tree.nodes((cst.Assign,)) for t in a.targets  # type: ignore[attr-defined]
                         if isinstance(a.value, cst.Call) and self._sparse_or_shared(a.value)  # type: ignore[attr-defined]
                         and "share_memory" not in (dotted(a.value.func) or "")} - {None}  # type: ignore[attr-defined]
+        self._sparse |= sparse_from_siblings(tree, getattr(self.context, "filename", None))  # (`adj = load_data()`)
         roots = {name.split(".")[0] for name in self._sparse}
         self._ported = being_ported(tree)  # (XLA159 speaks only there: a cost, not a failure)
         named = tree.statements_where(lambda n: n.value in _NAMES or n.value in roots or "sparse" in n.value,
@@ -146,8 +148,8 @@ class XlaLimits(XlaCodemod):
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
         if isinstance(func, cst.Attribute) and func.attr.value in ("to", "cuda") and dotted(func.value) in self._sparse:
-            self.flag(node, XLA_CANNOT.code, f"`{dotted(func.value)}` holds a sparse tensor: XLA has no sparse tensors, "
-                      "moving it to the device raises; make it dense first (`.to_dense()`) or keep it on the CPU",
+            self.flag(node, XLA_CANNOT.code, f"moving sparse `{dotted(func.value)}`: XLA has no sparse tensors, moving "
+                      "one to the device raises; make it dense first (`.to_dense()`) or keep it on the CPU",
                       fix=False)
             return
         found = self._sparse_or_shared(node)
@@ -183,11 +185,11 @@ class XlaLimits(XlaCodemod):
     def _sparse_or_shared(self, node: cst.Call) -> Optional[str]:
         func = node.func
         names = self.qualnames(func)
-        if names & _SPARSE_CALLS or any(q.startswith("torch.sparse.") for q in names):
+        if names & SPARSE_CALLS or any(q.startswith("torch.sparse.") for q in names):
             name = sorted(names)[0].replace("torch.", "", 1)
             return (f"`{name}` makes or uses a sparse tensor: XLA has no sparse tensors (moving one to the device "
                     "raises); keep it on the CPU or make it dense (`.to_dense()`) before it goes to the device")
-        if isinstance(func, cst.Attribute) and not node.args and func.attr.value in _SPARSE_METHODS | {"share_memory"} \
+        if isinstance(func, cst.Attribute) and not node.args and func.attr.value in SPARSE_METHODS | {"share_memory"} \
                 and not names:
             if func.attr.value == "share_memory":
                 return ("`share_memory()`: an XLA tensor cannot be shared between processes (Hogwild does not port); "

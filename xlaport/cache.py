@@ -90,7 +90,7 @@ class Cache:
             entry = json.loads(self._file(key).read_bytes())
         except (OSError, ValueError):
             return None
-        if not isinstance(entry, dict) or entry.get("key") != key:
+        if not isinstance(entry, dict) or entry.get("key") != key or not _deps_unchanged(entry.get("deps")):
             return None
         return entry
 
@@ -120,6 +120,25 @@ class Cache:
         self._ready = True
 
 
+def depends_on(path: str, data: bytes) -> Dict[str, List[int]]:
+    """The other files an answer about ``path`` may have read (the project
+    modules it imports from: ``codemods.analysis.project``), with their sizes
+    and times, for :meth:`Cache.get` to check."""
+    from codemods.analysis.project import imported_modules, stamps
+
+    return stamps(imported_modules(path, data).values())
+
+
+def _deps_unchanged(deps: object) -> bool:
+    if not deps:
+        return True
+    if not isinstance(deps, dict):
+        return False
+    from codemods.analysis.project import stamps
+
+    return stamps(deps) == deps
+
+
 def _sha(data: bytes) -> str:
     """The digest of ``data``; the last one is kept for the same bytes object
     (a run asks for a file's digest for its key, then to check the entry)."""
@@ -133,12 +152,14 @@ _LAST_SHA: "tuple[object, str]" = (None, "")
 
 
 def encode(output: Optional[bytes], original: bytes, findings: List[Finding], problem, cuda,
-           styled: Optional[bytes] = None, restyled: bool = False, imports=None, path: str = "") -> Dict[str, object]:  # type: ignore[no-untyped-def]
+           styled: Optional[bytes] = None, restyled: bool = False, imports=None, path: str = "",
+           deps: Optional[Dict[str, List[int]]] = None) -> Dict[str, object]:  # type: ignore[no-untyped-def]
     """An entry, tied to the input it answers for and to its own output by
     their digests (checked on read: see :func:`decode`).  ``restyled``: the
     entry also holds ``styled``, the output as `convert` writes it (None:
     the same).  ``imports``: the import requests the output still lacks
-    (``engine.finish_imports``; an entry `lint` made)."""
+    (``engine.finish_imports``; an entry `lint` made).  ``deps``: the other
+    files it was made from (:func:`depends_on`)."""
     changed = output is not None and output != original
     return {
         **(encode_style(styled, path) if restyled else {}),
@@ -151,12 +172,13 @@ def encode(output: Optional[bytes], original: bytes, findings: List[Finding], pr
                       [list(span) for span in f.related]] for f in findings],
         "problem": list(problem) if problem is not None else None,
         "cuda": list(cuda),
+        **({"deps": deps} if deps else {}),
     }
 
 
-def nothing(original: bytes) -> Dict[str, object]:
+def nothing(original: bytes, deps: Optional[Dict[str, List[int]]] = None) -> Dict[str, object]:
     """The entry of a file that no enabled codemod can concern (``runner._work``'s None)."""
-    return {"nothing": True, "input": _sha(original)}
+    return {"nothing": True, "input": _sha(original), **({"deps": deps} if deps else {})}
 
 
 def _int(value: object) -> bool:

@@ -73,10 +73,11 @@ class Outcome:
 
 
 def applicable(source: bytes, settings: Settings, codes: Sequence[str],
-               triggered: Optional[Sequence[registry.CodemodInfo]] = None) -> List[type]:
+               triggered: Optional[Sequence[registry.CodemodInfo]] = None,
+               filename: Optional[str] = None) -> List[type]:
     """The codemods worth parsing the file for: enabled, and triggered."""
     return [info.load() for info in registry.applicable(source, codes, settings.options, settings.prefilter,
-                                                        triggered)]
+                                                        triggered, filename)]
 
 
 def parse(source: bytes) -> cst.Module:
@@ -208,7 +209,7 @@ def _convert(source: bytes, settings: Settings, filename: str, triggered: Option
     it that fails without CUDA (only where a rule rewrote a CUDA test)."""
     settings = settings.for_file(filename, source)
     codes = settings.selected_codes()
-    codemods = applicable(source, settings, codes, triggered)
+    codemods = applicable(source, settings, codes, triggered, filename)
     if not codemods:
         return Outcome(source, []), []
     counting = CudaCatchAll in codemods  # (the coverage line: the catch-all's)
@@ -216,7 +217,7 @@ def _convert(source: bytes, settings: Settings, filename: str, triggered: Option
     if not counting and SWITCH_CODES & set(codes):
         # a rewritten CUDA test must own what it switches on, whichever rules
         # are selected: the catch-all lists what is left (and reports nothing)
-        codemods = applicable(source, settings, [*codes, CATCH_ALL.code])
+        codemods = applicable(source, settings, [*codes, CATCH_ALL.code], filename=filename)
         running = [*codes, CATCH_ALL.code]
     if pyast.rejected(source):
         # Python could not read it: too deep a nesting crashes LibCST's
@@ -242,7 +243,8 @@ def _convert(source: bytes, settings: Settings, filename: str, triggered: Option
         # (``flag`` is False for a rule that is off), they only say where
         # they would have spoken
         context.scratch[SILENCED_KEY] = set()
-        codemods = applicable(source, settings, [*running, *registry.selected_codes(settings.select, ())])
+        codemods = applicable(source, settings, [*running, *registry.selected_codes(settings.select, ())],
+                              filename=filename)
     # The analyses a TreeCache holds point back at it (and at its tree):
     # they are let go at the end, so that the trees are freed as soon as
     # the file is done rather than by the cycle collector (see

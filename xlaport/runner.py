@@ -13,7 +13,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from codemods import registry
 from codemods.rule import Finding
-from xlaport.cache import FINDINGS_ONLY, Cache, decode, encode, encode_style, nothing, pending_imports
+from xlaport.cache import FINDINGS_ONLY, Cache, decode, depends_on, encode, encode_style, nothing, pending_imports
 from xlaport.files import Entry, FileProblem, read_bytes
 from xlaport.settings import Settings
 
@@ -91,7 +91,7 @@ def _work(args: Tuple[str, bytes, Settings]) -> Optional[Outcome]:
     """One file's outcome; None when no enabled codemod can concern it (a
     test of its bytes, before LibCST is even imported)."""
     path, data, settings = args
-    triggered = _triggered(data, settings)
+    triggered = _triggered(data, settings, path)
     if not triggered:
         return _unreadable(path, data)
     from xlaport.engine import SourceError
@@ -142,10 +142,11 @@ def _styled(path: str, data: bytes, out: Optional[bytes]) -> Optional[bytes]:
     return styled if styled != out else None
 
 
-def _triggered(data: bytes, settings: Settings) -> List[registry.CodemodInfo]:
-    """Cheap: the enabled codemods whose trigger words the file contains.
-    (The exact ``ast`` prefilter runs next, with the parse.)"""
-    return registry.applicable(data, settings.selected_codes(), settings.options, prefilter=False)
+def _triggered(data: bytes, settings: Settings, path: Optional[str] = None) -> List[registry.CodemodInfo]:
+    """Cheap: the enabled codemods whose trigger words the file contains (or
+    a project module it imports from, for those that look there).  (The
+    exact ``ast`` prefilter runs next, with the parse.)"""
+    return registry.applicable(data, settings.selected_codes(), settings.options, prefilter=False, filename=path)
 
 
 def process(entries: Sequence[Entry], settings: Settings, jobs: int = 0, cache: Optional[Cache] = None,
@@ -197,9 +198,10 @@ def process(entries: Sequence[Entry], settings: Settings, jobs: int = 0, cache: 
         if outcome is not None:
             _fill(result, outcome)
         if cache is not None and not (outcome is not None and outcome[2] is not None and outcome[2][0] == DIED):
-            cache.put(key, nothing(job[1]) if outcome is None else encode(
+            deps = depends_on(job[0], job[1])
+            cache.put(key, nothing(job[1], deps) if outcome is None else encode(
                 outcome[0], job[1], *outcome[1:4], styled=outcome[4], restyled=bool(job[2].options.get("restyle")),
-                imports=outcome[5], path=job[0]))
+                imports=outcome[5], path=job[0], deps=deps))
     return results
 
 
@@ -213,7 +215,7 @@ def _with_imports(cache: Cache, key: str, entry, outcome, data: bytes):  # type:
         out = finish_imports(outcome[0], outcome[5])
     except SourceError as exc:
         raise ValueError(exc.message) from None
-    entry = encode(out, data, *outcome[1:4])
+    entry = encode(out, data, *outcome[1:4], deps=entry.get("deps"))
     cache.put(key, entry)
     return entry, (out, *outcome[1:5], None)
 

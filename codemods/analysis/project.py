@@ -1,0 +1,274 @@
+"""What the program's other modules hold, where a rule needs it.
+
+A rule reads one file; a program is many.  ``adj, features = load_data()``
+with ``load_data`` in ``utils.py`` binds a sparse tensor that nothing in
+this file shows: moving it to XLA raises, and a CUDA test that would switch
+that move on must be kept (XLA158, XLA118).  This module answers such
+questions about the modules a file imports names from:
+
+* :func:`resolve` finds the project file an import names (``from .utils
+  import f``, ``from utils import f``, ``from pkg.utils import f`` run from
+  the repository's root); an installed library is not looked into;
+* :func:`sparse_returns` says which functions of such a file return a sparse
+  tensor (or which elements of the tuple they return), read with Python's
+  ``ast``, not LibCST (no tree is built for another file);
+* :func:`siblings_hold` lets a codemod run on a file whose own bytes lack its
+  trigger words when a module it imports from holds them
+  (``SIBLING_TRIGGERS``).
+
+An answer about a file depends on the files :func:`imported_modules` names
+too: the results cache stores their sizes and times (:func:`stamps`) and
+checks them before it answers again (``xlaport.cache``).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import stat
+from pathlib import Path
+from typing import TYPE_CHECKING, Dict, FrozenSet, List, Optional, Set, Tuple
+
+if TYPE_CHECKING:
+    from codemods.syntax.tree import TreeCache
+
+# what makes or uses a sparse tensor (XLA has none): torch's constructors and
+# sparse products, the ``torch.sparse`` namespace, the methods that turn a
+# tensor sparse; of these, the constructors and methods give a sparse value
+SPARSE_MAKERS = frozenset({"torch.sparse_coo_tensor", "torch.sparse_csr_tensor", "torch.sparse_csc_tensor",
+                           "torch.sparse_bsr_tensor", "torch.sparse_bsc_tensor"})
+SPARSE_CALLS = SPARSE_MAKERS | {"torch.spmm", "torch.smm", "torch.hspmm", "torch.sspaddmm"}
+SPARSE_METHODS = frozenset({"to_sparse", "to_sparse_coo", "to_sparse_csr", "to_sparse_csc", "to_sparse_bsr"})
+
+
+def makes_sparse(qualname: str) -> bool:
+    """Is a call of ``qualname`` (read through the imports) a sparse tensor
+    (``torch.sparse_coo_tensor(...)``, ``torch.sparse.FloatTensor(...)``)?"""
+    return qualname in SPARSE_MAKERS or (qualname.startswith("torch.sparse.") and qualname.endswith("Tensor"))
+
+
+# -- other files' bytes and facts, read once per process ---------------------
+
+_BYTES: Dict[str, Tuple[Tuple[int, int], bytes]] = {}  # (per process) path -> (stat, bytes)
+_FACTS: Dict[str, Tuple[Tuple[int, int], Dict[str, FrozenSet[Optional[int]]]]] = {}
+
+
+def _stamp(path: Path) -> Optional[Tuple[int, int]]:
+    """(size, mtime_ns) of a regular file; None for anything else."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns) if stat.S_ISREG(st.st_mode) else None
+
+
+def _read(path: Path) -> bytes:
+    key = str(path)
+    stamp = _stamp(path)
+    if stamp is None:
+        return b""
+    known = _BYTES.get(key)
+    if known is None or known[0] != stamp:
+        try:
+            known = (stamp, path.read_bytes())
+        except OSError:
+            known = (stamp, b"")
+        _BYTES[key] = known
+    return known[1]
+
+
+# -- which file an import names -----------------------------------------------
+
+
+def resolve(filename: Optional[str], module: str) -> Optional[Path]:
+    """The project file that ``module`` (as imported by ``filename``: dots
+    for a relative import) names: relative to the importing package; an
+    absolute name from the file's directory or one of the two above it (a
+    program run from its repository's root or its package).  None for
+    anything else (an installed library, a module not on disk)."""
+    if not filename:
+        return None
+    key = (os.path.dirname(os.path.abspath(filename)), module)
+    if key not in _RESOLVED:
+        _RESOLVED[key] = _resolve(Path(key[0]), module)
+    return _RESOLVED[key]
+
+
+_RESOLVED: Dict[Tuple[str, str], Optional[Path]] = {}  # (per process) (directory, module) -> file
+
+
+def _resolve(here: Path, module: str) -> Optional[Path]:
+    dots = len(module) - len(module.lstrip("."))
+    parts = [p for p in module[dots:].split(".") if p]
+    if dots:
+        if dots >= 2 and dots - 2 >= len(here.parents):
+            return None
+        bases = [here if dots == 1 else here.parents[dots - 2]]
+    else:
+        if not parts:
+            return None
+        bases = [here, *list(here.parents)[:2]]
+    for base in bases:
+        target = base.joinpath(*parts)
+        for candidate in ((target.with_name(target.name + ".py"),) if parts else ()) + (target / "__init__.py",):
+            if _stamp(candidate) is not None:
+                return candidate
+    return None
+
+
+_FROM = re.compile(rb"^[ \t]*from[ \t]+(\.*[\w.]*)[ \t]+import\b", re.M)
+
+
+def imported_modules(filename: Optional[str], source: bytes) -> Dict[str, Path]:
+    """The project modules ``source`` imports names from (``from M import
+    ...``): the module as written (``.utils``, ``pygcn.utils``) -> its file.
+    What this module may read for a file is these files: the results cache
+    checks them (``xlaport.cache``)."""
+    found: Dict[str, Path] = {}
+    if not filename:
+        return found
+    for match in _FROM.finditer(source):
+        module = match.group(1).decode("ascii", "replace")
+        if module not in found:
+            path = resolve(filename, module)
+            if path is not None:
+                found[module] = path
+    return found
+
+
+def siblings_hold(filename: Optional[str], source: bytes, word: bytes) -> bool:
+    """Does a project module that ``source`` imports names from contain ``word``?"""
+    return any(word in _read(path) for path in imported_modules(filename, source).values())
+
+
+def stamps(paths) -> Dict[str, List[int]]:  # type: ignore[no-untyped-def]
+    """path -> [size, mtime_ns] of each file (what a cached answer is checked by)."""
+    out: Dict[str, List[int]] = {}
+    for path in paths:
+        stamp = _stamp(Path(path))
+        if stamp is not None:
+            out[str(path)] = list(stamp)
+    return out
+
+
+# -- what another module's functions return -----------------------------------
+
+
+def sparse_returns(path: Path) -> Dict[str, FrozenSet[Optional[int]]]:
+    """The module-level functions of the file at ``path`` that return a sparse
+    tensor: name -> the positions it is at (None: the value returned; ``i``:
+    element ``i`` of the tuple returned)."""
+    data = _read(path)
+    stamp = _stamp(path)
+    known = _FACTS.get(str(path))
+    if known is not None and known[0] == stamp:
+        return known[1]
+    facts: Dict[str, FrozenSet[Optional[int]]] = {}
+    if b"sparse" in data:
+        try:
+            facts = _SparseReturns(ast.parse(data)).facts()
+        except (SyntaxError, ValueError, RecursionError):
+            facts = {}
+    _FACTS[str(path)] = (stamp or (0, 0), facts)
+    return facts
+
+
+class _SparseReturns:
+    """:func:`sparse_returns` for one parsed module (flow-insensitive but for
+    the last assignment of a name before each ``return``)."""
+
+    def __init__(self, module: ast.Module) -> None:
+        self.aliases: Dict[str, str] = {}  # local name -> what it imports
+        for node in module.body:
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    self.aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for a in node.names:
+                    self.aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        self.functions = [n for n in module.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        self.known: Dict[str, FrozenSet[Optional[int]]] = {}
+
+    def facts(self) -> Dict[str, FrozenSet[Optional[int]]]:
+        for _ in range(3):  # a function that returns what another one returns
+            before = dict(self.known)
+            for fn in self.functions:
+                found = self._returns(fn)
+                if found:
+                    self.known[fn.name] = found
+            if self.known == before:
+                break
+        return self.known
+
+    def _returns(self, fn: ast.AST) -> FrozenSet[Optional[int]]:
+        assigns: Dict[str, List[Tuple[int, ast.expr]]] = {}
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                assigns.setdefault(node.targets[0].id, []).append((node.lineno, node.value))
+        out: Set[Optional[int]] = set()
+        for ret in (n for n in ast.walk(fn) if isinstance(n, ast.Return) and n.value is not None):
+            value = ret.value
+            if isinstance(value, ast.Tuple):
+                out |= {i for i, e in enumerate(value.elts) if self._sparse(e, ret.lineno, assigns, 0)}
+            elif self._sparse(value, ret.lineno, assigns, 0):  # type: ignore[arg-type]
+                out.add(None)
+        return frozenset(out)
+
+    def _sparse(self, e: ast.expr, line: int, assigns: Dict[str, List[Tuple[int, ast.expr]]], depth: int) -> bool:
+        if depth > 8:
+            return False
+        if isinstance(e, ast.Name):
+            before = [v for at, v in assigns.get(e.id, ()) if at < line]
+            return bool(before) and self._sparse(before[-1], line, assigns, depth + 1)
+        if not isinstance(e, ast.Call):
+            return False
+        func = e.func
+        if isinstance(func, ast.Attribute) and func.attr in SPARSE_METHODS and not e.args:
+            return True
+        text = _dotted(func)
+        if text is None:
+            return False
+        root, _, rest = text.partition(".")
+        full = self.aliases.get(root)
+        if full is not None and makes_sparse(f"{full}.{rest}" if rest else full):
+            return True
+        return None in self.known.get(text, frozenset())  # a function of this module that returns one
+
+
+def _dotted(node: ast.expr) -> Optional[str]:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = _dotted(node.value)
+        return f"{inner}.{node.attr}" if inner else None
+    return None
+
+
+def sparse_from_siblings(tree: "TreeCache", filename: Optional[str]) -> Set[str]:
+    """Names this module binds to a sparse tensor that a function of another
+    project module returns (``adj, features = load_data()``): the value, or
+    the elements of the tuple it returns that are sparse."""
+    import libcst as cst
+
+    from codemods.syntax.tree import dotted as cst_dotted
+
+    out: Set[str] = set()
+    source = tree.source or (tree.text if tree.text is not None else tree.module.code).encode("utf-8")
+    modules = imported_modules(filename, source) if filename else {}
+    if not modules:
+        return out
+    for assign in tree.nodes((cst.Assign,)):
+        call = assign.value  # type: ignore[attr-defined]
+        if not isinstance(call, cst.Call):
+            continue
+        for qualname in tree.import_qualnames(call.func) or ():
+            module, _, name = qualname.rpartition(".")
+            path = modules.get(module)
+            found = sparse_returns(path).get(name, frozenset()) if path is not None else frozenset()
+            for target in (t.target for t in assign.targets) if found else ():  # type: ignore[attr-defined]
+                if None in found:
+                    out.add(cst_dotted(target) or "")
+                elif isinstance(target, (cst.Tuple, cst.List)):
+                    out |= {cst_dotted(e.value) or "" for i, e in enumerate(target.elements) if i in found}
+    return out - {""}
