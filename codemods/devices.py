@@ -79,7 +79,9 @@ CUDA_IDIOM = Rule(
         "On a TPU host `torch.cuda.is_available()` is False, so the idiom silently "
         "picks the CPU and the program runs without the accelerator. The whole "
         "choice (expression or if/else statement, direct or through a flag such as "
-        "`use_cuda`) becomes the XLA device."
+        "`use_cuda`) becomes the XLA device. A test that also reads a choice of the user's "
+        "(`args.cuda and torch.cuda.is_available()`, `not args.no_cuda and ...`) keeps it: "
+        "the CPU the user chose stays the CPU, and the CUDA side alone becomes the XLA device (XLA102)."
     ),
     before=(
         "import torch\n\nuse_cuda = torch.cuda.is_available()\n"
@@ -89,7 +91,9 @@ CUDA_IDIOM = Rule(
         "import torch\nimport torch_xla\n\nuse_cuda = torch.cuda.is_available()\n"
         "device = torch_xla.device()\n"
     ),
-    valid=("import torch\n\nmode = \"fast\" if torch.cuda.is_available() else \"slow\"\n",),
+    valid=("import torch\n\nmode = \"fast\" if torch.cuda.is_available() else \"slow\"\n",
+           "import torch\n\nuse_cuda = args.cuda and torch.cuda.is_available()\n"
+           "device = torch.device(\"cuda\" if use_cuda else \"cpu\")\n"),
 )
 
 CUDA_DEFAULT = Rule(
@@ -264,6 +268,11 @@ class DeviceSwap(XlaCodemod):
             if self.flag(original_node, CUDA_IDIOM.code, "CUDA-if-available device choice -> XLA device", fix=True):
                 self._handled.add(original_node)
                 return self._device()
+            return updated_node
+        side = self.devices.chosen_cuda_side(original_node)
+        if side is not None and self.flag(getattr(original_node, side), CUDA_LITERAL.code, "the CUDA side of a "
+                                          "device choice the user makes -> XLA device (the choice is kept)", fix=True):
+            return updated_node.with_changes(**{side: self._device()})
         return updated_node
 
     # ------------------------------------------------------------ assignments

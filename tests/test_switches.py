@@ -284,3 +284,40 @@ def test_a_kept_sparse_program_runs_with_plain_python(tmp_path):
     script.write_text(convert_text(SPARSE)[0])
     done = _run(script, tmp_path / "run", {"PJRT_DEVICE": "CPU"})
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+CHOSEN = '''\
+import argparse
+
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--cuda", action="store_true")
+parser.add_argument("--no-cuda", action="store_true")
+args = parser.parse_args()
+opted = args.cuda and torch.cuda.is_available()
+if opted:
+    device = torch.device("cuda")
+else:
+    device = torch.device("cpu")
+default_on = torch.device("cuda" if not args.no_cuda and torch.cuda.is_available() else "cpu")
+x = torch.ones(2).to(device) * 2
+y = torch.ones(2).to(default_on) * 3
+print(x.device.type, y.device.type, (x.cpu() + y.cpu()).sum().item())
+'''
+
+
+@pytest.mark.xla
+@pytest.mark.skipif(not HAVE_XLA, reason="needs torch_xla (make setup)")
+def test_the_users_device_choice_keeps_its_meaning(tmp_path):
+    """pytorch/examples' mnist_hogwild asks for CUDA with `--cuda` (off by
+    default): its conversion took XLA whatever the user chose, and crashed in
+    `share_memory()`.  A choice read from an option is kept: CPU stays CPU,
+    the CUDA side becomes XLA, and a default that took CUDA takes XLA."""
+    script = tmp_path / "chosen.py"
+    script.write_text(convert_text(CHOSEN)[0])
+    for args, expected in (([], "cpu xla 10.0"), (["--cuda"], "xla xla 10.0"), (["--no-cuda"], "cpu cpu 10.0")):
+        done = subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, capture_output=True, text=True,
+                              env={**os.environ, "PJRT_DEVICE": "CPU"}, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip() == expected, (args, done.stdout)

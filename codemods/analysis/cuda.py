@@ -263,6 +263,7 @@ class CudaFacts:
         self.scalers: Set[str] = set()
         self.launchers: Set[int] = set()  # id() of functions (or the module) that spawn workers
         self.availability_flags: Set[str] = set()  # use_cuda = torch.cuda.is_available() and ...
+        self.chosen_flags: Set[str] = set()  # of those, the ones that read a choice too (`args.cuda and ...`)
         self._qualnames = qualnames
         self._tree = tree
         self._device_uses: Optional[Set[str]] = None
@@ -299,6 +300,8 @@ class CudaFacts:
         if isinstance(value, (cst.Call, cst.BooleanOperation, cst.UnaryOperation, cst.Name, cst.Attribute)) \
                 and self.tests_availability(value):
             self.availability_flags.add(text)  # a flag, not a device chosen by one
+            if self.reads_a_choice(value):
+                self.chosen_flags.add(text)
 
     def holds_device(self, text: str) -> bool:
         """A name (or ``self.x``) that holds a device: the module passes it
@@ -323,6 +326,28 @@ class CudaFacts:
             if isinstance(n, (cst.Name, cst.Attribute)) and dotted(n) in self.availability_flags:
                 return True
         return False
+
+    def reads_a_choice(self, test: cst.CSTNode) -> bool:
+        """``test`` reads something besides availability: an option, a
+        parameter, a config field (``args.cuda and torch.cuda.is_available()``,
+        ``not args.no_cuda and ...``, or a flag made so) -- the user's choice,
+        which a conversion keeps (CPU stays CPU)."""
+        if isinstance(test, cst.BooleanOperation):
+            return self.reads_a_choice(test.left) or self.reads_a_choice(test.right)
+        if isinstance(test, cst.UnaryOperation):
+            return self.reads_a_choice(test.expression)
+        if isinstance(test, cst.Comparison):  # torch.cuda.device_count() > 0
+            return any(self.reads_a_choice(x) for x in (test.left, *(c.comparator for c in test.comparisons)))
+        if isinstance(test, (cst.Integer, cst.Float)) or (isinstance(test, cst.Name)
+                                                          and test.value in ("True", "False", "None")):
+            return False
+        if isinstance(test, cst.Call):
+            names = self._qualnames(test.func)
+            return not (names & AVAILABILITY or names & {"torch.cuda.device_count", "torch.accelerator.device_count"})
+        text = dotted(test) if isinstance(test, (cst.Name, cst.Attribute)) else None
+        if text is not None and text in self.availability_flags:
+            return text in self.chosen_flags
+        return True
 
     def is_scaler(self, node: cst.CSTNode) -> bool:
         text = dotted(node)

@@ -60,12 +60,31 @@ class DeviceExprs:
         return False
 
     def is_idiom(self, node: cst.CSTNode) -> bool:
-        """``CUDA if <anything> else CPU`` (or the reverse under ``not``)."""
-        if not isinstance(node, cst.IfExp):
+        """``CUDA if <anything> else CPU`` (or the reverse under ``not``),
+        unless the test reads the user's choice besides availability."""
+        if not isinstance(node, cst.IfExp) or self.keeps_a_choice(node.test):
             return False
         return (self.cuda_device(node.body) and self.host_device(node.orelse)) or (
             self.host_device(node.body) and self.cuda_device(node.orelse)
         )
+
+    def chosen_cuda_side(self, node: cst.CSTNode) -> Optional[str]:
+        """In ``CUDA if <test> else CPU`` whose test reads the user's choice
+        besides availability: the CUDA side (``"body"``/``"orelse"``)."""
+        if not isinstance(node, cst.IfExp) or not self.keeps_a_choice(node.test):
+            return None
+        if self.cuda_device(node.body) and self.host_device(node.orelse):
+            return "body"
+        if self.host_device(node.body) and self.cuda_device(node.orelse):
+            return "orelse"
+        return None
+
+    def keeps_a_choice(self, test: cst.BaseExpression) -> bool:
+        """A test of availability that also reads the user's choice
+        (``args.cuda and torch.cuda.is_available()``): the choice is not
+        collapsed to the XLA device; its CUDA side becomes XLA on its own."""
+        facts = cuda_facts(self.tree, self.qualnames)
+        return facts.tests_availability(test) and facts.reads_a_choice(test)  # type: ignore[arg-type]
 
     def mentions_availability(self, test: cst.BaseExpression) -> bool:
         """The test calls an availability predicate, directly or through a
@@ -78,7 +97,7 @@ class DeviceExprs:
     def if_idiom_target(self, node: cst.If) -> Optional[cst.BaseAssignTargetExpression]:
         """``if cuda_available: dev = CUDA [elif ...: dev = HOST] [else: dev = HOST]``:
         the one name every branch assigns a device to, or None."""
-        if not self.mentions_availability(node.test):
+        if not self.mentions_availability(node.test) or self.keeps_a_choice(node.test):
             return None
         body_target = _single_assign(node.body, self.cuda_device)
         if body_target is None:
