@@ -229,7 +229,6 @@ class DeviceSwap(XlaCodemod):
                 return updated_node.with_changes(args=args)
         return updated_node
 
-
     # ------------------------------------------------------------ keywords
     def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
         if self._param_depth or original_node.keyword is None:
@@ -259,12 +258,10 @@ class DeviceSwap(XlaCodemod):
             return updated_node
         if self.devices.is_idiom(original_node):
             parent = self.parent(original_node)
-            if isinstance(parent, cst.Arg) and isinstance(self.parent(parent), cst.Call):
-                call = self.parent(parent)
-                if self.devices.is_torch_device(call):
-                    return updated_node  # whole torch.device(...) handled in leave_Call
-                if parent.keyword is not None and parent.keyword.value == "device":
-                    return updated_node  # handled in leave_Arg
+            if isinstance(parent, cst.Arg) and isinstance(self.parent(parent), cst.Call) and (
+                    self.devices.is_torch_device(self.parent(parent))
+                    or (parent.keyword is not None and parent.keyword.value == "device")):
+                return updated_node  # the whole torch.device(...) (leave_Call), a device= argument (leave_Arg)
             if self.flag(original_node, CUDA_IDIOM.code, "CUDA-if-available device choice -> XLA device", fix=True):
                 self._handled.add(original_node)
                 return self._device()
@@ -310,7 +307,6 @@ class DeviceSwap(XlaCodemod):
             for stmt in find_all(node, cst.Assign):
                 self._handled.add(stmt.value)  # type: ignore[attr-defined]
             self._if_idioms.add(node)
-
 
     # ------------------------------------------------------------ helpers
     def _device(self) -> cst.BaseExpression:
