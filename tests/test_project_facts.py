@@ -127,3 +127,24 @@ def test_the_conversion_runs_with_plain_python_where_the_original_ran(program, t
                                timeout=300)
     assert converted.returncode == 0, converted.stderr[-3000:]
     assert converted.stdout == original.stdout == "12.0\n"
+
+
+@pytest.mark.xla
+@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="needs torch_xla (make setup)")
+def test_verify_says_which_kept_test_left_the_conversion_on_the_cpu(program, tmp_path):
+    """The conversion runs, on the CPU (its test kept): verify fails it for
+    doing no work on XLA, and says which test, where, and why."""
+    import json
+
+    old = os.getcwd()
+    os.chdir(program)
+    try:
+        result = CliRunner().invoke(main, ["verify", "--json", str(tmp_path / "r.json"), "--reference-runs", "1",
+                                           "train.py"])
+    finally:
+        os.chdir(old)
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert result.exit_code == 1 and report["verdict"] == "fail", result.output
+    [cpu] = [f for f in report["failures"] if f.startswith("the conversion did no work on XLA")]
+    assert "xlaport kept 1 CUDA test(s) as they were" in cpu and "train.py:5: " in cpu, cpu
+    assert "moving sparse `adj` (line 9)" in cpu

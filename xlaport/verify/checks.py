@@ -115,6 +115,10 @@ class Checks:
             named = [a for a in self.cand_args if a.split("=")[-1].split(":")[0] in ("cpu", "cuda", "mps")]
             hint = (f"; the device is an argument ({named[0]}): give the conversion its own, "
                     f"`--converted-args` with `xla` in its place") if named and self.opts.converted_args is None else ""
+            kept = self.sources.kept  # type: ignore[attr-defined]  # (Runs)
+            if kept and not hint:
+                hint = (f"; xlaport kept {len(kept)} CUDA test(s) as they were, so the program takes its CPU side: "
+                        f"{kept[0]}")
             report.failures.append("the conversion did no work on XLA (0 executions): its model and data stayed "
                                    f"on the CPU{hint}")
         own = (cand.data.get("imported") or {}).get("own", [])  # type: ignore[union-attr]

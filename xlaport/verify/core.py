@@ -14,8 +14,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
+from codemods.findings import KEPT_SWITCH_CODE
 from xlaport.engine import Settings
 from xlaport.verify import observer, syncs
 from xlaport.verify.model import LEFTOVERS, NothingToPort, Run, VerifyError
@@ -27,9 +28,12 @@ ROOT = Path(__file__).resolve().parents[2]
 # ------------------------------------------------------------------ the sides
 
 
-def convert_sources(project: Project, target: str, settings: Optional[Settings] = None) -> Dict[str, bytes]:
+def convert_sources(project: Project, target: str, settings: Optional[Settings] = None,
+                    kept: Optional[List[str]] = None) -> Dict[str, bytes]:
     """Every Python module of the project, converted for ``target`` (``cpu``:
-    the reference, the CUDA surface retargeted to the CPU)."""
+    the reference, the CUDA surface retargeted to the CPU); ``kept`` gets
+    the CUDA tests the conversion left as they were (XLA118), ``path:line:
+    why``."""
     from xlaport.files import Entry
     from xlaport.runner import process
 
@@ -47,6 +51,8 @@ def convert_sources(project: Project, target: str, settings: Optional[Settings] 
     out: Dict[str, bytes] = {}
     for r in results:
         rel = r.path.relative_to(project.root).as_posix()
+        if kept is not None:
+            kept += [f"{rel}:{f.line}: {f.message}" for f in r.findings or () if f.code == KEPT_SWITCH_CODE]
         out[rel] = r.output if r.output is not None else (r.original or b"")
     return out
 

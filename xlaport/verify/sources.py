@@ -18,6 +18,7 @@ class Sources:
     def __init__(self, project: Project, converted: Optional[Path], opts: Options) -> None:
         self.project, self.converted, self.opts = project, converted, opts
         self._made: Dict[str, Tuple[Dict[str, bytes], Optional[Path], List[str]]] = {}
+        self.kept: List[str] = []  # the CUDA tests the conversion made here left as they were (XLA118)
 
     def of(self, name: str) -> Tuple[Dict[str, bytes], Optional[Path], List[str]]:
         """(converted modules, a converted tree to copy instead of the
@@ -39,7 +40,7 @@ class Sources:
         on the import path (a converted package beside it)."""
         converted = self.converted
         if converted is None:
-            return convert_sources(self.project, self.opts.target), None, []
+            return convert_sources(self.project, self.opts.target, kept=self.kept), None, []
         converted = converted.resolve()
         if converted.is_dir():
             return {}, converted, []
