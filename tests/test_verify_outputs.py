@@ -246,3 +246,16 @@ def test_integer_tensors_agree_element_for_element(tmp_path):
     assert failed(tokens, flipped) == []  # 3 of 5000
     flipped[:100] = 9
     assert failed(tokens, flipped) == ["o.pt[pred]"]  # 90 of 5000 differ: more than 1.6e-2 of them
+
+
+def test_a_programs_own_messages_are_not_values(tmp_path):
+    """`print("done")` is compared, but it is the program's own string: a run
+    whose only output it is compared no value.  A sampled text is not in the
+    source: it is a value."""
+    from xlaport.verify.outputs import messages_only
+
+    src = tmp_path / "train.py"
+    src.write_text('print("Training finished!")\nprint(f"{model} on {device}")\nprint("done")\n')
+    assert messages_only("Training finished!\ndone\n", [src])
+    assert not messages_only("Training finished!\nKING RICHARD: thou art\n", [src])
+    assert not messages_only("loss 0.5\n", [src])  # (no line without numbers: nothing to say)

@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from xlaport.verify.crashes import LOG_LINE
 
@@ -171,6 +171,29 @@ def _worded_lines(text: str) -> List[str]:
     text, a label, a verdict), devices named alike."""
     return [line.rstrip() for line in normalise_devices(text).splitlines()
             if line.strip() and not _NUMBER.search(line) and not _LIBRARY_LINE.match(line)]
+
+
+WORDED = "stdout lines without numbers"  # (the name of their comparison)
+
+
+def messages_only(ref_stdout: str, sources: Iterable[Path]) -> bool:
+    """Are the lines without numbers the program printed its own string
+    constants (``print("done")``)?  Those are messages, compared but not
+    values: a run that compared nothing else compared no value."""
+    import ast
+
+    lines = {line.strip() for line in _worded_lines(ref_stdout)}
+    if not lines:
+        return False
+    constants: Set[str] = set()
+    for path in sources:
+        try:
+            tree = ast.parse(path.read_bytes())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        constants |= {n.value.strip() for n in ast.walk(tree)
+                      if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    return lines <= constants
 
 
 def _compare_words(label: str, refs: Sequence[str], cand: str, out: Comparison) -> None:

@@ -20,7 +20,7 @@ from xlaport.verify.model import (
     Run,
     VerifyError,
 )
-from xlaport.verify.outputs import Comparison, compare, tolerance
+from xlaport.verify.outputs import WORDED, Comparison, compare, messages_only, tolerance
 from xlaport.verify.predicted import growth_reported, predicted
 from xlaport.verify.runs import Runs
 from xlaport.verify.syncs import read_graphs
@@ -89,7 +89,8 @@ class Session(Runs, Checks, Explanations):
         except VerifyError as exc:  # the original ran: a conversion that cannot is a failed one
             return self._crashed(str(exc), exc.so_far, exc.ended)
         traced = self._traced(cand, xla_env)
-        lines = LineMapper(self.project.script, cand_side.script, cand_side.tree, self.project.root, self.sources.shown())
+        lines = LineMapper(self.project.script, cand_side.script, cand_side.tree, self.project.root,
+                           self.sources.shown())
         length_runs = self._lengths(length_spec, xla_env) if length_spec is not None else []
         rtol, atol, why = tolerance(opts.rtol, opts.atol, ref_autocast + list(cand.data.get("autocast", [])))  # type: ignore[arg-type]
         compared, values, values_graphs = self._compare_values(ref_stdouts, ref_files, cand, graphs, xla_env,
@@ -126,7 +127,9 @@ class Session(Runs, Checks, Explanations):
             self._diverge(report, rtol, atol, use_cuda, xla_env)
             if self.ref_name == "orig" and not use_cuda and self.converted is None:
                 self._switched(report)
-        if not any("(random, not compared)" not in o.name for o in report.outputs):
+        messages = messages_only(ref_stdouts[0], self.project.python_files())
+        if not any("(random, not compared)" not in o.name and not (messages and o.name.startswith(WORDED))
+                   for o in report.outputs):
             left = len(report.varies) + len(report.not_compared)
             report.failures.append("no value was compared: the runs printed no number and left no file or tensor "
                                    "that both made" + (f" ({left} left out: see above)" if left else "")
