@@ -29,14 +29,14 @@ def render() -> str:
         "LibCST: their order, their rules and the bytes that trigger them.",
         '"""',
         "",
-        "# (module, class, trigger bytes, needs, ((code, name, summary, fixes), ...), sibling trigger bytes)",
+        "# (module, class, trigger bytes, needs, ((code, name, summary, fixes), ...), sibling facts)",
         "CODEMODS = (",
     ]
     for cls in classes:
         lines.append(f"    ({cls.__module__!r}, {cls.__name__!r}, {tuple(cls.TRIGGERS)!r}, {tuple(cls.NEEDS)!r}, (")
         for r in cls.RULES:
             lines.append(f"        ({r.code!r}, {r.name!r}, {r.summary!r}, {r.fix!r}),")
-        lines.append(f"    ), {tuple(cls.SIBLING_TRIGGERS)!r}),")
+        lines.append(f"    ), {tuple(cls.SIBLING_FACTS)!r}),")
     lines.append(")")
     return "\n".join(lines) + "\n"
 

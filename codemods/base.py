@@ -106,10 +106,11 @@ class XlaCodemod(Reports, cst.CSTTransformer):
     # option that is set) of which one must hold for this codemod to find
     # anything; empty: the trigger bytes decide alone.
     NEEDS: Tuple[str, ...] = ()
-    # Bytes that, held by a project module this file imports names from
-    # (``codemods.analysis.project``), trigger this codemod as its own
-    # trigger bytes do (``adj = load_data()``, a sparse tensor made there).
-    SIBLING_TRIGGERS: Tuple[bytes, ...] = ()
+    # Facts of ``codemods.analysis.project`` (``sparse_returns``) that, held by
+    # a project module this file imports from for a name the file mentions,
+    # trigger this codemod as its own trigger bytes do (``adj = load_data()``,
+    # a sparse tensor made there).
+    SIBLING_FACTS: Tuple[str, ...] = ()
     # Report instead of rewriting in a module that already supports XLA
     # (``TreeCache.knows_xla``): for rules whose CUDA branches may be deliberate.
     RESPECTS_HAND_PORTS: bool = False

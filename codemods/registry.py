@@ -66,7 +66,7 @@ class CodemodInfo:
     triggers: Tuple[bytes, ...]
     needs: Tuple[str, ...]
     rules: Tuple[RuleInfo, ...]
-    sibling_triggers: Tuple[bytes, ...] = ()  # (``XlaCodemod.SIBLING_TRIGGERS``)
+    sibling_facts: Tuple[str, ...] = ()  # (``XlaCodemod.SIBLING_FACTS``)
 
     def load(self) -> type:
         return getattr(importlib.import_module(self.module), self.name)
@@ -84,7 +84,7 @@ def _infos() -> Tuple[CodemodInfo, ...]:
             triggers, needs, rule_rows, siblings = known[(module, name)]
         else:
             cls = getattr(importlib.import_module(module), name)
-            triggers, needs, siblings = tuple(cls.TRIGGERS), tuple(cls.NEEDS), tuple(cls.SIBLING_TRIGGERS)
+            triggers, needs, siblings = tuple(cls.TRIGGERS), tuple(cls.NEEDS), tuple(cls.SIBLING_FACTS)
             rule_rows = tuple((r.code, r.name, r.summary, r.fix) for r in cls.RULES)
         # (shortest first: the commonest, which ends the search soonest; the set is the same)
         triggers = tuple(sorted(dict.fromkeys(triggers), key=len))
@@ -118,7 +118,7 @@ def applicable(source: bytes, codes: Sequence[str], options: Optional[Mapping[st
                prefilter: bool = True, triggered: Optional[Sequence[CodemodInfo]] = None,
                filename: Optional[str] = None) -> List[CodemodInfo]:
     """The codemods worth parsing the file for: enabled, triggered by its
-    bytes (or by a project module it imports from, ``sibling_triggers``:
+    bytes (or by what a project module it imports from holds, ``sibling_facts``:
     ``filename`` is where the file is) and, for those with ``NEEDS``, by the
     ``ast`` prefilter's facts.  ``triggered``: what an earlier call found
     triggered (for these codes or more), so that they are not scanned again."""
@@ -152,8 +152,8 @@ def applicable(source: bytes, codes: Sequence[str], options: Optional[Mapping[st
 
 def _from_siblings(info: CodemodInfo, source: bytes, filename: Optional[str]) -> bool:
     """Is ``info`` triggered by a project module the file imports from?"""
-    if not info.sibling_triggers or not filename:
+    if not info.sibling_facts or not filename:
         return False
-    from codemods.analysis.project import siblings_hold
+    from codemods.analysis.project import sibling_fact
 
-    return any(siblings_hold(filename, source, word) for word in info.sibling_triggers)
+    return any(sibling_fact(filename, source, fact) for fact in info.sibling_facts)

@@ -4,7 +4,7 @@ What the command line needs to know about the codemods before importing
 LibCST: their order, their rules and the bytes that trigger them.
 """
 
-# (module, class, trigger bytes, needs, ((code, name, summary, fixes), ...), sibling trigger bytes)
+# (module, class, trigger bytes, needs, ((code, name, summary, fixes), ...), sibling facts)
 CODEMODS = (
     ('codemods.from_xla', 'FromTorchXla', (b'torch_xla',), ('name~torch_xla',), (
         ('XLA501', 'xla-device', "`torch_xla.device()` / `xm.xla_device()` -> the accelerator's device", True),
@@ -115,7 +115,7 @@ CODEMODS = (
         ('XLA158', 'xla-cannot', 'sparse tensors and `share_memory()` fail on XLA (reported, with the fix)', False),
         ('XLA159', 'xla-cpu-fallback', 'an op torch_xla 2.9.0 has no lowering for runs on the CPU (reported)', False),
         ('XLA160', 'xla-negative-slice-bound', 'a slice of the last `n` of a tensor a loop grows: torch_xla raises while it is shorter (reported, with the fix)', False),
-    ), (b'sparse',)),
+    ), ('sparse_returns',)),
     ('codemods.coverage', 'CudaCatchAll', (b'cuda', b'nccl', b'pin_memory', b'map_location', b'device_ids', b'output_device', b'GradScaler', b'spawn', b'inference_mode', b'fused', b'set_float32_matmul_precision', b'DataParallel'), ('code~cuda', 'code~nccl', 'code~pin_memory', 'code~map_location', 'code~device_ids', 'code~output_device', 'code~GradScaler', 'code~spawn', 'name:inference_mode', 'name:fused', 'name:set_float32_matmul_precision', 'name:DataParallel'), (
         ('XLA199', 'cuda-left-over', 'a CUDA-specific construct no rule converted (reported, with a hint)', False),
     ), ()),

@@ -115,7 +115,7 @@ class XlaLimits(XlaCodemod):
     RULES = (XLA_CANNOT, CPU_FALLBACK_OP, NEGATIVE_BOUND)
     TRIGGERS = (b"sparse", b"spmm", b"share_memory", b"fold", b"Fold", b"[-", b", -", b":-", b": -",
                 *sorted({_spelled(op).encode() for op in CPU_FALLBACK}))
-    SIBLING_TRIGGERS = (b"sparse",)  # a sparse tensor another module's function returns, moved here
+    SIBLING_FACTS = ("sparse_returns",)  # a sparse tensor another module's function returns, moved here
     NEEDS = ("name~sparse", "name:spmm", "name:smm", "name:hspmm", "name:share_memory",  # XLA158: anywhere
              *(f"name:{n}&{BEING_PORTED}" for n in sorted(_FALLBACK_NAMES)),  # XLA159: in code being ported
              BEING_PORTED)  # XLA160: likewise (a negative bound has no name to find it by)

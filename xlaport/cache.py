@@ -72,6 +72,7 @@ class Cache:
         self.dir = root / code_fingerprint()
         self.settings_key = settings_fingerprint(settings)
         self._ready = False
+        self._stamps: Dict[str, Optional[List[int]]] = {}  # (this run's look at the files entries depend on)
 
     @classmethod
     def default(cls, settings: Settings) -> "Cache":
@@ -90,9 +91,23 @@ class Cache:
             entry = json.loads(self._file(key).read_bytes())
         except (OSError, ValueError):
             return None
-        if not isinstance(entry, dict) or entry.get("key") != key or not _deps_unchanged(entry.get("deps")):
+        if not isinstance(entry, dict) or entry.get("key") != key or not self._deps_unchanged(entry.get("deps")):
             return None
         return entry
+
+    def _deps_unchanged(self, deps: object) -> bool:
+        """Are the other files an entry was made from as they were?  Each is
+        looked at once per run (a package's modules all import its utils)."""
+        if not deps:
+            return True
+        if not isinstance(deps, dict):
+            return False
+        from codemods.analysis.project import stamps
+
+        unseen = [p for p in deps if p not in self._stamps]
+        self._stamps.update({p: None for p in unseen})
+        self._stamps.update(stamps(unseen))
+        return all(self._stamps.get(p) == stamp for p, stamp in deps.items())
 
     def put(self, key: str, entry: Dict[str, object]) -> None:
         target = self._file(key)
@@ -127,16 +142,6 @@ def depends_on(path: str, data: bytes) -> Dict[str, List[int]]:
     from codemods.analysis.project import imported_modules, stamps
 
     return stamps(imported_modules(path, data).values())
-
-
-def _deps_unchanged(deps: object) -> bool:
-    if not deps:
-        return True
-    if not isinstance(deps, dict):
-        return False
-    from codemods.analysis.project import stamps
-
-    return stamps(deps) == deps
 
 
 def _sha(data: bytes) -> str:

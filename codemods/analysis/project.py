@@ -12,9 +12,9 @@ questions about the modules a file imports names from:
 * :func:`sparse_returns` says which functions of such a file return a sparse
   tensor (or which elements of the tuple they return), read with Python's
   ``ast``, not LibCST (no tree is built for another file);
-* :func:`siblings_hold` lets a codemod run on a file whose own bytes lack its
-  trigger words when a module it imports from holds them
-  (``SIBLING_TRIGGERS``).
+* :func:`sibling_fact` lets a codemod run on a file whose own bytes lack its
+  trigger words when a module it imports from holds such a fact for a name
+  the file mentions (``SIBLING_FACTS``).
 
 An answer about a file depends on the files :func:`imported_modules` names
 too: the results cache stores their sizes and times (:func:`stamps`) and
@@ -137,9 +137,13 @@ def imported_modules(filename: Optional[str], source: bytes) -> Dict[str, Path]:
     return found
 
 
-def siblings_hold(filename: Optional[str], source: bytes, word: bytes) -> bool:
-    """Does a project module that ``source`` imports names from contain ``word``?"""
-    return any(word in _read(path) for path in imported_modules(filename, source).values())
+def sibling_fact(filename: Optional[str], source: bytes, fact: str) -> bool:
+    """Does a project module that ``source`` imports from hold ``fact``
+    (``sparse_returns``: a function that returns a sparse tensor) for a name
+    that ``source`` mentions?"""
+    read = {"sparse_returns": sparse_returns}[fact]
+    return any(name.encode() in source for path in imported_modules(filename, source).values()
+               for name in read(path))
 
 
 def stamps(paths) -> Dict[str, List[int]]:  # type: ignore[no-untyped-def]
