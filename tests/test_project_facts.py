@@ -148,3 +148,12 @@ def test_verify_says_which_kept_test_left_the_conversion_on_the_cpu(program, tmp
     [cpu] = [f for f in report["failures"] if f.startswith("the conversion did no work on XLA")]
     assert "xlaport kept 1 CUDA test(s) as they were" in cpu and "train.py:5: " in cpu, cpu
     assert "moving sparse `adj` (line 9)" in cpu
+
+
+def test_a_module_imported_whole_is_read_too(program):
+    """`import utils` then `utils.load_data()`: the same fact, through the
+    module's name."""
+    (program / "train.py").write_text(TRAIN.replace("from utils import load_data", "import utils").replace(
+        "= load_data()", "= utils.load_data()"))
+    found = _codes(_lint("--no-cache", program / "train.py").output)
+    assert (5, "XLA118") in found and (9, "XLA158") in found, found

@@ -117,19 +117,19 @@ def _resolve(here: Path, module: str) -> Optional[Path]:
     return None
 
 
-_FROM = re.compile(rb"^[ \t]*from[ \t]+(\.*[\w.]*)[ \t]+import\b", re.M)
+_IMPORTS = re.compile(rb"^[ \t]*(?:from[ \t]+(\.*[\w.]*)[ \t]+import\b|import[ \t]+([\w.]+))", re.M)
 
 
 def imported_modules(filename: Optional[str], source: bytes) -> Dict[str, Path]:
-    """The project modules ``source`` imports names from (``from M import
-    ...``): the module as written (``.utils``, ``pygcn.utils``) -> its file.
+    """The project modules ``source`` imports (``from M import ...``,
+    ``import M``): the module as written (``.utils``, ``pygcn.utils``) -> its file.
     What this module may read for a file is these files: the results cache
     checks them (``xlaport.cache``)."""
     found: Dict[str, Path] = {}
     if not filename:
         return found
-    for match in _FROM.finditer(source):
-        module = match.group(1).decode("ascii", "replace")
+    for match in _IMPORTS.finditer(source):
+        module = (match.group(1) or match.group(2)).decode("ascii", "replace")
         if module not in found:
             path = resolve(filename, module)
             if path is not None:
