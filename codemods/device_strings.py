@@ -137,10 +137,15 @@ class DeviceStrings(XlaCodemod):
     def _bound(self, target: cst.CSTNode, value: cst.CSTNode) -> None:
         if not (self._is_device_name(target) and is_device_string_choice(value)):
             return
-        if isinstance(value, cst.IfExp) and self._facts.tests_availability(value.test):
+        if isinstance(value, cst.IfExp) and self._by_availability(value.test):
             self._rewrite.add(id(value))  # the whole availability choice is the accelerator
         else:
             self._rewrite.update(id(s) for s in _cuda_parts(value))
+
+    def _by_availability(self, test: cst.BaseExpression) -> bool:
+        """A choice made by availability alone (not the user's: ``args.cuda
+        and ...`` keeps its CPU side, only its CUDA string is rewritten)."""
+        return self._facts.tests_availability(test) and not self._facts.reads_a_choice(test)
 
     def visit_Return(self, node: cst.Return) -> None:
         """``return "cuda:" + str(i)`` in a function whose result is a device."""
@@ -154,7 +159,7 @@ class DeviceStrings(XlaCodemod):
         that takes a device *type*, a string."""
         if node.keyword is not None and node.keyword.value == "device_type" and isinstance(node.value, cst.IfExp) \
                 and is_device_string_choice(node.value):  # (a plain "cuda" there is an autocast's: XLA121)
-            if self._facts.tests_availability(node.value.test):
+            if self._by_availability(node.value.test):
                 self._rewrite.add(id(node.value))
             else:
                 self._rewrite.update(id(s) for s in find_all(node.value, (cst.SimpleString, cst.FormattedString))

@@ -303,7 +303,9 @@ else:
 default_on = torch.device("cuda" if not args.no_cuda and torch.cuda.is_available() else "cpu")
 x = torch.ones(2).to(device) * 2
 y = torch.ones(2).to(default_on) * 3
-print(x.device.type, y.device.type, (x.cpu() + y.cpu()).sum().item())
+named = "cuda" if args.cuda and torch.cuda.is_available() else "cpu"
+z = torch.ones(2).to(named)
+print(x.device.type, y.device.type, z.device.type, (x.cpu() + y.cpu()).sum().item())
 '''
 
 
@@ -316,7 +318,8 @@ def test_the_users_device_choice_keeps_its_meaning(tmp_path):
     the CUDA side becomes XLA, and a default that took CUDA takes XLA."""
     script = tmp_path / "chosen.py"
     script.write_text(convert_text(CHOSEN)[0])
-    for args, expected in (([], "cpu xla 10.0"), (["--cuda"], "xla xla 10.0"), (["--no-cuda"], "cpu cpu 10.0")):
+    for args, expected in (([], "cpu xla cpu 10.0"), (["--cuda"], "xla xla xla 10.0"),
+                           (["--no-cuda"], "cpu cpu cpu 10.0")):
         done = subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, capture_output=True, text=True,
                               env={**os.environ, "PJRT_DEVICE": "CPU"}, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
