@@ -145,7 +145,7 @@ class DeviceStrings(XlaCodemod):
     def _by_availability(self, test: cst.BaseExpression) -> bool:
         """A choice made by availability alone (not the user's: ``args.cuda
         and ...`` keeps its CPU side, only its CUDA string is rewritten)."""
-        return self._facts.tests_availability(test) and not self._facts.reads_a_choice(test)
+        return self._facts.tests_availability(test) and not self._facts.users_choice(test)
 
     def visit_Return(self, node: cst.Return) -> None:
         """``return "cuda:" + str(i)`` in a function whose result is a device."""

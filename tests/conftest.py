@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,21 @@ from xlaport.engine import Settings, transform  # noqa: E402
 def convert_text(source: str, **settings) -> tuple:
     out = transform(source.encode("utf-8"), Settings(**settings))
     return out.code.decode("utf-8"), out.findings
+
+
+def cli(*args, cwd=None):
+    """`xlaport ARGS` in process, from ``cwd`` (exceptions raised, not caught)."""
+    from click.testing import CliRunner
+
+    from xlaport.cli import main
+
+    old = os.getcwd()
+    try:
+        if cwd:
+            os.chdir(cwd)
+        return CliRunner().invoke(main, list(map(str, args)), catch_exceptions=False)
+    finally:
+        os.chdir(old)
 
 
 @pytest.fixture(autouse=True)

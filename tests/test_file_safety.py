@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 import xlaport.cli as cli
+from tests.conftest import cli as xlaport
 from xlaport.cache import Cache
 from xlaport.cli import main
 from xlaport.settings import Settings
@@ -23,16 +24,6 @@ from xlaport.settings import Settings
 ROOT = Path(__file__).resolve().parent.parent
 CUDA = "import torch\nx = torch.zeros(2).cuda()\n"
 OTHER = "import torch\ny = torch.ones(2).cuda()\n"
-
-
-def xlaport(*args, cwd=None):
-    old = os.getcwd()
-    try:
-        if cwd:
-            os.chdir(cwd)
-        return CliRunner().invoke(main, list(map(str, args)), catch_exceptions=False)
-    finally:
-        os.chdir(old)
 
 
 def digest(tree: Path):

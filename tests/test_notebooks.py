@@ -3,25 +3,13 @@ import cell), and a converted notebook stays valid, loses no cell text and
 keeps its version's form (issue 26, items 4 and 18)."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from xlaport.cli import main
-
-
-def run(*args, cwd=None):
-    old = os.getcwd()
-    try:
-        if cwd:
-            os.chdir(cwd)
-        return CliRunner().invoke(main, list(map(str, args)), catch_exceptions=False)
-    finally:
-        os.chdir(old)
+from tests.conftest import cli as run
 
 
 def _notebook(path: Path, sources, minor: int = 4, sort_keys: bool = True) -> dict:

@@ -327,6 +327,12 @@ class CudaFacts:
                 return True
         return False
 
+    def users_choice(self, test: cst.CSTNode) -> bool:
+        """A test of availability that also reads the user's choice (``args.cuda
+        and torch.cuda.is_available()``): what rewrites keep, converting only
+        its CUDA side."""
+        return self.tests_availability(test) and self.reads_a_choice(test)
+
     def reads_a_choice(self, test: cst.CSTNode) -> bool:
         """``test`` reads something besides availability: an option, a
         parameter, a config field (``args.cuda and torch.cuda.is_available()``,

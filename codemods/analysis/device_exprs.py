@@ -80,11 +80,9 @@ class DeviceExprs:
         return None
 
     def keeps_a_choice(self, test: cst.BaseExpression) -> bool:
-        """A test of availability that also reads the user's choice
-        (``args.cuda and torch.cuda.is_available()``): the choice is not
-        collapsed to the XLA device; its CUDA side becomes XLA on its own."""
-        facts = cuda_facts(self.tree, self.qualnames)
-        return facts.tests_availability(test) and facts.reads_a_choice(test)  # type: ignore[arg-type]
+        """The user's choice (``CudaFacts.users_choice``): not collapsed to the
+        XLA device; its CUDA side becomes XLA on its own."""
+        return cuda_facts(self.tree, self.qualnames).users_choice(test)  # type: ignore[arg-type]
 
     def mentions_availability(self, test: cst.BaseExpression) -> bool:
         """The test calls an availability predicate, directly or through a

@@ -63,11 +63,12 @@ def _stamp(path: Path) -> Optional[Tuple[int, int]]:
     return (st.st_size, st.st_mtime_ns) if stat.S_ISREG(st.st_mode) else None
 
 
-def _read(path: Path) -> bytes:
+def _read(path: Path) -> Tuple[Optional[Tuple[int, int]], bytes]:
+    """(its stamp, its bytes) of a file, read again only once it changed."""
     key = str(path)
     stamp = _stamp(path)
     if stamp is None:
-        return b""
+        return None, b""
     known = _BYTES.get(key)
     if known is None or known[0] != stamp:
         try:
@@ -75,7 +76,7 @@ def _read(path: Path) -> bytes:
         except OSError:
             known = (stamp, b"")
         _BYTES[key] = known
-    return known[1]
+    return known
 
 
 # -- which file an import names -----------------------------------------------
@@ -163,8 +164,7 @@ def sparse_returns(path: Path) -> Dict[str, FrozenSet[Optional[int]]]:
     """The module-level functions of the file at ``path`` that return a sparse
     tensor: name -> the positions it is at (None: the value returned; ``i``:
     element ``i`` of the tuple returned)."""
-    data = _read(path)
-    stamp = _stamp(path)
+    stamp, data = _read(path)
     known = _FACTS.get(str(path))
     if known is not None and known[0] == stamp:
         return known[1]

@@ -173,7 +173,8 @@ def _worded_lines(text: str) -> List[str]:
             if line.strip() and not _NUMBER.search(line) and not _LIBRARY_LINE.match(line)]
 
 
-WORDED = "stdout lines without numbers"  # (the name of their comparison)
+_WORDS = "lines without numbers"
+WORDED = f"stdout {_WORDS}"  # (the name of stdout's)
 
 
 def messages_only(ref_stdout: str, sources: Iterable[Path]) -> bool:
@@ -203,7 +204,7 @@ def _compare_words(label: str, refs: Sequence[str], cand: str, out: Comparison) 
     ref_lines = [_worded_lines(r) for r in refs]
     first, mine = ref_lines[0], _worded_lines(cand)
     if any(len(r) != len(first) for r in ref_lines[1:]):
-        out.varies.append(f"{label}: the lines without numbers (how many the reference prints varies)")
+        out.varies.append(f"{label}: the {_WORDS} (how many the reference prints varies)")
         return
     stable = [i for i in range(len(first)) if all(r[i] == first[i] for r in ref_lines[1:])]
     if len(stable) < len(first):
@@ -211,7 +212,7 @@ def _compare_words(label: str, refs: Sequence[str], cand: str, out: Comparison) 
     if not stable:
         return
     if len(mine) != len(first):
-        out.outputs.append(Compared(f"{label} lines without numbers ({len(first)} in the reference, {len(mine)} in "
+        out.outputs.append(Compared(f"{label} {_WORDS} ({len(first)} in the reference, {len(mine)} in "
                                     f"the conversion)", False, math.inf, math.inf))
         return
     wrong = [i for i in stable if mine[i] != first[i]]
@@ -222,7 +223,7 @@ def _compare_words(label: str, refs: Sequence[str], cand: str, out: Comparison) 
         out.outputs.append(Compared(f"{label}: {len(wrong) - 5} more line(s) without numbers differ", False,
                                     math.inf, math.inf))
     if len(wrong) < len(stable):
-        out.outputs.append(Compared(f"{label} lines without numbers ({len(stable) - len(wrong)} alike, word for word)",
+        out.outputs.append(Compared(f"{label} {_WORDS} ({len(stable) - len(wrong)} alike, word for word)",
                                     True, 0.0, 0.0))
 
 
