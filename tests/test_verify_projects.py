@@ -98,6 +98,22 @@ def test_a_wrong_port_says_which_module_diverges_first(project, tmp_path):
     assert any("diverge first at `Net.scaled`" in f for f in report["failures"])
 
 
+def test_a_port_whose_backward_differs_is_named_at_the_gradient_not_the_next_forward(project, tmp_path):
+    # the forward pass agrees; the gradients of the first backward pass do
+    # not (a port that scaled the loss only for backward): the next forward
+    # pass would differ everywhere, but the first difference is a gradient
+    conv = converted_tree(project, tmp_path / "conv")
+    train = conv / "train.py"
+    text = train.read_text()
+    assert "    loss.backward()\n" in text
+    train.write_text(text.replace("    loss.backward()\n", "    (loss * 2).backward()\n"))
+    result, report = verify_in(project, "train.py", "--converted", str(conv), report=tmp_path / "r.json")
+    assert result.exit_code == 1
+    found = report["divergence"]
+    assert found.get("phase") == "backward" and found["pass"] == 1 and found["module"].startswith("Net.out."), found
+    assert any("at the gradient of `Net.out." in f and "backward pass 1" in f for f in report["failures"])
+
+
 def test_device_randomness_left_to_xla_is_named_not_failed(project, tmp_path):
     result, report = verify_in(project, "train.py", "--device-rng", report=tmp_path / "r.json")
     assert result.exit_code == 0, report["failures"]

@@ -174,14 +174,18 @@ class Checks:
                                                                    for o in differing}]
 
 
-    def _diverge(self, report: Report, rtol: float, atol: float, use_cuda: bool, xla_env: Dict[str, str]) -> None:
-        """Both sides once more, each module's forward output recorded: the
-        first module whose output differs is where the programs diverge."""
+    def _diverge(self, report: Report, rtol: float, atol: float, use_cuda: bool, xla_env: Dict[str, str],
+                 routed: bool = False) -> None:
+        """Both sides once more, each module's forward output and each
+        parameter's gradient recorded: the first that differs is where the
+        programs diverge.  ``routed``: the values compared came from a run
+        whose device draws were taken from the CPU generator; so do these."""
         trace_ref, trace_cand = self.scratch / "trace-ref.pt", self.scratch / "trace-xla.pt"
+        draws = {"XLAPORT_DIAGNOSE": "rng"} if routed else {}
         try:
             self.run_once(self.ref_name, "cuda" if use_cuda else "cpu", self.args,
-                          {"XLAPORT_TRACE_MODULES": str(trace_ref)})
-            self.run_once("xla", "xla", self.cand_args, {**xla_env, "XLA_SAVE_TENSORS_FILE": "",
+                          {**(draws if use_cuda else {}), "XLAPORT_TRACE_MODULES": str(trace_ref)})
+            self.run_once("xla", "xla", self.cand_args, {**xla_env, **draws, "XLA_SAVE_TENSORS_FILE": "",
                                                      "XLAPORT_TRACE_MODULES": str(trace_cand)})
         except VerifyError as exc:
             report.not_compared.append(f"divergence trace: could not run ({str(exc)[:200]})")

@@ -62,8 +62,10 @@ def _outputs(report: Report) -> List[str]:
                    f"<span class='muted'>({escape(str(tol['why']))})</span></p>")
     if report.divergence:
         d = report.divergence
-        out.append(f"<p id='divergence' class='mark'>the runs diverge first at <code>{escape(str(d['module']))}</code>"
-                   f" in forward pass {escape(str(d['pass']))}: {escape(str(d['detail']))}</p>")
+        at = (f"the gradient of <code>{escape(str(d['module']))}</code> in backward pass"
+              if d.get("phase") == "backward" else f"<code>{escape(str(d['module']))}</code> in forward pass")
+        out.append(f"<p id='divergence' class='mark'>the runs diverge first at {at} {escape(str(d['pass']))}: "
+                   f"{escape(str(d['detail']))}</p>")
     out.append("<table id='outputs'><tr><th></th><th>output</th><th>max abs err</th><th>max rel err</th></tr>")
     for o in report.outputs:
         out.append(f"<tr class='output-row {'ok' if o.ok else 'bad'}'><td>{'ok' if o.ok else 'DIFF'}</td>"

@@ -124,7 +124,7 @@ class Session(Runs, Checks, Explanations):
         if failed and all(name.endswith("running_var]") for name in failed):  # those alone: explained
             report.failures = [f + _RUNNING_VAR if f.endswith("running_var]") else f for f in report.failures]
         if any(not o.ok for o in report.outputs) and opts.against is None:
-            self._diverge(report, rtol, atol, use_cuda, xla_env)
+            self._diverge(report, rtol, atol, use_cuda, xla_env, routed=values is not cand)
             if self.ref_name == "orig" and not use_cuda and self.converted is None:
                 self._switched(report)
         messages = messages_only(ref_stdouts[0], self.project.python_files())
