@@ -316,7 +316,7 @@ def test_a_broken_pool_leaves_no_manager_thread_for_the_exit_hook():
         deep = (cuda + "y = " + "[" * 5000 + "]" * 5000 + "\\n").encode()
         settings = Settings(prefilter=False)
         jobs_in = [(f"ok{{k}}.py", cuda.encode(), settings) for k in range(6)] + [("deep.py", deep, settings)]
-        outcomes = list(runner._run(jobs_in, 2, None))
+        outcomes = [outcome for outcome, _ in runner._run(jobs_in, 2, None)]
         assert outcomes[-1][2][0] == runner.DIED and all(o[2] is None for o in outcomes[:-1])
         managers = [t for t in threading.enumerate()
                     if type(t).__name__ == "_ExecutorManagerThread" and t.is_alive()]

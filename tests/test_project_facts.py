@@ -12,7 +12,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from codemods.analysis.project import resolve, sparse_returns
+from codemods.analysis.project import imported_modules, resolve, sparse_returns
 from xlaport.cli import main
 
 UTILS = '''\
@@ -87,6 +87,21 @@ def test_an_import_names_a_project_file_relative_or_from_the_root(tmp_path):
     assert resolve(train, "pkg.utils") == pkg / "utils.py"  # run from the repository's root
     assert resolve(train, "torch.nn") is None  # an installed library is not looked into
     assert resolve(None, ".utils") is None
+
+
+def test_only_import_statements_name_modules(tmp_path):
+    # at a line's start, after its indent: not a word that ends in "import",
+    # not a statement after another on its line, not the import in a "from"
+    for name in ("utils", "helpers", "late", "other", "also"):
+        (tmp_path / f"{name}.py").write_text("")
+    source = (b"from utils import a\n"
+              b"def f():\n    import helpers as h\n\timport late\n"
+              b"x = 1; import other\n"
+              b"reimport also\n"
+              b"s = 'from also import b'\n")
+    found = imported_modules(str(tmp_path / "train.py"), source)
+    assert list(found) == ["utils", "helpers", "late"] and found["utils"] == tmp_path / "utils.py"
+    assert imported_modules(str(tmp_path / "train.py"), source) is found  # asked twice for the same bytes: once
 
 
 def test_a_sparse_tensor_from_another_module_keeps_the_test_that_would_move_it(program):

@@ -73,6 +73,7 @@ class Cache:
         self.settings_key = settings_fingerprint(settings)
         self._ready = False
         self._stamps: Dict[str, Optional[List[int]]] = {}  # (this run's look at the files entries depend on)
+        self._dir_name: Optional[str] = None
 
     @classmethod
     def default(cls, settings: Settings) -> "Cache":
@@ -87,8 +88,11 @@ class Cache:
         return self.dir / key[:2] / f"{key}.json"
 
     def get(self, key: str) -> Optional[Dict[str, object]]:
-        try:
-            entry = json.loads(self._file(key).read_bytes())
+        if self._dir_name is None:
+            self._dir_name = str(self.dir)
+        try:  # (a string path: a warm run reads one entry per file)
+            with open(f"{self._dir_name}{os.sep}{key[:2]}{os.sep}{key}.json", "rb") as f:
+                entry = json.loads(f.read())
         except (OSError, ValueError):
             return None
         if not isinstance(entry, dict) or entry.get("key") != key or not self._deps_unchanged(entry.get("deps")):
@@ -102,12 +106,14 @@ class Cache:
             return True
         if not isinstance(deps, dict):
             return False
-        from codemods.analysis.project import stamps
+        known = self._stamps
+        unseen = [p for p in deps if p not in known]
+        if unseen:
+            from codemods.analysis.project import stamps
 
-        unseen = [p for p in deps if p not in self._stamps]
-        self._stamps.update({p: None for p in unseen})
-        self._stamps.update(stamps(unseen))
-        return all(self._stamps.get(p) == stamp for p, stamp in deps.items())
+            known.update(dict.fromkeys(unseen))
+            known.update(stamps(unseen))
+        return all(known[p] == stamp for p, stamp in deps.items())
 
     def put(self, key: str, entry: Dict[str, object]) -> None:
         target = self._file(key)
@@ -170,7 +176,7 @@ def encode(output: Optional[bytes], original: bytes, findings: List[Finding], pr
         **(encode_style(styled, path) if restyled else {}),
         **({"imports": [[list(r) for r in imports[0]], [list(r) for r in imports[1]]]} if imports else {}),
         "input": _sha(original),
-        "output": base64.b64encode(output).decode() if changed else None,  # type: ignore[arg-type]
+        **_output_field(output if changed else None),
         "output_sha": _sha(output) if changed else None,  # type: ignore[arg-type]
         "same": output is not None and output == original,
         "findings": [[f.code, f.message, f.line, f.col, f.fix, f.hot, f.cell, f.end_line, f.end_col,
@@ -179,6 +185,18 @@ def encode(output: Optional[bytes], original: bytes, findings: List[Finding], pr
         "cuda": list(cuda),
         **({"deps": deps} if deps else {}),
     }
+
+
+def _output_field(output: Optional[bytes]) -> Dict[str, object]:
+    """An output as JSON holds it: its text where it is UTF-8 (read back at
+    the speed of a JSON string: a warm run reads every output), else
+    base64."""
+    if output is None:
+        return {"output": None}
+    try:
+        return {"output_text": output.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"output": base64.b64encode(output).decode()}
 
 
 def nothing(original: bytes, deps: Optional[Dict[str, List[int]]] = None) -> Dict[str, object]:
@@ -214,8 +232,10 @@ def decode(entry: Dict[str, object], original: bytes, path: str):
     out: Optional[bytes]
     if entry.get("same") is True:
         out = original
-    elif isinstance(entry.get("output"), str):
-        out = base64.b64decode(entry["output"], validate=True)  # type: ignore[arg-type]
+    elif isinstance(entry.get("output_text"), str) or isinstance(entry.get("output"), str):
+        text = entry.get("output_text")
+        out = (text.encode("utf-8") if isinstance(text, str)
+               else base64.b64decode(entry["output"], validate=True))  # type: ignore[arg-type]
         if entry.get("output_sha") != _sha(out):
             raise ValueError("an output that does not match its digest")
     elif entry.get("output") is None:

@@ -193,12 +193,13 @@ def process(entries: Sequence[Entry], settings: Settings, jobs: int = 0, cache: 
         work.append((result, (str(entry.path), data, settings), key))
     if progress is not None:
         progress(len(results) - len(work))
-    outcomes = _run([job for _, job, _ in work], jobs, progress)
-    for (result, job, key), outcome in zip(work, outcomes):
+    outcomes = _run([job for _, job, _ in work], jobs, progress, with_deps=cache is not None)
+    for (result, job, key), (outcome, deps) in zip(work, outcomes):
         if outcome is not None:
             _fill(result, outcome)
         if cache is not None and not (outcome is not None and outcome[2] is not None and outcome[2][0] == DIED):
-            deps = depends_on(job[0], job[1])
+            if deps is None:
+                deps = depends_on(job[0], job[1])
             cache.put(key, nothing(job[1], deps) if outcome is None else encode(
                 outcome[0], job[1], *outcome[1:4], styled=outcome[4], restyled=bool(job[2].options.get("restyle")),
                 imports=outcome[5], path=job[0], deps=deps))
@@ -246,14 +247,20 @@ def _fill(result: FileResult, outcome) -> None:
         result.partial = out is not None
 
 
-def _run(jobs_in: List[Tuple[str, bytes, Settings]], jobs: int, progress) -> Iterator[Optional[Outcome]]:
-    """``_work`` over every job, its outcomes in order: in this process, or
+Deps = Optional[Dict[str, List[int]]]
+
+
+def _run(jobs_in: List[Tuple[str, bytes, Settings]], jobs: int, progress,
+         with_deps: bool = False) -> Iterator[Tuple[Optional[Outcome], Deps]]:
+    """``_work`` over every job, its outcomes in order, each with the other
+    files it depends on where ``with_deps`` (for the cache: worked out where
+    the work is, which has just read the same imports): in this process, or
     in worker processes that ignore Ctrl-C (the parent handles it: it stops
     them at once) and exit by themselves if the parent dies."""
     jobs = jobs or os.cpu_count() or 1
     if jobs <= 1 or len(jobs_in) <= 4:
         for job in jobs_in:
-            yield _work(job)
+            yield _job(job, with_deps)
             if progress is not None:
                 progress(1)
         return
@@ -271,7 +278,7 @@ def _run(jobs_in: List[Tuple[str, bytes, Settings]], jobs: int, progress) -> Ite
         pending = {}
         for k in range(0, len(order), size):
             chunk = order[k:k + size]
-            pending[pool.submit(_work_chunk, [jobs_in[i] for i in chunk])] = chunk
+            pending[pool.submit(_work_chunk, [jobs_in[i] for i in chunk], with_deps)] = chunk
         done: Dict[int, Optional[Outcome]] = {}
         lost: List[int] = []  # jobs of a worker that died (and of every chunk the broken pool gave up)
         next_out = 0
@@ -298,7 +305,7 @@ def _run(jobs_in: List[Tuple[str, bytes, Settings]], jobs: int, progress) -> Ite
         if lost:
             _release(pool)
             pool = None  # type: ignore[assignment]
-            finish(_recover(sorted(lost), jobs_in, jobs))
+            finish(_recover(sorted(lost), jobs_in, jobs, with_deps))
             while next_out in done:
                 yield done.pop(next_out)
                 next_out += 1
@@ -323,7 +330,8 @@ def _pool(workers: int):  # type: ignore[no-untyped-def]
     return ProcessPoolExecutor(max_workers=workers, initializer=_worker_init, initargs=(os.getpid(),))
 
 
-def _recover(lost: List[int], jobs_in: List[Tuple[str, bytes, Settings]], jobs: int) -> Iterator[Tuple[int, Optional[Outcome]]]:
+def _recover(lost: List[int], jobs_in: List[Tuple[str, bytes, Settings]], jobs: int,
+             with_deps: bool) -> Iterator[Tuple[int, Tuple[Optional[Outcome], Deps]]]:
     """Jobs a dead worker took with it, again: one file per task, ``jobs``
     at a time in a fresh pool; when that pool breaks too, each file of the
     batch runs alone, so that the one that kills its worker is found and
@@ -336,7 +344,7 @@ def _recover(lost: List[int], jobs_in: List[Tuple[str, bytes, Settings]], jobs: 
         while queue:
             batch, queue = queue[:jobs], queue[jobs:]
             pool = pool or _pool(jobs)
-            futures = [(i, pool.submit(_work_chunk, [jobs_in[i]])) for i in batch]
+            futures = [(i, pool.submit(_work_chunk, [jobs_in[i]], with_deps)) for i in batch]
             broken: List[int] = []
             for i, future in futures:
                 try:
@@ -350,9 +358,9 @@ def _recover(lost: List[int], jobs_in: List[Tuple[str, bytes, Settings]], jobs: 
             for i in broken:
                 solo = _pool(1)
                 try:
-                    yield i, solo.submit(_work_chunk, [jobs_in[i]]).result()[0]
+                    yield i, solo.submit(_work_chunk, [jobs_in[i]], with_deps).result()[0]
                 except BrokenProcessPool:
-                    yield i, (None, [], (DIED, None, None), (0, 0), None, None)
+                    yield i, ((None, [], (DIED, None, None), (0, 0), None, None), None)
                 finally:
                     _release(solo)
     finally:
@@ -360,8 +368,13 @@ def _recover(lost: List[int], jobs_in: List[Tuple[str, bytes, Settings]], jobs: 
             _release(pool)
 
 
-def _work_chunk(chunk: List[Tuple[str, bytes, Settings]]) -> List[Optional[Outcome]]:
-    return [_work(job) for job in chunk]
+def _work_chunk(chunk: List[Tuple[str, bytes, Settings]], with_deps: bool) -> List[Tuple[Optional[Outcome], Deps]]:
+    return [_job(job, with_deps) for job in chunk]
+
+
+def _job(job: Tuple[str, bytes, Settings], with_deps: bool) -> Tuple[Optional[Outcome], Deps]:
+    outcome = _work(job)
+    return outcome, (depends_on(job[0], job[1]) if with_deps else None)
 
 
 def _release(pool, kill: bool = False) -> None:  # type: ignore[no-untyped-def]
