@@ -14,18 +14,29 @@ table that lives on the device (``codemods.analysis.placement``), named by a
 name or an attribute, indexed by one plain int expression of a counter
 (``codemods.analysis.counters``) of the step or loader loop it runs in, or of
 a loop around it.  A counter of a loop *inside* the step (a decoder unrolled
-over time) is part of one graph already and is left as it is; so is an
-index reached through a call (XLA407 reports it).
+over time) is part of one graph already and is left as it is.
+
+The same int handed to a helper of the module (``get_batch(source, i)`` in
+the step loop, the word-level language models' recipe) reaches the table in
+the helper: ``source[i:i + seq_len]`` there is a ``slice`` whose start is a
+constant of the graph, one graph per chunk.  The helper's slice becomes a
+gather at ``torch.arange(n, device=...) + torch.tensor([i], device=...)``,
+``n`` the slice's length clamped as a slice clamps it: the same rows, one
+graph per length.  Only a slice or an index of the helper's own parameter
+(or of a device table it reaches), by plain int expressions, read and never
+written or changed in place in the helper, is rewritten; the rest stays
+reported (XLA407).  The rows are a copy, not a view: a caller that changes
+the chunk in place no longer changes the table.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Set
+from typing import Dict, Optional, Set
 
 import libcst as cst
 
 from codemods.loop_codemod import LoopCodemod
-from codemods.analysis.counters import loop_counters
+from codemods.analysis.counters import counter_through_call, loop_counters
 from codemods.analysis.placement import on_device
 from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP
 from codemods.base import Rule, find_all
@@ -41,8 +52,13 @@ DEVICE_INDEX = Rule(
         "every step compiles a new graph every step (5 -> 9 compiles at 4 -> 8 steps of a sampler, XLA's CPU "
         "backend). Sending the int as a one-element device tensor, "
         "`alphas[torch.tensor([t], device=alphas.device)][0]`, makes it data: the same values, one graph for "
-        "every step (3 -> 3). Only reads of a table on the device, indexed by an int of the step loop (or a "
-        "loop around it), are rewritten; the rest of XLA407 stays reported."
+        "every step (3 -> 3). The same int handed to a helper that slices a table with it "
+        "(`get_batch(source, i)` returning `source[i:i + seq_len]`, the word-level language models' recipe) "
+        "is a slice start baked into the graph: the helper gathers the rows at "
+        "`torch.arange(n, device=...) + torch.tensor([i], device=...)` instead, one graph per chunk length "
+        "(4 -> 8 compiles at 4 -> 8 chunks left as it is, 3 -> 3 rewritten). Only reads of a table on the "
+        "device, indexed by an int of the step loop (or a loop around it), are rewritten; the rest of XLA407 "
+        "stays reported."
     ),
     before=(
         "import torch\n\nalphas = torch.linspace(0.9, 0.1, 11).cuda()\nx = torch.randn(4).cuda()\n"
@@ -83,6 +99,9 @@ class DeviceIndex(LoopCodemod):
                              if isinstance(loop, cst.For)))
 
     def leave_Subscript(self, original_node: cst.Subscript, updated_node: cst.Subscript) -> cst.BaseExpression:
+        through = self._through_calls().get(id(original_node))
+        if through is not None:
+            return self._gathered(original_node, updated_node, through)
         index = self._index(original_node)
         if index is None:
             return updated_node
@@ -104,6 +123,63 @@ class DeviceIndex(LoopCodemod):
         sent = cst.parse_expression(f"torch.tensor([{code(index)}], device={code(table)}.device)")
         gathered = updated_node.with_changes(slice=[cst.SubscriptElement(cst.Index(sent))])
         return cst.Subscript(value=gathered, slice=[cst.SubscriptElement(cst.Index(cst.Integer("0")))])
+
+    # -- the counter handed to a helper ---------------------------------------
+    def _through_calls(self) -> Dict[int, str]:
+        """id of each subscript of a helper that a step or loader loop hands
+        its counter to, rewritable where it stands -> the counter."""
+        memo = self.tree.memo.get("device_index:through")
+        if memo is not None:
+            return memo  # type: ignore[return-value]
+        found: Dict[int, str] = {}
+        for call in find_all(self.tree.module, cst.Call):
+            counters = self._counters_around(call)
+            if not counters:
+                continue
+            scope = next((a for a in self.ancestors(call) if isinstance(a, cst.FunctionDef)), None)
+            hit = counter_through_call(self.tree, call, counters,
+                                       self._tensor_names(scope.body if scope is not None else self.tree.module))
+            for sub, _, param in hit.hits if hit is not None else ():
+                if _slice_parts(sub) is not None and not _changed(sub, hit.function):  # (a slice: an index read
+                    # in a helper is often a number wanted on the host, `torch.full(..., alphas[t])`: XLA403)
+                    found.setdefault(id(sub), param)
+        self.tree.memo["device_index:through"] = found
+        return found
+
+    def _counters_around(self, call: cst.Call) -> Set[str]:
+        """The counters of the loops around ``call`` up to the innermost
+        step or loader loop (as :meth:`_step_counters`, for a call met before
+        the walk reaches it); none where a function or lambda stands between."""
+        loops = []
+        for anc in self.ancestors(call):
+            if isinstance(anc, (cst.Lambda, cst.ClassDef)) or (isinstance(anc, cst.FunctionDef) and not loops):
+                break
+            if isinstance(anc, (cst.For, cst.While)):
+                loops.append(anc)
+        loops.reverse()  # outermost first
+        hot = [k for k, loop in enumerate(loops)
+               if self.is_step_loop(loop) or (isinstance(loop, cst.For) and self.loaders.is_loader_loop(loop))]
+        if not hot:
+            return set()
+        return set().union(*(loop_counters(self.tree, loop) for loop in loops[:hot[-1] + 1] if isinstance(loop, cst.For)))
+
+    def _gathered(self, original: cst.Subscript, updated: cst.Subscript, counter: str) -> cst.BaseExpression:
+        """``t[a:b]`` -> ``t[torch.arange(n, device=t.device) + torch.tensor([a], device=t.device)]``,
+        ``n`` the slice's length clamped to ``t``'s rows."""
+        code = cst.Module([]).code_for_node
+        lower, upper = _slice_parts(original)  # type: ignore[misc]
+        table = code(original.value)
+        if not self.flag(original, DEVICE_INDEX.code, f"`{code(original)}` slices a device table with the step's "
+                         f"Python int `{counter}` handed to this function (a new graph each step): sliced with it "
+                         "sent to the device, one graph for every step of this length", fix=True):
+            return updated
+        imports.need(self.context, "torch")
+        start = code(lower)  # type: ignore[arg-type]
+        end = f"{table}.size(0)" if upper is None else f"min({code(upper)}, {table}.size(0))"
+        less = start if isinstance(lower, (cst.Name, cst.Integer, cst.Attribute)) else f"({start})"
+        rows = cst.parse_expression(f"torch.arange(max({end} - {less}, 0), device={table}.device)"
+                                    f" + torch.tensor([{start}], device={table}.device)")
+        return updated.with_changes(slice=[cst.SubscriptElement(cst.Index(rows))])
 
     @staticmethod
     def _index(node: cst.Subscript) -> Optional[cst.BaseExpression]:
@@ -128,6 +204,47 @@ class DeviceIndex(LoopCodemod):
             if isinstance(anc, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
                 return True
         return False
+
+
+def _slice_parts(node: cst.Subscript):  # type: ignore[no-untyped-def]
+    """(lower, upper) of ``t[a:b]`` / ``t[a:]`` (no step; ``a`` a plain int
+    expression of sums and products, so never counted from the end); None
+    for anything else."""
+    if not isinstance(node.value, (cst.Name, cst.Attribute)) or len(node.slice) != 1:
+        return None
+    part = node.slice[0].slice
+    if not isinstance(part, cst.Slice) or part.step is not None or part.lower is None:
+        return None
+    if not all(isinstance(n, _PLAIN) for e in (part.lower, part.upper) if e is not None for n in walk(e)):
+        return None
+    if any(isinstance(n, cst.UnaryOperation) or (isinstance(n, cst.BinaryOperation)
+                                                 and not isinstance(n.operator, (cst.Add, cst.Multiply)))
+           for n in walk(part.lower)):
+        return None  # (a start that may count from the end: only sums and products of the counter)
+    return part.lower, part.upper
+
+
+def _changed(sub: cst.Subscript, fn: cst.FunctionDef) -> bool:
+    """Is the subscript written, or what it gives changed in place, in the
+    helper (a copy would not carry the change back to the table)?"""
+    names = set()
+    for assign in find_all(fn.body, cst.Assign):
+        if assign.value is sub:  # type: ignore[attr-defined]
+            names |= {n.value for t in assign.targets for n in find_all(t.target, cst.Name)}  # type: ignore[attr-defined]
+    for target in find_all(fn.body, (cst.AssignTarget, cst.AugAssign)):
+        if any(n is sub for n in walk(target.target)):  # type: ignore[attr-defined]
+            return True
+        if isinstance(target, cst.AugAssign) and isinstance(target.target, cst.Name) and target.target.value in names:
+            return True
+        if isinstance(target, cst.AssignTarget) and isinstance(target.target, cst.Subscript) \
+                and isinstance(target.target.value, cst.Name) and target.target.value.value in names:
+            return True
+    for call in find_all(fn.body, cst.Call):
+        func = call.func  # type: ignore[attr-defined]
+        if isinstance(func, cst.Attribute) and func.attr.value.endswith("_") and not func.attr.value.endswith("__"):
+            if func.value is sub or (isinstance(func.value, cst.Name) and func.value.value in names):
+                return True
+    return False
 
 
 __all__ = ["DeviceIndex", "DEVICE_INDEX"]

@@ -12,10 +12,8 @@ from typing import Dict, List, Set
 import libcst as cst
 
 from codemods.analysis import is_tensor_expr, loop_iterable
-from codemods.analysis.counters import loop_counters
-from codemods.analysis.dataflow import dataflow
+from codemods.analysis.counters import counter_through_call, loop_counters
 from codemods.analysis.growth import grown_by
-from codemods.analysis.placement import DEVICE, placement
 from codemods.analysis.values import TENSOR, values
 from codemods.base import Rule, call_name, dotted, find_all
 from codemods.hot_path import HotPathCodemod, code
@@ -212,47 +210,20 @@ class ShapeTraps(HotPathCodemod):
         """``get_batch(source, i)`` in a step loop, where the module's
         ``get_batch`` returns ``source[i:i + n]``: the loop counter reaches a
         device tensor's index through the call (reported on the call, with
-        the line in the callee)."""
+        the line in the callee; :func:`counter_through_call`)."""
         counters = self._counters() if self.loop_stack else set()
-        if not counters:
+        found = counter_through_call(self.tree, call, counters, self.tensors)
+        if found is None:
             return
-        fn = dataflow(self.tree).local_function(call)
-        if not isinstance(fn, cst.FunctionDef):
-            return
-        params = [p for p in list(fn.params.posonly_params) + list(fn.params.params)
-                  if not (p.name.value == "self" and isinstance(call.func, cst.Attribute))]
-        passed = {p.name.value: a.value for p, a in zip(params, [a for a in call.args if a.keyword is None and not a.star])}
-        passed.update({a.keyword.value: a.value for a in call.args if a.keyword is not None})
-        by_counter = {p for p, arg in passed.items() if {n.value for n in find_all(arg, cst.Name)} & counters}
-        if not by_counter:
-            return
-        hits = []  # (subscript, the device tensor, the counter's parameter)
-        for sub in find_all(fn.body, cst.Subscript):
-            base = sub.value  # type: ignore[attr-defined]
-            used = {n.value for e in sub.slice for n in find_all(e.slice, cst.Name)}  # type: ignore[attr-defined]
-            if not used & by_counter:
-                continue
-            if isinstance(base, cst.Name) and base.value in passed:  # a tensor the caller passes
-                tensor = passed[base.value]
-                if base.value in by_counter or self._on_host(tensor) or (
-                        isinstance(tensor, cst.Name) and tensor.value not in self.tensors
-                        and placement(self.tree, tensor) is None):
-                    continue
-            elif placement(self.tree, base) == DEVICE:  # one the callee reaches itself (`self.alphas`)
-                tensor = base
-            else:
-                continue
-            hits.append((sub, tensor, sorted(used & by_counter)[0]))
-        if not hits:
-            return
+        fn, hits, passed = found
         sub, tensor, param = hits[0]
         subs = [h[0] for h in hits]
         lines = sorted({p[0] for p in self.tree.start_positions(subs).values()})
-        what = "slices" if any(isinstance(e.slice, cst.Slice) for e in sub.slice) else "indexes"  # type: ignore[attr-defined]
-        counter = sorted({n.value for n in find_all(passed[param], cst.Name)} & counters)[0]
+        what = "slices" if any(isinstance(e.slice, cst.Slice) for e in sub.slice) else "indexes"
+        counter = sorted({n.value for n in find_all(passed[param], cst.Name)} & counters)[0]  # type: ignore[attr-defined]
         at = f"line {lines[0]}" if len(lines) == 1 else f"lines {', '.join(map(str, lines))}"
         self._report(call, COUNTER_INDEX, f"`{fn.name.value}()` {what} device tensor `{code(tensor)}` with the loop "
-                     f"counter `{counter}` (`{code(sub.value)}[...]` at {at}): a new graph every step",  # type: ignore[attr-defined]
+                     f"counter `{counter}` (`{code(sub.value)}[...]` at {at}): a new graph every step",
                      related=subs)
 
     def visit_For(self, node: cst.For) -> None:

@@ -133,17 +133,18 @@ def test_a_read_after_the_step_finds_it_computed_on_xla(tmp_path):
     assert "mean loss" in out3
 
 
-def test_traps_through_calls_are_reported_on_their_line_with_the_callee():
+def test_traps_through_calls_are_found_on_their_line_in_the_callee():
     src = (FIXTURES / "traps_through_calls" / "input.py").read_text()
     lines = src.splitlines()
     found = {(f.code, f.line): f.message for f in transform(src.encode(), Settings()).findings}
-    call = lines.index("        x = get_batch(data, i)") + 1
     helper = lines.index("    return source[i:i + n]") + 1
-    assert f"(`source[...]` at line {helper})" in found[("XLA407", call)]
+    # the counter the loop hands `get_batch` slices the batch in the helper: rewritten there (XLA411), so the
+    # call is not reported (XLA407); tests/test_recompile_fixes.py runs that rewrite
+    assert "handed to this function" in found[("XLA411", helper)]
     grow = lines.index("            idx = torch.cat((idx, nxt), dim=1)") + 1
     assert ("XLA408", grow) in found
     # `losses[k]` indexes a host tensor: no XLA407 there
-    assert [line for code, line in found if code == "XLA407"] == [call]
+    assert [line for code, line in found if code == "XLA407"] == []
 
 
 def test_host_ints_and_fill_values_are_traps_in_a_sampler_class():

@@ -22,12 +22,12 @@ tuple of int literals, a comprehension of ``int(...)`` or over one,
 
 from __future__ import annotations
 
-from typing import Optional, Set
+from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
 import libcst as cst
 
 from codemods.analysis.dataflow import dataflow
-from codemods.syntax.tree import TreeCache, call_name
+from codemods.syntax.tree import TreeCache, call_name, find_all
 
 _WRAPPERS = {"reversed", "list", "sorted", "tuple"}
 # progress bars hand on the items of what they wrap; so does list() of an iterator
@@ -120,3 +120,71 @@ def _name_holds_ints(tree: TreeCache, name: cst.Name, busy: Set[int]) -> bool:
             return False
     return True
 
+
+
+# -- a counter passed to a helper that indexes a device tensor with it ---------
+
+
+class ThroughCall(NamedTuple):
+    """``get_batch(source, i)`` in a loop whose counter is ``i``, where the
+    module's ``get_batch`` indexes or slices ``source`` with its parameter:
+    the callee, and each such subscript of it with the tensor it reads (the
+    caller's argument, or a device tensor the callee reaches itself) and the
+    counter that reaches it."""
+
+    function: cst.FunctionDef
+    hits: List[Tuple[cst.Subscript, cst.BaseExpression, str]]  # (subscript, tensor, parameter)
+    passed: Dict[str, cst.BaseExpression]  # parameter -> the caller's argument
+
+
+def counter_through_call(tree: TreeCache, call: cst.Call, counters: Set[str],
+                         tensors: Set[str]) -> Optional[ThroughCall]:
+    """What ``call`` hands a loop counter to, to index a device tensor with
+    (XLA407 reports it on the call; XLA411 rewrites the callee's slice).  A
+    subscript whose index is a tensor already (a rewritten one) is data, not
+    a counter."""
+    from codemods.analysis.placement import DEVICE, HOST, placement
+
+    if not counters:
+        return None
+    fn = dataflow(tree).local_function(call)
+    if not isinstance(fn, cst.FunctionDef):
+        return None
+    params = [p for p in list(fn.params.posonly_params) + list(fn.params.params)
+              if not (p.name.value == "self" and isinstance(call.func, cst.Attribute))]
+    passed = {p.name.value: a.value for p, a in zip(params, [a for a in call.args if a.keyword is None and not a.star])}
+    passed.update({a.keyword.value: a.value for a in call.args if a.keyword is not None})
+    by_counter = {p for p, arg in passed.items() if _names(arg) & counters}
+    if not by_counter:
+        return None
+    hits = []
+    for sub in _subscripts(fn.body):
+        if any(isinstance(e.slice, cst.Index) and _calls(e.slice.value) for e in sub.slice):
+            continue  # indexed with a tensor made from the int: data
+        used = set().union(*(_names(e.slice) for e in sub.slice))
+        if not used & by_counter:
+            continue
+        base = sub.value
+        if isinstance(base, cst.Name) and base.value in passed:  # a tensor the caller passes
+            tensor = passed[base.value]
+            if base.value in by_counter or placement(tree, tensor) == HOST or (
+                    isinstance(tensor, cst.Name) and tensor.value not in tensors and placement(tree, tensor) is None):
+                continue
+        elif placement(tree, base) == DEVICE:  # one the callee reaches itself (`self.alphas`)
+            tensor = base
+        else:
+            continue
+        hits.append((sub, tensor, sorted(used & by_counter)[0]))
+    return ThroughCall(fn, hits, passed) if hits else None
+
+
+def _names(node: cst.CSTNode) -> Set[str]:
+    return {n.value for n in find_all(node, cst.Name)}  # type: ignore[attr-defined]
+
+
+def _calls(node: cst.CSTNode) -> bool:
+    return bool(find_all(node, cst.Call))
+
+
+def _subscripts(node: cst.CSTNode) -> List[cst.Subscript]:
+    return find_all(node, cst.Subscript)  # type: ignore[return-value]
