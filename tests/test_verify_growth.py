@@ -177,3 +177,21 @@ def test_a_recompile_is_placed_at_the_op_that_made_the_grown_input_not_at_its_fi
     sliding[1]["ir"][1] = sliding[1]["ir"][1].replace("s64[4]", "s64[5]")
     where = locate_recompile(sliding, lines)
     assert where is not None and (Path(where[0]).name, where[1]) == ("model.py", 16), where
+
+
+def test_a_graph_that_comes_back_from_the_cache_is_not_growth():
+    """A step after each logging read compiles once and later steps of its
+    kind hit the cache: it recurs, it does not grow; a graph per step that
+    never comes back is still growth."""
+    from xlaport.verify.compiles import classify_recompiles
+
+    def graphs(hashes):
+        return [{"hash": h, "ir": ["%1 = f32[] aten::add(%0)"], "frames": []} for h in hashes]
+
+    # steps 1-2 warm up; the log step's graph (b) at step 6 comes back at 11 and 16; the last chunk (c) once
+    periodic = graphs(["a", "a", "a", "a", "a", "b", "a", "a", "a", "a", "b", "a", "a", "a", "a", "b", "c"])
+    kinds = classify_recompiles(periodic, {"site_steps": [5, 16]})
+    assert kinds == {"churn": [16], "new_path": [], "recurring": [5]}, kinds
+    growing = graphs([f"g{k}" for k in range(8)])
+    kinds = classify_recompiles(growing, {"site_steps": [2, 3, 4, 5, 6, 7]})
+    assert kinds["churn"] == [2, 3, 4, 5, 6, 7] and not kinds["recurring"], kinds

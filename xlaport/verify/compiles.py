@@ -70,6 +70,13 @@ def judge(cand: "Run", compared, lines: "LineMapper", graphs: Path, warmup_steps
                                       f"compiled once more at this sync's step {steps_at} with another value "
                                       "(a constant XLA bakes in, such as a learning rate leaving 1.0): a one-off, "
                                       "not growth" + (f"; {where[2]}" if where else "")))
+        if kinds["recurring"]:
+            where = locate_recompile(at_site, lines, site["where"])  # type: ignore[arg-type]
+            steps_at = ", ".join(str(n + 1) for n in kinds["recurring"])
+            events.append(lines.event("recurring", where or site["where"], len(kinds["recurring"]),
+                                      f"compiled at this sync's step {steps_at} and run again from the cache at "
+                                      "later steps (a graph that comes back, such as the step after a logging "
+                                      "read): not growth" + (f"; {where[2]}" if where else "")))
         if fresh and not bad:
             steps_at = ", ".join(str(n + 1) for n in kinds["new_path"])
             events.append(lines.event("new_graph", site["where"], len(kinds["new_path"]),
@@ -173,13 +180,14 @@ def _at_site(graphs: List[Dict[str, object]], site: Dict[str, object]) -> List[D
 
 def classify_recompiles(graphs: List[Dict[str, object]], site: Dict[str, object]) -> Dict[str, List[int]]:
     """Split the compilations after warm-up at one sync site into ``churn``
-    (the graph of an earlier step again, with other shapes or constants) and
+    (the graph of an earlier step again, with other shapes or constants),
     ``new_path`` (ops no earlier step at this site ran: another branch, such as
-    a solver's last step).  Values are the site's 0-based step numbers.  Each
+    a solver's last step) and ``recurring`` (a graph compiled once that later
+    steps run again from the cache: it comes back, it does not grow).  Values are the site's 0-based step numbers.  Each
     sync at the site dumps one graph, so the site's n-th graph is its n-th step;
     ``graphs`` are the site's graphs (:func:`_at_site`)."""
     signatures = [_signature(g["ir"]) for g in graphs]  # type: ignore[arg-type]
-    out: Dict[str, List[int]] = {"churn": [], "new_path": []}
+    out: Dict[str, List[int]] = {"churn": [], "new_path": [], "recurring": []}
     for n in site.get("site_steps", []):  # type: ignore[union-attr]
         if n >= len(graphs):
             out["churn"].append(n)  # no dump to judge by: count it against the script
@@ -187,6 +195,12 @@ def classify_recompiles(graphs: List[Dict[str, object]], site: Dict[str, object]
         earlier = graphs[:n]
         if any(g["hash"] == graphs[n]["hash"] for g in earlier):
             continue  # not a compilation of this graph (the count came from elsewhere)
+        if any(g["hash"] == graphs[n]["hash"] for g in graphs[n + 1:]):
+            # compiled once and run again at later steps from the cache (the
+            # step after each log read, every 200 batches): a graph that comes
+            # back, not one per step
+            out["recurring"].append(n)
+            continue
         out["churn" if signatures[n] in signatures[:n] else "new_path"].append(n)
     return out
 
