@@ -132,7 +132,14 @@ class DeviceIndex(LoopCodemod):
         if memo is not None:
             return memo  # type: ignore[return-value]
         found: Dict[int, str] = {}
-        for call in find_all(self.tree.module, cst.Call):
+        helpers = {fn.name.value for fn in find_all(self.tree.module, cst.FunctionDef)  # type: ignore[attr-defined]
+                   if _slices_by_a_parameter(fn)}  # (a cheap look first: few modules have one)
+        for call in find_all(self.tree.module, cst.Call) if helpers else ():
+            func = call.func  # type: ignore[attr-defined]
+            name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) \
+                else None
+            if name not in helpers:
+                continue
             counters = self._counters_around(call)
             if not counters:
                 continue
@@ -222,6 +229,13 @@ def _slice_parts(node: cst.Subscript):  # type: ignore[no-untyped-def]
            for n in walk(part.lower)):
         return None  # (a start that may count from the end: only sums and products of the counter)
     return part.lower, part.upper
+
+
+def _slices_by_a_parameter(fn: cst.FunctionDef) -> bool:
+    """Does ``fn`` slice something from one of its parameters (``source[i:...]``)?"""
+    params = {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)}
+    return any(part.lower is not None and any(isinstance(n, cst.Name) and n.value in params for n in walk(part.lower))
+               for part in find_all(fn.body, cst.Slice))  # type: ignore[attr-defined]
 
 
 def _changed(sub: cst.Subscript, fn: cst.FunctionDef) -> bool:
