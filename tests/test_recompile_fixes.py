@@ -205,15 +205,22 @@ def _numbers(text: str):
     return [float(n) for n in re.findall(r"-?\d+\.\d+|\d+", text)]
 
 
-@pytest.mark.xla
-@needs_xla
-def test_the_fixed_traps_compile_once_and_print_the_originals_numbers(tmp_path):
-    original = subprocess.run([sys.executable, str(FIXTURES / "recompile_fixes" / "input.py"), "--steps", "8"],
+def _original_and_two_lengths(name, tmp_path):
+    """The fixture's original on the CPU at 8 steps, its conversion on XLA at
+    4 and 8: (the original's run, the two results, the conversion's output at 8)."""
+    original = subprocess.run([sys.executable, str(FIXTURES / name / "input.py"), "--steps", "8"],
                               capture_output=True, text=True, timeout=300,
                               env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert original.returncode == 0, original.stderr
-    short, _, _, _ = run_on_xla("recompile_fixes", tmp_path / "a", "--steps", "4")
-    long, out8, _, _ = run_on_xla("recompile_fixes", tmp_path / "b", "--steps", "8")
+    short, _, _, _ = run_on_xla(name, tmp_path / "a", "--steps", "4")
+    long, out8, _, _ = run_on_xla(name, tmp_path / "b", "--steps", "8")
+    return original, short, long, out8
+
+
+@pytest.mark.xla
+@needs_xla
+def test_the_fixed_traps_compile_once_and_print_the_originals_numbers(tmp_path):
+    original, short, long, out8 = _original_and_two_lengths("recompile_fixes", tmp_path)
     a, b = short["metrics"], long["metrics"]
     assert a["compiles"] == b["compiles"], (a, b)
     # four more steps of training and of sampling: eight more graph executions, and two for the prints
@@ -426,12 +433,7 @@ def test_chunks_cut_by_a_helper_compile_once_per_length_and_train_as_the_origina
     `get_batch(source, i)`; the original on the CPU against the conversion
     on XLA: the same loss; compiles flat; left unfixed (XLA411 off), one
     more graph per chunk."""
-    original = subprocess.run([sys.executable, str(FIXTURES / "lm_batches" / "input.py"), "--steps", "8"],
-                              capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    assert original.returncode == 0, original.stderr
-    short, _, _, _ = run_on_xla("lm_batches", tmp_path / "a", "--steps", "4")
-    long, out8, _, _ = run_on_xla("lm_batches", tmp_path / "b", "--steps", "8")
+    original, short, long, out8 = _original_and_two_lengths("lm_batches", tmp_path)
     assert short["metrics"]["compiles"] == long["metrics"]["compiles"], (short, long)
     assert _numbers(out8) == pytest.approx(_numbers(original.stdout), rel=1e-3, abs=1e-4), (out8, original.stdout)
     import test_runnable_ports
