@@ -84,14 +84,18 @@ class Cache:
         h.update(b"\0" + path.encode("utf-8", "surrogateescape") + b"\0" + self.settings_key.encode())
         return h.hexdigest()
 
-    def _file(self, key: str) -> Path:
-        return self.dir / key[:2] / f"{key}.json"
-
-    def get(self, key: str) -> Optional[Dict[str, object]]:
+    def _name(self, key: str) -> str:
+        """Where the entry ``key`` lives (a string: a warm run reads one entry per file)."""
         if self._dir_name is None:
             self._dir_name = str(self.dir)
-        try:  # (a string path: a warm run reads one entry per file)
-            with open(f"{self._dir_name}{os.sep}{key[:2]}{os.sep}{key}.json", "rb") as f:
+        return f"{self._dir_name}{os.sep}{key[:2]}{os.sep}{key}.json"
+
+    def _file(self, key: str) -> Path:
+        return Path(self._name(key))
+
+    def get(self, key: str) -> Optional[Dict[str, object]]:
+        try:
+            with open(self._name(key), "rb") as f:
                 entry = json.loads(f.read())
         except (OSError, ValueError):
             return None

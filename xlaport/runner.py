@@ -198,8 +198,6 @@ def process(entries: Sequence[Entry], settings: Settings, jobs: int = 0, cache: 
         if outcome is not None:
             _fill(result, outcome)
         if cache is not None and not (outcome is not None and outcome[2] is not None and outcome[2][0] == DIED):
-            if deps is None:
-                deps = depends_on(job[0], job[1])
             cache.put(key, nothing(job[1], deps) if outcome is None else encode(
                 outcome[0], job[1], *outcome[1:4], styled=outcome[4], restyled=bool(job[2].options.get("restyle")),
                 imports=outcome[5], path=job[0], deps=deps))
