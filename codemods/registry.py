@@ -45,6 +45,7 @@ ORDER: Tuple[Tuple[str, str], ...] = (
     ("codemods.tied_weights", "TiedWeights"),
     ("codemods.runtime", "XlaRuntime"),  # late: it asks whether the rules before it import torch_xla
     ("codemods.recompiles", "Recompiles"),
+    ("codemods.partial_batches", "PartialBatches"),
     ("codemods.xla_limits", "XlaLimits"),  # before the catch-all: what it reports keeps CUDA tests too
     ("codemods.coverage", "CudaCatchAll"),
     ("codemods.suppressions", "UnusedSuppressions"),  # last: it reads what the others silenced

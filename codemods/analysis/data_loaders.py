@@ -7,7 +7,8 @@ batch.  Read by the loop rules (``codemods.loop_codemod``)."""
 
 from __future__ import annotations
 
-from typing import Callable, List, Sequence, Set
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Set
 
 import libcst as cst
 
@@ -29,6 +30,25 @@ _DEVICE_LOADER_WORDS = (b"MpDeviceLoader", b"ParallelLoader", b"per_device_loade
                         b"prepare(", b"prepare_data_loader")
 
 
+def assigned_values(tree: TreeCache, name: cst.Name) -> List[cst.CSTNode]:
+    """Values assigned to ``name`` in its scope: plain assignments, and
+    the whole right-hand side of a tuple unpacking (``model, dl =
+    accelerator.prepare(model, dl)``); parameters as ``Param`` nodes."""
+    values: List[cst.CSTNode] = []
+    for target in binding_nodes(tree, name):
+        parent = tree.parents.get(id(target))
+        while isinstance(parent, (cst.Element, cst.StarredElement, cst.Tuple, cst.List)):
+            parent = tree.parents.get(id(parent))
+        if isinstance(parent, cst.AssignTarget):
+            assign = tree.parents.get(id(parent))
+            if isinstance(assign, cst.Assign):
+                values.append(assign.value)
+        elif isinstance(parent, cst.Param) or isinstance(target, cst.Param):
+            param = parent if isinstance(parent, cst.Param) else target
+            values.append(param)  # type: ignore[arg-type]
+    return values
+
+
 class DataLoaders:
     """The loaders of one tree, for one codemod: ``qualnames`` is the
     codemod's (its scope fallback), ``loader_names`` its target's device
@@ -44,32 +64,11 @@ class DataLoaders:
         self.values = values_of(tree)
         self.flow = dataflow(tree)
 
-    def _parent(self, node: cst.CSTNode):  # type: ignore[no-untyped-def]
-        return self.tree.parents.get(id(node))
-
     def _makers(self) -> Set[str]:
         key = f"device_loader_makers:{id(self.tree.module)}"
         if key not in self.tree.memo:
             self.tree.memo[key] = self._device_loader_makers()
         return self.tree.memo[key]  # type: ignore[return-value]
-
-    def assigned_values(self, name: cst.Name) -> List[cst.CSTNode]:
-        """Values assigned to ``name`` in its scope: plain assignments, and
-        the whole right-hand side of a tuple unpacking (``model, dl =
-        accelerator.prepare(model, dl)``); parameters as ``Param`` nodes."""
-        values: List[cst.CSTNode] = []
-        for target in binding_nodes(self.tree, name):
-            parent = self._parent(target)
-            while isinstance(parent, (cst.Element, cst.StarredElement, cst.Tuple, cst.List)):
-                parent = self._parent(parent)
-            if isinstance(parent, cst.AssignTarget):
-                assign = self._parent(parent)
-                if isinstance(assign, cst.Assign):
-                    values.append(assign.value)
-            elif isinstance(parent, cst.Param) or isinstance(target, cst.Param):
-                param = parent if isinstance(parent, cst.Param) else target
-                values.append(param)  # type: ignore[arg-type]
-        return values
 
     def is_data_loader_expr(self, node: cst.CSTNode) -> bool:
         """A torch DataLoader: constructed here, a name bound to one, a
@@ -86,7 +85,7 @@ class DataLoaders:
                 return False  # one device loader reaching the loop decides: it must not be wrapped again
             if kinds and UNKNOWN not in kinds:
                 return LOADER in kinds
-            values = self.assigned_values(node)
+            values = assigned_values(self.tree, node)
             # every binding counts (`dl = accelerator.prepare(dl)` rebinds a
             # DataLoader to a device loader): one device loader decides
             if any(self._is_device_loader_value(v) for v in values):
@@ -163,7 +162,7 @@ class DataLoaders:
                     if self._is_device_loader_value(value):
                         return True
                     if isinstance(value, cst.Name) and any(
-                            self._is_device_loader_value(v) for v in self.assigned_values(value)):
+                            self._is_device_loader_value(v) for v in assigned_values(self.tree, value)):
                         return True
         return False
 
@@ -177,7 +176,7 @@ class DataLoaders:
             return False
         if DEVICE_LOADER in self.values.of(it):
             return True
-        values = self.assigned_values(it)
+        values = assigned_values(self.tree, it)
         return any(self._is_device_loader_value(v) for v in values) or any(
             isinstance(v, cst.Param) and self._fed_device_loader(v) for v in values)
 
@@ -188,3 +187,111 @@ class DataLoaders:
     def loader_loops(self, node: cst.CSTNode) -> List[cst.For]:
         """The loops directly in ``node`` (not in its nested functions) that walk a loader."""
         return [f for f in find_all(node, cst.For, stop=_DEFS) if self.is_loader_loop(f)]  # type: ignore[arg-type]
+
+
+# DataLoader's parameters in the order they may be passed by position
+_DATALOADER_PARAMS = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "num_workers", "collate_fn",
+                      "pin_memory", "drop_last")
+
+
+@dataclass(frozen=True)
+class Batching:
+    """What a ``DataLoader(...)`` call says about its batches: the batch size
+    (an expression; None when it is left at 1, or ``None``), whether it drops
+    the last partial batch (anything but an absent or literal ``False``
+    ``drop_last``, or batches a ``batch_sampler`` makes), and whether the
+    rows are shuffled (``shuffle`` not literally false, or a sampler other
+    than a sequential one)."""
+
+    batch_size: Optional[cst.BaseExpression]
+    drops_last: bool
+    shuffled: bool
+
+
+def batching(tree: TreeCache, call: cst.Call) -> Optional[Batching]:
+    """The batching of a ``DataLoader(...)`` call, its keywords read through
+    a ``**kwargs`` dict made in the same module (``DataLoader(ds,
+    **train_kwargs)`` with ``train_kwargs = {"batch_size": ...}`` and its
+    ``.update(...)``); None where an argument cannot be read."""
+    args: Dict[str, cst.BaseExpression] = {}
+    for i, arg in enumerate(call.args):
+        if arg.star == "**":
+            keywords = _dict_keywords(tree, arg.value)
+            if keywords is None:
+                return None
+            args.update(keywords)
+        elif arg.star:
+            return None
+        elif arg.keyword is not None:
+            args[arg.keyword.value] = arg.value
+        elif i < len(_DATALOADER_PARAMS):
+            args[_DATALOADER_PARAMS[i]] = arg.value
+    size = args.get("batch_size")
+    if size is not None and (_literal(size) in ("None", "1")):
+        size = None
+    drop = args.get("drop_last")
+    drops = "batch_sampler" in args or (drop is not None and _literal(drop) != "False")
+    shuffle, sampler = args.get("shuffle"), args.get("sampler")
+    shuffled = (shuffle is not None and _literal(shuffle) not in ("False", "None")) or (
+        sampler is not None and _literal(sampler) != "None" and "Sequential" not in (call_name(sampler) or ""))
+    return Batching(size, drops, shuffled)
+
+
+def _literal(node: cst.BaseExpression) -> str:
+    """The text of a literal ``None``/``True``/``False`` or integer, else ""."""
+    if isinstance(node, cst.Name) and node.value in ("None", "True", "False"):
+        return node.value
+    return node.value if isinstance(node, cst.Integer) else ""
+
+
+def _dict_keywords(tree: TreeCache, value: cst.BaseExpression, depth: int = 0) -> Optional[Dict[str, cst.BaseExpression]]:
+    """The keywords a ``**value`` passes: a dict display or ``dict(...)``, or
+    a name every binding of which is one, with what the name's
+    ``.update(...)`` calls in its scope add; None where one cannot be read."""
+    if isinstance(value, cst.Dict):
+        out: Dict[str, cst.BaseExpression] = {}
+        for element in value.elements:
+            if not isinstance(element, cst.DictElement):
+                more = _dict_keywords(tree, element.value, depth + 1) if depth < 3 else None
+                if more is None:
+                    return None
+                out.update(more)
+            elif isinstance(element.key, cst.SimpleString):
+                out[element.key.evaluated_value] = element.value  # type: ignore[index]
+            else:
+                return None
+        return out
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "dict":
+        if any(a.keyword is None for a in value.args):
+            return None
+        return {a.keyword.value: a.value for a in value.args}  # type: ignore[union-attr]
+    if not isinstance(value, cst.Name) or depth >= 3:
+        return None
+    bound = assigned_values(tree, value)
+    if not bound:
+        return None
+    out = {}
+    for v in bound:
+        keywords = _dict_keywords(tree, v, depth + 1) if not isinstance(v, cst.Param) else None
+        if keywords is None:
+            return None
+        out.update(keywords)
+    scope = next((a for a in dataflow(tree).ancestors(value) if isinstance(a, (cst.FunctionDef, cst.Lambda))), tree.module)
+    for target in find_all(scope, cst.AssignTarget):  # kwargs["drop_last"] = True
+        sub = target.target  # type: ignore[attr-defined]
+        if isinstance(sub, cst.Subscript) and isinstance(sub.value, cst.Name) and sub.value.value == value.value:
+            key = sub.slice[0].slice if len(sub.slice) == 1 else None
+            if not (isinstance(key, cst.Index) and isinstance(key.value, cst.SimpleString)):
+                return None
+            out[key.value.evaluated_value] = tree.parents[id(target)].value  # type: ignore[attr-defined,index]
+    for call in find_all(scope, cst.Call):
+        func = call.func  # type: ignore[attr-defined]
+        if isinstance(func, cst.Attribute) and func.attr.value == "update" and isinstance(func.value, cst.Name) \
+                and func.value.value == value.value:
+            for arg in call.args:  # type: ignore[attr-defined]
+                more = _dict_keywords(tree, arg.value, depth + 1) if arg.keyword is None and not arg.star else None
+                if more is None:
+                    return None
+                out.update(more)
+    return out
+
