@@ -14,15 +14,15 @@ program computes, so the choice is the user's.  A shuffled loader is told
 ``drop_last=True`` (it leaves out different rows each epoch); an unshuffled
 one, to pad its dataset to a multiple of the batch size.
 
-Speaks only in code being ported (a module with CUDA code), where the loader
-is made.
+Speaks only in code being ported (``analysis.cuda.BEING_PORTED``), where the
+loader is made.
 """
 
 from __future__ import annotations
 
 import libcst as cst
 
-from codemods.analysis.cuda import BEING_PORTED, being_ported
+from codemods.analysis.cuda import being_ported, ported_needs
 from codemods.analysis.data_loaders import DATALOADER_NAMES, batching
 from codemods.base import Rule, XlaCodemod
 
@@ -68,7 +68,7 @@ class PartialBatches(XlaCodemod):
     DESCRIPTION = "Report DataLoaders whose last, partial batch XLA compiles a graph of its own for."
     RULES = (PARTIAL_BATCH,)
     TRIGGERS = (b"DataLoader",)
-    NEEDS = (f"name:DataLoader&{BEING_PORTED}",)
+    NEEDS = ported_needs("name:DataLoader")
 
     @classmethod
     def wanted(cls, tree, options):

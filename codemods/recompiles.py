@@ -26,7 +26,7 @@ from typing import Optional, Set
 
 import libcst as cst
 
-from codemods.analysis.cuda import BEING_PORTED, being_ported
+from codemods.analysis.cuda import being_ported, ported_needs
 from codemods.analysis.tensors import is_tensor_expr, tensor_names
 from codemods.analysis.values import values as values_of
 from codemods.base import Rule, XlaCodemod, dotted, walk
@@ -87,7 +87,7 @@ class Recompiles(XlaCodemod):
     DESCRIPTION = "Report data-dependent control flow and shapes that recompile: host-random choices, ragged batches."
     RULES = (HOST_COIN, RAGGED)
     TRIGGERS = (b"random", b"pad_sequence", b"pack_padded_sequence")
-    NEEDS = tuple(f"{n}&{BEING_PORTED}" for n in ("name~random", "name:pad_sequence", "name:pack_padded_sequence"))
+    NEEDS = ported_needs("name~random", "name:pad_sequence", "name:pack_padded_sequence")
 
     @classmethod
     def wanted(cls, tree, options):

@@ -21,7 +21,7 @@ from typing import Optional
 
 import libcst as cst
 
-from codemods.analysis.cuda import BEING_PORTED, being_ported
+from codemods.analysis.cuda import being_ported, ported_needs
 from codemods.analysis.growth import grown_in
 from codemods.analysis.placement import DEVICE, placement
 from codemods.analysis.project import SPARSE_CALLS, SPARSE_METHODS, sparse_from_siblings
@@ -117,8 +117,8 @@ class XlaLimits(XlaCodemod):
                 *sorted({_spelled(op).encode() for op in CPU_FALLBACK}))
     SIBLING_FACTS = ("sparse_returns",)  # a sparse tensor another module's function returns, moved here
     NEEDS = ("name~sparse", "name:spmm", "name:smm", "name:hspmm", "name:share_memory",  # XLA158: anywhere
-             *(f"name:{n}&{BEING_PORTED}" for n in sorted(_FALLBACK_NAMES)),  # XLA159: in code being ported
-             BEING_PORTED)  # XLA160: likewise (a negative bound has no name to find it by)
+             *ported_needs(*(f"name:{n}" for n in sorted(_FALLBACK_NAMES))),  # XLA159: in code being ported
+             *ported_needs())  # XLA160: likewise (a negative bound has no name to find it by)
 
     def regions(self, tree):
         # names the module binds to a sparse tensor (coarsely: by their text, module-wide): moving one fails

@@ -98,3 +98,13 @@ def test_the_partial_batch_costs_a_graph_per_loader_once_and_drop_last_would_cha
     dropped, out_dropped = _run("partial_batches", tmp_path / "d", "--rows", "14", "--epochs", "2")
     assert dropped["compiles"] == full["compiles"], (full, dropped)
     assert out_dropped != out2
+
+
+def test_code_being_ported_through_torch_accelerator_is_told_as_well():
+    """pytorch/examples' mnist names no CUDA: it asks ``torch.accelerator``,
+    which is CUDA on a CUDA host (analysis.cuda.BEING_PORTED)."""
+    source = ("import torch\nfrom torch.utils.data import DataLoader\n\n"
+              "device = torch.accelerator.current_accelerator()\nloader = DataLoader(ds, batch_size=8)\n")
+    assert [f.line for f in convert_text(source)[1] if f.code == "XLA413"] == [5]
+    host = "import torch\nfrom torch.utils.data import DataLoader\n\nloader = DataLoader(ds, batch_size=8)\n"
+    assert [f.code for f in convert_text(host)[1]] == []

@@ -215,16 +215,25 @@ _WORD_BYTES = tuple(w.encode() for w in CUDA_REFERENCE_WORDS)
 REFERENCE_BYTES = _WORD_BYTES + tuple(n.encode() for n in CUDA_RUNTIME_NAMES)
 
 
-BEING_PORTED = "code~cuda"  # (a prefilter need: the rules that speak only there add it to theirs)
+# Code being ported names CUDA in its code (an identifier or a one-word string, the prefilter's
+# ``code~cuda``) or reads ``torch.accelerator`` (the device-generic API of torch >= 2.6, CUDA on a
+# CUDA host: pytorch/examples' mnist): prefilter needs of which one must hold -- the rules that speak
+# only there combine theirs with each (``ported_needs``).
+BEING_PORTED = ("code~cuda", "torch:accelerator")
+
+
+def ported_needs(*needs: str) -> Tuple[str, ...]:
+    """``needs`` each combined with each way of being ported (``NEEDS``
+    entries: one of them must hold)."""
+    return tuple(f"{n}&{p}" if n else p for n in needs or ("",) for p in BEING_PORTED)
 
 
 def being_ported(tree: TreeCache) -> bool:
-    """The user's file names CUDA in its code (an identifier or a one-word
-    string, the prefilter's ``code~cuda``): code being ported, where the
+    """The user's file is code being ported (``BEING_PORTED``), where the
     report-only rules about XLA's costs speak -- read in the user's source,
     not in the tree earlier rules made, where the CUDA is gone."""
     facts = facts_of(tree.source)
-    return facts is None or holds(BEING_PORTED, facts)
+    return facts is None or any(holds(need, facts) for need in BEING_PORTED)
 
 
 def count_references(tree: TreeCache) -> int:
