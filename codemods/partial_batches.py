@@ -23,7 +23,7 @@ from __future__ import annotations
 import libcst as cst
 
 from codemods.analysis.cuda import being_ported, ported_needs
-from codemods.analysis.data_loaders import DATALOADER_NAMES, batching
+from codemods.analysis.data_loaders import DATALOADER_NAMES, batching, first_batch_only
 from codemods.base import Rule, XlaCodemod
 
 PARTIAL_BATCH = Rule(
@@ -55,6 +55,9 @@ PARTIAL_BATCH = Rule(
         "loader = DataLoader(ds, batch_sampler=buckets)\n",
         "import torch\nfrom torch.utils.data import DataLoader\n\nmodel = model.cuda()\n"
         "loader = DataLoader(ds, batch_size=64, drop_last=args.drop_last)\n",
+        # only its first batch is read
+        "import torch\nfrom torch.utils.data import DataLoader\n\nmodel = model.cuda()\n"
+        "loader = DataLoader(ds, batch_size=64, shuffle=True)\nx, y = next(iter(loader))\n",
         # keywords from a dict that cannot be read here
         "import torch\nfrom torch.utils.data import DataLoader\n\nmodel = model.cuda()\n"
         "loader = DataLoader(ds, **make_kwargs())\n",
@@ -81,7 +84,7 @@ class PartialBatches(XlaCodemod):
         if not self.qualnames(node.func) & DATALOADER_NAMES:
             return
         found = batching(self.tree, node)
-        if found is None or found.batch_size is None or found.drops_last:
+        if found is None or found.batch_size is None or found.drops_last or first_batch_only(self.tree, node):
             return
         size = cst.Module([]).code_for_node(found.batch_size)
         pad = f"pad its dataset to a multiple of `{size}` and leave the padding out of the metric"

@@ -108,3 +108,12 @@ def test_code_being_ported_through_torch_accelerator_is_told_as_well():
     assert [f.line for f in convert_text(source)[1] if f.code == "XLA413"] == [5]
     host = "import torch\nfrom torch.utils.data import DataLoader\n\nloader = DataLoader(ds, batch_size=8)\n"
     assert [f.code for f in convert_text(host)[1]] == []
+
+
+def test_a_loader_read_for_its_first_batch_only_is_left():
+    """pytorch/examples' mnist_forward_forward takes one batch of each loader."""
+    assert reported("x, y = next(iter(DataLoader(ds, batch_size=64)))\n") == []
+    assert reported("def main():\n    dl = DataLoader(ds, batch_size=64)\n    x, y = next(iter(dl))\n") == []
+    both = "def main():\n    dl = DataLoader(ds, batch_size=64)\n    x, y = next(iter(dl))\n    for b in dl:\n        f(b)\n"
+    assert [line for line, _ in reported(both)] == [6]
+    assert [line for line, _ in reported("dl = DataLoader(ds, batch_size=64)\nit = iter(dl)\n")] == [5]

@@ -295,3 +295,31 @@ def _dict_keywords(tree: TreeCache, value: cst.BaseExpression, depth: int = 0) -
                 out.update(more)
     return out
 
+
+
+def first_batch_only(tree: TreeCache, call: cst.Call) -> bool:
+    """The loader ``call`` makes is read for its first batch only
+    (``next(iter(loader))``, pytorch/examples' mnist_forward_forward): made
+    in place so, or bound to a name whose every read in its scope is so."""
+    if _first_batch_of(tree, call):
+        return True
+    assign = tree.parents.get(id(call))
+    if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1
+            and isinstance(assign.targets[0].target, cst.Name)):
+        return False
+    target = assign.targets[0].target
+    scope = next((a for a in dataflow(tree).ancestors(call) if isinstance(a, (cst.FunctionDef, cst.Lambda))),
+                 tree.module)
+    reads = [n for n in find_all(scope, cst.Name) if n.value == target.value and n is not target]  # type: ignore[attr-defined]
+    return bool(reads) and all(_first_batch_of(tree, n) for n in reads)
+
+
+def _first_batch_of(tree: TreeCache, node: cst.CSTNode) -> bool:
+    """``node`` is read as ``next(iter(node))``."""
+    for name in ("iter", "next"):
+        arg = tree.parents.get(id(node))
+        node = tree.parents.get(id(arg))  # type: ignore[assignment]
+        if not (isinstance(arg, cst.Arg) and isinstance(node, cst.Call) and isinstance(node.func, cst.Name)
+                and node.func.value == name and len(node.args) == 1):
+            return False
+    return True
