@@ -37,8 +37,10 @@ from codemods.rule import (  # noqa: F401 -- re-exported
     parse_suppressions,
 )
 from codemods.findings import (  # noqa: F401 -- re-exported
+    CHOICE_CODE,
     FINDINGS_KEY,
     KEPT_SWITCH_CODE,
+    KEPT_SPANS_KEY,
     KEPT_SWITCHES_KEY,
     ORIGINAL_LINE_KEY,
     SELECT_KEY,

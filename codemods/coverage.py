@@ -23,8 +23,9 @@ COVERAGE_KEY = "xlaport.cuda_left"
 # [(line of the user's file, label)] -- suppressed or not, reported or not
 SWITCHED_KEY = "xlaport.switched"
 LEFT_KEY = "xlaport.cuda_left_lines"
-# left-over references that run on a host without CUDA (they answer False)
-_HARMLESS = AVAILABILITY | {"torch.cuda.is_initialized"}
+# left-over references that run on a host without CUDA: tests that answer False, and DataParallel,
+# which there holds no device ids and calls its module as it is (its state keeps the `module.` prefix)
+_HARMLESS = AVAILABILITY | {"torch.cuda.is_initialized", "DataParallel"}
 
 # The rule that converts each kind of reference: with that rule turned off
 # (--ignore, --select), what it would have converted is not reported here.

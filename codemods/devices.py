@@ -19,7 +19,7 @@ import libcst as cst
 from codemods.analysis.cuda import cuda_facts, is_cuda_string
 from codemods.analysis.device_exprs import DeviceExprs
 from codemods.analysis.ordinals import ordinal_uses
-from codemods.base import Rule, XlaCodemod, dotted, find_all
+from codemods.base import CHOICE_CODE, Rule, XlaCodemod, dotted, find_all
 from codemods.syntax.nodes import source_of
 
 
@@ -72,7 +72,7 @@ CUDA_LITERAL = Rule(
 )
 
 CUDA_IDIOM = Rule(
-    code="XLA103",
+    code=CHOICE_CODE,
     name="cuda-if-available",
     summary='`"cuda" if torch.cuda.is_available() else "cpu"`: use the XLA device',
     why=(

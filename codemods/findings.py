@@ -32,6 +32,10 @@ SILENCED_KEY = "xlaport.silenced"
 # because the code they would switch on holds CUDA that no rule converted
 # (codemods/analysis/switches.py; reported as KEPT_SWITCH_CODE)
 KEPT_SWITCHES_KEY = "xlaport.kept_switches"
+# the spans of lines the kept tests decide: a device chosen there by a test
+# (CHOICE_CODE) stays as the user wrote it, so the program takes one side
+KEPT_SPANS_KEY = "xlaport.kept_spans"
+CHOICE_CODE = "XLA103"
 KEPT_SWITCH_CODE = "XLA118"
 # the rules whose rewrites of a CUDA test change which code runs
 SWITCH_CODES = frozenset({"XLA104", "XLA105", "XLA109"})
@@ -96,6 +100,8 @@ class Reports:
         """
         if fix and code in SWITCH_CODES and self._kept_switch(node, code):
             return False
+        if fix and code == CHOICE_CODE and self._in_kept_span(node):
+            return False
         if not self.enabled(code):
             if self.context.scratch.get(SILENCED_KEY) is not None:
                 self.context.scratch[SILENCED_KEY].add(self.user_line(self.position(node)[0]))
@@ -139,6 +145,14 @@ class Reports:
             self._unplaced.append((finding, node, ()))
             self.context.scratch.setdefault(FINDINGS_KEY, []).append(finding)
         return True
+
+    def _in_kept_span(self, node: cst.CSTNode) -> bool:
+        """``node`` starts on a line a kept CUDA test decides."""
+        spans = self.context.scratch.get(KEPT_SPANS_KEY)
+        if not spans:
+            return False
+        line = self.user_line(self.position(node)[0])
+        return any(first <= line <= last for first, last in spans)  # type: ignore[union-attr]
 
     def _in_changed_lines(self, node: cst.CSTNode) -> bool:
         """``--diff-base``: is the line a finding would point at (where the

@@ -83,17 +83,21 @@ SWITCH_KEPT = Rule(
         "`\"xla\"`) switches on the code behind it: everything the test decides -- its `if` and conditional "
         "expressions, and the tests that read a flag, an alias or a function result made from it. On a host "
         "without CUDA the original took the other side and ran; if the side switched on still holds CUDA code "
-        "that xlaport could not convert (a legacy `torch.cuda.FloatTensor`, `nn.DataParallel`, a stream), the "
-        "conversion would fail where the original ran. So such a test is left as it was, and reported on its "
-        "line with the construct that keeps it: convert that construct by hand, then the test."
+        "that xlaport could not convert (a legacy `torch.cuda.FloatTensor` type test, a stream, a sparse tensor), "
+        "the conversion would fail where the original ran. So such a test is left as it was, and reported on its "
+        "line with the construct that keeps it: convert that construct by hand, then the test. Where the kept "
+        "test chooses the device, the same question asked elsewhere in the module is kept as well: answered "
+        "otherwise there, the program would run partly on XLA, partly on the CPU."
     ),
     before=(
-        "import torch\n\nuse_gpu = torch.cuda.is_available()\nif use_gpu:\n"
-        "    model = torch.nn.DataParallel(model)\n"
+        "import torch\n\nuse_gpu = torch.cuda.is_available()\n"
+        "Tensor = torch.cuda.FloatTensor if use_gpu else torch.FloatTensor\nok = isinstance(x, Tensor)\n"
     ),
     after=None,
-    valid=("import torch\n\nif torch.cuda.is_available():\n    model.cuda()\n",),
-    requires=tuple(sorted(SWITCH_CODES)) + ("XLA101",),
+    valid=("import torch\n\nif torch.cuda.is_available():\n    model.cuda()\n",
+           # DataParallel runs without CUDA (it calls its module): the test is rewritten
+           "import torch\n\nif torch.cuda.is_available():\n    model = torch.nn.DataParallel(model)\n"),
+    requires=tuple(sorted(SWITCH_CODES)) + ("XLA101", "XLA119"),
 )
 
 _STOPS = {"exit", "quit", "abort", "_exit"}

@@ -9,15 +9,16 @@ their own positions shift when an earlier rule inserts or removes lines).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
 from codemods import registry
 from codemods.analysis.cuda import count_references
-from codemods.analysis.switches import decided_spans
+from codemods.analysis.switches import Span, availability_tests, decided_spans
 from codemods.base import (
     FINDINGS_KEY,
+    KEPT_SPANS_KEY,
     KEPT_SWITCHES_KEY,
     OPTIONS_KEY,
     ORIGINAL_LINE_KEY,
@@ -149,12 +150,14 @@ def transform(source: bytes, settings: Settings, filename: str = "",
     still holds CUDA after conversion (:func:`_switches_to_keep`), the
     file is converted again with that test kept as it was (XLA118)."""
     kept: Dict[int, str] = {}
+    decided: Set[Span] = set()  # the lines the kept tests decide
     while True:
-        outcome, left = _convert(source, settings, filename, triggered, imports_later, kept)
-        more = _switches_to_keep(source, outcome.findings, left, kept)
+        outcome, left = _convert(source, settings, filename, triggered, imports_later, kept, sorted(decided))
+        more, spans = _switches_to_keep(source, outcome.findings, left, kept)
         if not more or len(kept) > 50:
             break
         kept.update(more)
+        decided.update(span for line in kept for span in spans.get(line, ()))
     findings = _without_repeats(outcome.findings)
     findings.sort(key=lambda f: (f.line, f.col, f.code))
     outcome.findings = findings
@@ -170,24 +173,33 @@ def keep_final_newline(source: bytes, code: bytes) -> bytes:
     return code
 
 
+# rewrites that put tensors or modules on the XLA device: `.cuda()`, a "cuda" device, a device choice,
+# the accelerator's device
+DEVICE_CODES = frozenset({"XLA101", "XLA102", "XLA103", "XLA114"})
+
+
 def _switches_to_keep(source: bytes, findings: List[Finding], left: List[Tuple[int, str]],
-                      kept: Dict[int, str]) -> Dict[int, str]:
+                      kept: Dict[int, str]) -> Tuple[Dict[int, str], Dict[int, List[Span]]]:
     """The lines of rewritten CUDA tests whose decided code (see
     ``codemods.analysis.switches``) holds CUDA left by the conversion
-    (``left``: its lines and labels), each with the reason to keep it."""
+    (``left``: its lines and labels), each with the reason to keep it; and
+    with them the rewritten tests that ask the same question as a kept one
+    that chooses a device (``torch.cuda.is_available()`` in another
+    function: the program must not run half on XLA, half on the CPU).  Also the spans each test decides."""
     switched = {f.line for f in findings if f.fix and f.code in SWITCH_CODES} - set(kept)
     if not switched:
-        return {}
+        return {}, {}
     # CUDA left over, and what fails on XLA itself (sparse tensors, share_memory), keep a test
     left = [(line, f"`{label.replace('torch.', '', 1) if label.startswith('torch.') else label}`")
             for line, label in left] + [(f.line, f.message.split(":")[0]) for f in findings
                                         if f.code == XLA_CANNOT.code]
     if not left:
-        return {}
+        return {}, {}
     tree = parse(source)
     cache = TreeCache(tree, source, _text_of(source, tree))
     try:
         spans = decided_spans(cache, lambda n: cache.import_qualnames(n) or set())
+        questions = availability_tests(cache, lambda n: cache.import_qualnames(n) or set())
     finally:
         cache.release()
     more: Dict[int, str] = {}
@@ -199,14 +211,29 @@ def _switches_to_keep(source: bytes, findings: List[Finding], left: List[Tuple[i
             others = f" (and {len(blockers) - 1} more)" if len(blockers) > 1 else ""
             more[line] = (f"CUDA test kept as it is: on XLA it would switch on {what} (line {at}){others}, which "
                           "xlaport does not convert or XLA cannot run; convert that by hand, then this test")
-    return more
+    # a kept test that chooses a device (a device rewritten in what it decides) keeps the tests that ask
+    # the same question: the rest of the program must choose the same device
+    moved = [f.line for f in findings if f.fix and f.code in DEVICE_CODES]
+    asked = {}
+    for line in sorted({**kept, **more}):
+        if any(first <= at <= last for first, last in spans.get(line, ()) for at in moved):
+            asked.setdefault(questions.get(line), line)
+    asked.pop(None, None)
+    for line in sorted(switched - set(more)):
+        first = asked.get(questions.get(line))
+        if first is not None:
+            more[line] = (f"CUDA test kept as it is: it asks what the test at line {first} asks, which is kept; "
+                          "answered otherwise here, the program would run partly on XLA, partly on the CPU")
+    return more, spans
 
 
 def _convert(source: bytes, settings: Settings, filename: str, triggered: Optional[Sequence[registry.CodemodInfo]],
-             imports_later: bool, kept: Dict[int, str]) -> Tuple[Outcome, List[Tuple[int, str]]]:
+             imports_later: bool, kept: Dict[int, str],
+             decided: Sequence[Span] = ()) -> Tuple[Outcome, List[Tuple[int, str]]]:
     """One conversion of ``source`` with the CUDA tests on the lines of
-    ``kept`` left as they are; also the lines and labels of the CUDA left in
-    it that fails without CUDA (only where a rule rewrote a CUDA test)."""
+    ``kept`` left as they are, and the device choices in the lines they
+    decide (``decided``); also the lines and labels of the CUDA left in it
+    that fails without CUDA (only where a rule rewrote a CUDA test)."""
     settings = settings.for_file(filename, source)
     codes = settings.selected_codes()
     codemods = applicable(source, settings, codes, triggered, filename)
@@ -235,6 +262,7 @@ def _convert(source: bytes, settings: Settings, filename: str, triggered: Option
             OPTIONS_KEY: dict(settings.options),
             FINDINGS_KEY: [],
             KEPT_SWITCHES_KEY: kept,
+            KEPT_SPANS_KEY: list(decided),
         },
     )
     if CudaCatchAll in codemods and len(codes) < len(registry.selected_codes(None, ())):

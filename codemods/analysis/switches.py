@@ -30,6 +30,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
+from codemods.analysis.cuda import AVAILABILITY
 from codemods.analysis.guards import guards
 from codemods.syntax.tree import TreeCache, call_name, dotted, string_value, walk
 
@@ -175,4 +176,22 @@ def decided_spans(tree: TreeCache, qualnames) -> Dict[int, List[Span]]:  # type:
     return spans
 
 
-__all__ = ["Switches", "decided_spans"]
+def availability_tests(tree: TreeCache, qualnames) -> Dict[int, str]:  # type: ignore[no-untyped-def]
+    """Line of each CUDA test that asks whether an accelerator is there ->
+    the question (``torch.cuda.is_available()`` and
+    ``torch.accelerator.is_available()`` ask the same one on a CUDA host):
+    the same answer wherever the program asks it."""
+    calls = [t for t in Switches(tree, qualnames).tests() if isinstance(t, cst.Call)]
+    positions = tree.start_positions(calls)
+    found: Dict[int, str] = {}
+    for call in calls:
+        names = qualnames(call.func) & AVAILABILITY  # type: ignore[attr-defined]
+        if names and id(call) in positions:
+            name = min(names)
+            found[positions[id(call)][0]] = "accelerator" if name in _SAME_AS_CUDA else name
+    return found
+
+
+_SAME_AS_CUDA = {"torch.cuda.is_available", "torch.accelerator.is_available"}
+
+__all__ = ["Switches", "availability_tests", "decided_spans"]
