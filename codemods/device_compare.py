@@ -51,10 +51,12 @@ class DeviceComparisons(XlaCodemod):
                 if string_value(op) == "cuda" and len(operands) == 2 and _is_device_type(others[0]):
                     # `x.device.type == "cuda"`: the device's type (the
                     # CUDA-only sides of such tests are gone: XLA116)
-                    if self.flag(node, CUDA_COMPARE.code, '`.type == "cuda"` -> `.type == "xla"`: the XLA '
-                                 "device takes the side the GPU took", fix=True):
+                    # (the target's device type: "xla", "tpu" -- or "cpu" for verify's CPU reference)
+                    kind = self.target.device_string
+                    if self.flag(node, CUDA_COMPARE.code, f'`.type == "cuda"` -> `.type == "{kind}"`: the '
+                                 'device takes the side the GPU took', fix=True):
                         return _replace_operand(updated_node, operands.index(op),
-                                                cst.SimpleString(op.value[0] + "xla" + op.value[0]))  # type: ignore[attr-defined]
+                                                cst.SimpleString(op.value[0] + kind + op.value[0]))  # type: ignore[attr-defined]
                     return updated_node
                 self.flag(
                     node,

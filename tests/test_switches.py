@@ -390,3 +390,13 @@ def test_the_program_with_one_question_kept_runs_where_the_original_ran(tmp_path
     converted = _run(converted_file, tmp_path / "converted", {"PJRT_DEVICE": "CPU"})
     assert converted.returncode == 0, converted.stderr[-3000:]
     assert converted.stdout == original.stdout
+
+
+@pytest.mark.parametrize("target, kind", [("torch_xla-2.9", "xla"), ("cpu", "cpu"), ("torchtpu", "tpu")])
+def test_a_device_type_compared_with_cuda_is_compared_with_the_targets(target, kind):
+    """verify's CPU reference of pytorch/examples' imagenet compared with
+    "xla" and so skipped the GPU's side (its DataParallel) that the
+    conversion took: every state-dict key differed."""
+    source = "import torch\n\ndevice = torch.device('cpu')\nif device.type == 'cuda':\n    model = wrap(model)\n"
+    out, findings = convert_text(source, select=["XLA104"], target=target)
+    assert f"if device.type == '{kind}':" in out
