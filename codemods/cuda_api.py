@@ -85,7 +85,9 @@ NO_OP = Rule(
         "allow_tf32) act on CUDA's allocator and libraries, which an XLA program does not use: "
         "the XLA runtime manages memory and picks its own kernels. TF32 has no TPU meaning either "
         "(f32 matmuls there use bf16 passes by default; `torch_xla.backends.set_mat_mul_precision` "
-        "changes that). The statements are removed (a block left empty gets `pass`)."
+        "changes that). The statements are removed (a block left empty gets `pass`). `with "
+        "torch.cuda.device(i):` (a no-op for a negative `i`, as programs pass it without CUDA) becomes "
+        "`with contextlib.nullcontext():` -- a process has one XLA device."
     ),
     before=(
         "import torch\n\ntorch.backends.cudnn.benchmark = True\n"

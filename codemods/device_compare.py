@@ -54,7 +54,7 @@ class DeviceComparisons(XlaCodemod):
                     # (the target's device type: "xla", "tpu" -- or "cpu" for verify's CPU reference)
                     kind = self.target.device_string
                     if self.flag(node, CUDA_COMPARE.code, f'`.type == "cuda"` -> `.type == "{kind}"`: the '
-                                 'device takes the side the GPU took', fix=True):
+                                 f'{kind.upper()} device takes the side the GPU took', fix=True):
                         return _replace_operand(updated_node, operands.index(op),
                                                 cst.SimpleString(op.value[0] + kind + op.value[0]))  # type: ignore[attr-defined]
                     return updated_node

@@ -46,6 +46,11 @@ _XR = (("torch_xla.runtime", None, "xr"),)
 # that is not in the table is reported by the CUDA catch-all (XLA199).
 _NO_MEANING = "no meaning on XLA: the runtime manages device memory and placement"
 _NO_COUNTERPART = "no XLA counterpart"
+# `with torch.cuda.device(i):` makes CUDA device i current (a no-op for a negative i, which a program
+# takes on a host without CUDA: SimCLR's `gpu_index = -1`); a process has one XLA, TPU or CPU device
+_DEVICE_CONTEXTS = {name: Move("expr", "contextlib.nullcontext()", (("contextlib", None, None),),
+                               why="one device per process: nothing to make current")
+                    for name in ("torch.cuda.device", "torch.cuda.device_of")}
 XLA_CUDA_API: Dict[str, Move] = {
     "torch.cuda.synchronize": Move("expr", "torch_xla.sync(wait=True)", _XLA),
     "torch.accelerator.synchronize": Move("expr", "torch_xla.sync(wait=True)", _XLA),
@@ -59,6 +64,7 @@ XLA_CUDA_API: Dict[str, Move] = {
     "torch.cuda.reset_accumulated_memory_stats": Move("drop", why=_NO_MEANING),
     "torch.cuda.manual_seed": Move("call", "torch_xla.manual_seed", _XLA),
     "torch.cuda.manual_seed_all": Move("call", "torch_xla.manual_seed", _XLA),
+    **_DEVICE_CONTEXTS,
     "torch.cuda.is_available": Move("expr", "True"),
     "torch.accelerator.is_available": Move("expr", "True"),
     "torch.cuda.is_bf16_supported": Move("expr", "True"),
@@ -87,6 +93,7 @@ CPU_CUDA_API: Dict[str, Move] = {
     **{name: move for name, move in XLA_CUDA_API.items() if move.kind == "drop"},
     "torch.cuda.manual_seed": Move("call", "torch.manual_seed"),
     "torch.cuda.manual_seed_all": Move("call", "torch.manual_seed"),
+    **_DEVICE_CONTEXTS,
     "torch.cuda.is_available": Move("expr", "True"),
     "torch.accelerator.is_available": Move("expr", "True"),
     "torch.cuda.is_bf16_supported": Move("expr", "True"),
@@ -267,6 +274,7 @@ def _torchtpu_cuda_api() -> Dict[str, Move]:
     table["torch.cuda.manual_seed"] = Move("call", "torch.manual_seed", why=seeded)
     table["torch.cuda.manual_seed_all"] = Move("call", "torch.manual_seed", why=seeded)
     table["torch.cuda.is_bf16_supported"] = Move("expr", "True")
+    table.update(_DEVICE_CONTEXTS)
     for name in ("get_device_name", "get_device_properties", "get_device_capability", "get_arch_list"):
         table[f"torch.cuda.{name}"] = Move("report", why="no device-generic counterpart: `torch.tpu.get_device_name()` "
                                                         "and `get_device_properties()` are TorchTPU's (experimental)")

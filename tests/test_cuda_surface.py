@@ -125,6 +125,17 @@ def test_cpu_target_neutralises_cuda_only_calls():
     assert "torch_xla" not in out
 
 
+@pytest.mark.parametrize("target", ["torch_xla-2.9", "cpu", "torchtpu"])
+def test_a_cuda_device_context_becomes_a_null_context(target):
+    """SimCLR's `with torch.cuda.device(args.gpu_index):` -- a no-op where
+    its CUDA test set the index to -1, a CUDA initialisation (and a crash)
+    once the test is true on XLA."""
+    source = "import torch\n\nwith torch.cuda.device(args.gpu_index):\n    train()\n"
+    out, findings = convert_text(source, target=target)
+    assert "with contextlib.nullcontext():\n    train()" in out and "import contextlib" in out
+    assert [f.code for f in findings if f.fix] == ["XLA112"]
+
+
 # ------------------------------------------------------------------ on XLA
 
 needs_xla = pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla not installed")
