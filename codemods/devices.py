@@ -206,15 +206,17 @@ class DeviceSwap(XlaCodemod):
                     return self._device()
                 return updated_node
 
-        # .to("cuda", ...) first positional
+        # .to("cuda", ...) / torch.set_default_device("cuda"): the first positional
         if (
-            isinstance(func, cst.Attribute)
-            and func.attr.value == "to"
+            ((isinstance(func, cst.Attribute) and func.attr.value == "to")
+             or self.is_qualname(func, "torch.set_default_device"))
             and original_node.args
             and original_node.args[0].keyword is None
             and is_cuda_literal(original_node.args[0].value)
         ):
-            if self.flag(original_node.args[0].value, CUDA_LITERAL.code, '`.to("cuda")` -> `.to(<XLA device>)`', fix=True):
+            said = "`.to(\"cuda\")` -> `.to(<XLA device>)`" if isinstance(func, cst.Attribute) and func.attr.value == "to" \
+                else "`set_default_device(\"cuda\")` -> `set_default_device(<XLA device>)`"
+            if self.flag(original_node.args[0].value, CUDA_LITERAL.code, said, fix=True):
                 args = list(updated_node.args)
                 args[0] = args[0].with_changes(value=self._device())
                 return updated_node.with_changes(args=args)

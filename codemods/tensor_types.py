@@ -10,7 +10,9 @@ no legacy type objects.  What each use means is a dtype and a device:
   legacy constructor leaves the values unset, as ``torch.empty`` does);
 * ``T(data)`` (a list, a tuple, an array made by a call) ->
   ``torch.tensor(data, dtype=D, device=DEV)``;
-* ``x.type(T)`` -> ``x.to(device=DEV, dtype=D)``.
+* ``x.type(T)`` -> ``x.to(device=DEV, dtype=D)``;
+* ``torch.set_default_tensor_type("torch.cuda.FloatTensor")`` ->
+  ``torch.set_default_device(DEV)`` (float32 being the default dtype).
 
 ``DEV`` is the XLA device for a CUDA type, and for an alias chosen by a
 condition it follows that condition (``DEV if cuda else "cpu"``), so a user's
@@ -29,7 +31,7 @@ from typing import Dict, List, Optional, Set, Tuple
 import libcst as cst
 
 from codemods.analysis.cuda import AVAILABILITY
-from codemods.base import Rule, XlaCodemod, dotted
+from codemods.base import Rule, XlaCodemod, dotted, string_value
 from codemods.syntax.edits import DropsStatements
 from codemods.syntax.nodes import comma_separated, keyword_arg
 
@@ -48,7 +50,9 @@ TENSOR_TYPE = Rule(
         "with sizes becomes `torch.empty(..., dtype=, device=)`, one with data `torch.tensor(...)`, and "
         "`x.type(T)` becomes `x.to(device=, dtype=)`. An alias's device follows the condition that chose it, "
         "so a CPU choice stays CPU; the alias goes once all its uses are converted. Uses xlaport cannot read "
-        "(`isinstance`, an argument that may be a size or data) are left and reported."
+        "(`isinstance`, an argument that may be a size or data) are left and reported. "
+        "`torch.set_default_tensor_type(\"torch.cuda.FloatTensor\")` becomes `torch.set_default_device(<device>)` "
+        "(float32 is the default dtype); another CUDA default type is left, and reported."
     ),
     before=(
         "import torch\n\ncuda = torch.cuda.is_available()\n"
@@ -95,7 +99,8 @@ class TensorTypes(DropsStatements, XlaCodemod):
                 self._types[id(n)] = found
         self._alias_of: Dict[int, _Alias] = {}
         self._aliases = self._find_aliases(tree) if self._types else {}
-        return tree.statements_where(lambda n: n.value in LEGACY_TYPES or n.value in self._aliases, (cst.Name,))
+        return tree.statements_where(lambda n: n.value in LEGACY_TYPES or n.value in self._aliases
+                                     or n.value == "set_default_tensor_type", (cst.Name,))
 
     def _legacy(self, node: cst.CSTNode) -> Optional[Tuple[str, bool]]:
         if isinstance(node, cst.Name) and node.value not in LEGACY_TYPES and node.value != "Tensor":
@@ -200,6 +205,8 @@ class TensorTypes(DropsStatements, XlaCodemod):
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         func = original_node.func
+        if "torch.set_default_tensor_type" in (self.tree.import_qualnames(func) or ()):
+            return self._default_type(original_node, updated_node)
         if self._use(func) == "new":
             kind = self._kind(func)
             if kind is None or not self.flag(original_node, TENSOR_TYPE.code, f"`{dotted(func)}(...)` -> a "
@@ -219,6 +226,21 @@ class TensorTypes(DropsStatements, XlaCodemod):
             return updated_node.with_changes(func=updated_node.func.with_changes(attr=cst.Name("to")),  # type: ignore[attr-defined]
                                              args=comma_separated(extra))
         return updated_node
+
+    def _default_type(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        """``torch.set_default_tensor_type("torch.cuda.FloatTensor")`` (or the
+        type itself) -> ``torch.set_default_device(DEV)``: float32 is the
+        default dtype already; other CUDA types are left (the catch-all
+        reports them, and a CUDA test that switches them on is kept)."""
+        arg = original.args[0].value if len(original.args) == 1 and original.args[0].keyword is None else None
+        named = string_value(arg) if arg is not None else None
+        kind = self._types.get(id(arg)) if arg is not None else None
+        if named != "torch.cuda.FloatTensor" and kind != ("float32", True):
+            return updated
+        if not self.flag(original, TENSOR_TYPE.code, "`set_default_tensor_type(torch.cuda.FloatTensor)` -> "
+                         "`set_default_device(<device>)` (float32 is the default dtype)", fix=True):
+            return updated
+        return cst.Call(func=cst.parse_expression("torch.set_default_device"), args=[cst.Arg(self._device())])
 
     def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
         """An alias whose every use was converted goes."""

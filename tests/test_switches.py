@@ -400,3 +400,42 @@ def test_a_device_type_compared_with_cuda_is_compared_with_the_targets(target, k
     source = "import torch\n\ndevice = torch.device('cpu')\nif device.type == 'cuda':\n    model = wrap(model)\n"
     out, findings = convert_text(source, select=["XLA104"], target=target)
     assert f"if device.type == '{kind}':" in out
+
+
+# -- the default tensor type and device ---------------------------------------------------------
+
+DEFAULTS = '''\
+import torch
+
+if torch.cuda.is_available():
+    torch.set_default_tensor_type('torch.cuda.FloatTensor')
+x = torch.randn(3)
+torch.set_default_device("cuda")
+print(x.device.type, torch.ones(2).device.type)
+'''
+
+
+def test_a_cuda_default_tensor_type_and_device_become_the_xla_device():
+    """Before: the test was rewritten around a string no rule read, and the
+    conversion failed where the original ran ("Found no NVIDIA driver")."""
+    out, findings = convert_text(DEFAULTS)
+    assert "    torch.set_default_device(torch_xla.device())\n" in out
+    assert 'torch.set_default_device("cuda")' not in out and out.count("set_default_device(torch_xla.device())") == 2
+    assert [f.code for f in findings if f.fix] == ["XLA105", "XLA119", "XLA102"]
+
+
+def test_another_cuda_default_tensor_type_keeps_its_test():
+    source = "import torch\n\nif torch.cuda.is_available():\n    torch.set_default_tensor_type('torch.cuda.DoubleTensor')\n"
+    out, findings = convert_text(source)
+    assert out == source
+    assert "`cuda.DoubleTensor` (line 4)" in [f.message for f in findings if f.code == "XLA118"][0]
+
+
+@pytest.mark.xla
+@pytest.mark.skipif(not HAVE_XLA, reason="needs torch_xla (make setup)")
+def test_the_default_device_program_runs_on_xla(tmp_path):
+    converted = tmp_path / "converted.py"
+    converted.write_text(convert_text(DEFAULTS)[0])
+    done = _run(converted, tmp_path / "run", {"PJRT_DEVICE": "CPU"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == "xla xla\n"

@@ -41,6 +41,7 @@ from codemods.analysis.prefilter import (
 from codemods.syntax.tree import TreeCache, dotted, node_types, string_value, walk
 
 CUDA_STRING_RE = re.compile(r"^cuda(:\d+)?$")
+_CUDA_TYPE_NAME = re.compile(r"^torch\.cuda\.[A-Za-z0-9]*Tensor$")  # a legacy type named by a string
 HOST_DEVICES = {"cpu", "mps"}
 CUDA_MODULES = ("torch.cuda", "torch.backends.cudnn", "torch.backends.cuda")
 GRAD_SCALERS = {"torch.cuda.amp.GradScaler", "torch.amp.GradScaler", "torch.cuda.amp.grad_scaler.GradScaler",
@@ -170,6 +171,8 @@ def cuda_references(tree: TreeCache, qualnames: QualNames) -> List[Tuple[cst.CST
                 found.append((n, '"cuda"'))
             elif string_value(n) == "nccl":
                 found.append((n, '"nccl"'))
+            elif _CUDA_TYPE_NAME.match(string_value(n) or ""):  # set_default_tensor_type("torch.cuda.X")
+                found.append((n, string_value(n)))  # type: ignore[arg-type]
         elif kind is cst.Arg and n.keyword is not None:
             key = n.keyword.value
             if key in ("device_ids", "output_device"):
