@@ -100,8 +100,9 @@ class Reports:
         """
         if fix and code in SWITCH_CODES and self._kept_switch(node, code):
             return False
-        if fix and code == CHOICE_CODE and self._in_kept_span(node):
-            return False
+        if fix and (code == CHOICE_CODE or (code in SWITCH_CODES and isinstance(node, cst.IfExp))) \
+                and self._in_kept_span(node):
+            return False  # a device chosen by a kept test (`"cuda" if cuda else "cpu"`) stays as written
         if not self.enabled(code):
             if self.context.scratch.get(SILENCED_KEY) is not None:
                 self.context.scratch[SILENCED_KEY].add(self.user_line(self.position(node)[0]))
@@ -147,11 +148,16 @@ class Reports:
         return True
 
     def _in_kept_span(self, node: cst.CSTNode) -> bool:
-        """``node`` starts on a line a kept CUDA test decides."""
+        """``node`` starts on a line a kept CUDA test decides, and is not
+        that test's own choice (``device = "cuda" if torch.cuda.is_available()
+        else "cpu"`` is the device itself: it goes to XLA whatever else the
+        test decides)."""
         spans = self.context.scratch.get(KEPT_SPANS_KEY)
         if not spans:
             return False
         line = self.user_line(self.position(node)[0])
+        if line in (self.context.scratch.get(KEPT_SWITCHES_KEY) or {}):
+            return False
         return any(first <= line <= last for first, last in spans)  # type: ignore[union-attr]
 
     def _in_changed_lines(self, node: cst.CSTNode) -> bool:

@@ -37,7 +37,9 @@ CUDA_ONLY_BRANCH = Rule(
         "them is converted. Code that needs CUDA itself has no XLA form: `fused=True` optimizers raise on XLA "
         "tensors, `torch.cuda.get_device_properties()` raises without a GPU, apex or flash-attn cannot load. "
         "Such a side is removed and the other side kept, which is what the program does on a host without "
-        "CUDA; the decision is made for each test, so a flag that also chooses the device still does that."
+        "CUDA; the decision is made for each test, so a flag that also chooses the device still does that. "
+        "The same holds for what runs only by `and`/`or` (`half = cuda and "
+        "torch.cuda.get_device_capability()[0] >= 7` becomes `half = False`)."
     ),
     before=(
         "import torch\n\nuse_fused = fused_available and device_type == \"cuda\"\n"
@@ -112,8 +114,9 @@ class CudaGuards(DropsStatements, XlaCodemod):
 
     def regions(self, tree):
         facts = guards(tree, self.qualnames)
-        return [tree.statement_of(n) for n in tree.nodes((cst.If, cst.IfExp, cst.Assert))
-                if facts.tests_cuda(n.test)]  # type: ignore[attr-defined]
+        tested = [n for n in tree.nodes((cst.If, cst.IfExp, cst.Assert)) if facts.tests_cuda(n.test)]  # type: ignore[attr-defined]
+        tested += [n for n in tree.nodes((cst.BooleanOperation,)) if facts.tests_cuda(n.left)]  # type: ignore[attr-defined]
+        return list({id(s): s for s in (tree.statement_of(n) for n in tested)}.values())
 
     def _facts(self):  # type: ignore[no-untyped-def]
         return guards(self.tree, self.qualnames)
@@ -141,6 +144,28 @@ class CudaGuards(DropsStatements, XlaCodemod):
             return updated_node.with_changes(test=rest)
         kept = updated_node.body if value else updated_node.orelse
         return kept.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar) if updated_node.lpar else kept
+
+    def leave_BooleanOperation(self, original_node: cst.BooleanOperation,
+                               updated_node: cst.BooleanOperation) -> cst.BaseExpression:
+        """``cuda and <only CUDA has it>`` (``half = use_gpu and
+        torch.cuda.get_device_capability()[0] >= 7``): its right side runs
+        only on CUDA; XLA takes what a host without CUDA gets, the left
+        side's value there."""
+        facts = self._facts()
+        if not facts.tests_cuda(original_node.left):
+            return updated_node
+        conjunction = isinstance(original_node.operator, cst.And)
+        on_cuda, _ = facts.fold(original_node.left, on_cuda=True)
+        off, _ = facts.fold(updated_node.left, on_cuda=False)
+        # the right side never runs without CUDA (`and` after a false left side, `or` after a true one), and
+        # may run with it (the left side may hold more than the test: `flag and cuda and <CUDA's>`)
+        if off is None or bool(off) == conjunction or (on_cuda is not None and bool(on_cuda) != conjunction):
+            return updated_node
+        why = cuda_only(original_node.right, self.qualnames, self.target.cuda_api)
+        if why is None or not self.flag(original_node, CUDA_ONLY_BRANCH.code, f"the CUDA side uses {why}, which "
+                                        "XLA does not have: the other side is kept", fix=True):
+            return updated_node
+        return cst.Name("True" if off else "False", lpar=updated_node.lpar, rpar=updated_node.rpar)
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If):  # type: ignore[no-untyped-def]
         facts = self._facts()

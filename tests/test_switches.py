@@ -439,3 +439,46 @@ def test_the_default_device_program_runs_on_xla(tmp_path):
     done = _run(converted, tmp_path / "run", {"PJRT_DEVICE": "CPU"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout == "xla xla\n"
+
+
+# -- what runs by `and` / `or` ------------------------------------------------------------------
+
+SHORT_CIRCUIT = '''\
+import torch
+
+use_gpu = torch.cuda.is_available()
+half = use_gpu and torch.cuda.get_device_capability()[0] >= 7
+full = not use_gpu or torch.cuda.get_device_capability()[0] < 7
+dtype = torch.float16 if half else torch.float32
+x = torch.arange(4, dtype=dtype, device="cuda" if use_gpu else "cpu")
+print(x.sum().item(), half, full)
+'''
+
+
+def test_the_right_side_of_and_that_only_cuda_has_goes_and_the_test_is_rewritten():
+    """Before: the flag became True and `get_device_capability()` ran on XLA
+    ("Found no NVIDIA driver"), where the original never called it."""
+    out, findings = convert_text(SHORT_CIRCUIT)
+    assert "half = False\nfull = True\n" in out and "use_gpu = True" in out
+    assert [f.line for f in findings if f.code == "XLA116"] == [4, 5]
+
+
+def test_a_right_side_xla_cannot_run_keeps_the_test():
+    source = "import torch\n\nuse_gpu = torch.cuda.is_available()\nsparse = use_gpu and adj.to_sparse()\n"
+    out, findings = convert_text(source)
+    assert "use_gpu = torch.cuda.is_available()" in out
+    assert "`.to_sparse()` (line 4)" in [f.message for f in findings if f.code == "XLA118"][0]
+
+
+@pytest.mark.xla
+@pytest.mark.skipif(not HAVE_XLA, reason="needs torch_xla (make setup)")
+def test_the_short_circuit_program_runs_on_xla_as_on_the_cpu(tmp_path):
+    source = tmp_path / "short.py"
+    source.write_text(SHORT_CIRCUIT)
+    original = _run(source, tmp_path / "original", {"CUDA_VISIBLE_DEVICES": ""})
+    assert original.returncode == 0, original.stderr[-3000:]
+    converted = tmp_path / "converted.py"
+    converted.write_text(convert_text(SHORT_CIRCUIT)[0])
+    done = _run(converted, tmp_path / "run", {"PJRT_DEVICE": "CPU"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == original.stdout == "6.0 False True\n"

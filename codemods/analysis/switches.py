@@ -10,7 +10,9 @@ decides, following the value wherever the module carries it:
 
 * the test of an ``if``/``while``/conditional expression: that statement or
   expression, both sides (``not`` and ``else`` make either side the CUDA one);
-* ``and``/``or``/``not`` around it: the test that holds the whole;
+* ``and``/``or``/``not`` around it: the test that holds the whole; and
+  where it is the left side of ``and``/``or``, that operation (its right
+  side runs by the test's value: ``half = cuda and capability() >= 7``);
 * a name assigned from it (``cuda = True if ... else False``, ``args.cuda =
   not args.no_cuda and ...``, ``Tensor = torch.cuda.FloatTensor if cuda else
   ...``): every test that reads that name in its scope, and names assigned
@@ -83,6 +85,8 @@ class Switches:
                 return []
             if kind is cst.IfExp and child is up.test:  # type: ignore[attr-defined]
                 out.append(up)  # ... and its value flows on
+            elif kind is cst.BooleanOperation and child is up.left:  # type: ignore[attr-defined]
+                out.append(up)  # `cuda and <only run on CUDA>`: the right side runs by it (its value flows on)
             elif kind is cst.Assert:
                 return []
             elif kind in _ASSIGNS and child is getattr(up, "value", None):
