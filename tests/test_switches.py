@@ -381,15 +381,22 @@ def test_data_parallel_does_not_keep_a_test():
 @pytest.mark.xla
 @pytest.mark.skipif(not HAVE_XLA, reason="needs torch_xla (make setup)")
 def test_the_program_with_one_question_kept_runs_where_the_original_ran(tmp_path):
-    source = tmp_path / "halves.py"
-    source.write_text(HALVES)
-    original = _run(source, tmp_path / "original", {"CUDA_VISIBLE_DEVICES": ""})
-    assert original.returncode == 0, original.stderr[-3000:]
-    converted_file = tmp_path / "converted.py"
-    converted_file.write_text(convert_text(HALVES)[0])
-    converted = _run(converted_file, tmp_path / "converted", {"PJRT_DEVICE": "CPU"})
-    assert converted.returncode == 0, converted.stderr[-3000:]
-    assert converted.stdout == original.stdout
+    original, converted = _original_and_conversion(HALVES, tmp_path)
+    assert converted == original
+
+
+def _original_and_conversion(text: str, tmp_path: Path):
+    """What the program printed: on the CPU as written (no CUDA), and
+    converted, on XLA's CPU backend; each must exit 0."""
+    source, converted = tmp_path / "original.py", tmp_path / "converted.py"
+    source.write_text(text)
+    converted.write_text(convert_text(text)[0])
+    out = []
+    for script, env in ((source, {"CUDA_VISIBLE_DEVICES": ""}), (converted, {"PJRT_DEVICE": "CPU"})):
+        done = _run(script, tmp_path / script.stem, env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        out.append(done.stdout)
+    return out
 
 
 @pytest.mark.parametrize("target, kind", [("torch_xla-2.9", "xla"), ("cpu", "cpu"), ("torchtpu", "tpu")])
@@ -473,12 +480,5 @@ def test_a_right_side_xla_cannot_run_keeps_the_test():
 @pytest.mark.xla
 @pytest.mark.skipif(not HAVE_XLA, reason="needs torch_xla (make setup)")
 def test_the_short_circuit_program_runs_on_xla_as_on_the_cpu(tmp_path):
-    source = tmp_path / "short.py"
-    source.write_text(SHORT_CIRCUIT)
-    original = _run(source, tmp_path / "original", {"CUDA_VISIBLE_DEVICES": ""})
-    assert original.returncode == 0, original.stderr[-3000:]
-    converted = tmp_path / "converted.py"
-    converted.write_text(convert_text(SHORT_CIRCUIT)[0])
-    done = _run(converted, tmp_path / "run", {"PJRT_DEVICE": "CPU"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout == original.stdout == "6.0 False True\n"
+    original, converted = _original_and_conversion(SHORT_CIRCUIT, tmp_path)
+    assert converted == original == "6.0 False True\n"
