@@ -11,12 +11,14 @@ first and writes once, from the master process.
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Set
 
 import libcst as cst
 
+from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.values import MODULE, values
 from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all, string_value
+from codemods.syntax.edits import DropsStatements
 
 MAP_LOCATION = Rule(
     code="XLA131",
@@ -25,15 +27,18 @@ MAP_LOCATION = Rule(
     why=(
         "torch.load cannot restore tensors onto an XLA device, and a CUDA `map_location` (a "
         "string, a device, or a lambda calling `.cuda()`) fails on a TPU host. Loading to the CPU "
-        "always works; `load_state_dict` then copies each tensor to its parameter's device."
+        "always works; `load_state_dict` then copies each tensor to its parameter's device. A "
+        "function's `loc = \"cuda:{}\".format(gpu)` made only for that `map_location` goes with it."
     ),
     before=(
         "import torch\n\nckpt = torch.load(path, map_location=device)\nmodel.load_state_dict(ckpt[\"model\"])\n"
-        "opt_state = torch.load(path, map_location=lambda storage, loc: storage.cuda())\n"
+        "opt_state = torch.load(path, map_location=lambda storage, loc: storage.cuda())\n\n\n"
+        "def resume(path, gpu):\n    loc = \"cuda:{}\".format(gpu)\n    return torch.load(path, map_location=loc)\n"
     ),
     after=(
         "import torch\n\nckpt = torch.load(path, map_location=\"cpu\")\nmodel.load_state_dict(ckpt[\"model\"])\n"
-        "opt_state = torch.load(path, map_location=\"cpu\")\n"
+        "opt_state = torch.load(path, map_location=\"cpu\")\n\n\n"
+        "def resume(path, gpu):\n    return torch.load(path, map_location=\"cpu\")\n"
     ),
     valid=("import torch\n\nckpt = torch.load(path, map_location=\"cpu\")\n",),
 )
@@ -60,7 +65,7 @@ XM_SAVE = Rule(
 )
 
 
-class Checkpoints(XlaCodemod):
+class Checkpoints(DropsStatements, XlaCodemod):
     DESCRIPTION = "Load checkpoints to the CPU; save device state with xm.save."
     RESPECTS_HAND_PORTS = True
     RULES = (MAP_LOCATION, XM_SAVE)
@@ -68,7 +73,12 @@ class Checkpoints(XlaCodemod):
     NEEDS = ("torch:load", "torch:save")  # torch.load/torch.save, however imported (see regions)
 
     def regions(self, tree):
-        return tree.statements_where(lambda n: n.value in ("load", "save"), (cst.Name,))
+        found = tree.statements_where(lambda n: n.value in ("load", "save"), (cst.Name,))
+        # and where a name given as a `map_location` is bound (`_drop_location`)
+        locations = [a.value for a in tree.nodes((cst.Arg,)) if isinstance(a.value, cst.Name)  # type: ignore[attr-defined]
+                     and a.keyword is not None and a.keyword.value == "map_location"]  # type: ignore[attr-defined]
+        bound = [tree.statement_of(b) for n in locations for b in binding_nodes(tree, n)]
+        return list({id(s): s for s in found + bound}.values())
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         q = self.qualnames(original_node.func)
@@ -102,6 +112,39 @@ class Checkpoints(XlaCodemod):
                 return cst.Call(func=cst.Attribute(value=loaded, attr=cst.Name("to")),
                                 args=[cst.Arg(chosen if chosen is not None else self.target.device_node())])
         return updated
+
+    def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
+        if id(original_node) in self._locations():
+            self.drop(original_node)
+        return updated_node
+
+    def _locations(self) -> Set[int]:
+        """The assignments ``loc = "cuda:{}".format(gpu)`` made only for a
+        ``map_location`` that becomes ``"cpu"`` (pytorch/examples' imagenet):
+        they go with it -- left, each is a variable assigned and never read
+        (ruff's F841).  Decided before the pass reaches them."""
+        if "_location_assigns" in self.__dict__:
+            return self.__dict__["_location_assigns"]
+        found: Set[int] = set()
+        for arg in self.tree.nodes((cst.Arg,)):
+            name, call = arg.value, self.parent(arg)  # type: ignore[attr-defined]
+            if not (isinstance(name, cst.Name) and arg.keyword is not None  # type: ignore[attr-defined]
+                    and arg.keyword.value == "map_location" and isinstance(call, cst.Call)  # type: ignore[attr-defined]
+                    and self.qualnames(call.func) & {"torch.load", "torch.serialization.load"}
+                    and self.enabled(MAP_LOCATION.code) and not self.is_suppressed(name, MAP_LOCATION.code)):
+                continue
+            bound = binding_nodes(self.tree, name)
+            assign = self.parent(self.parent(bound[0])) if len(bound) == 1 else None
+            if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1
+                    and assign.targets[0].target is bound[0] and _text_only(assign.value)):
+                continue
+            scope = next((a for a in self.ancestors(assign) if isinstance(a, (cst.FunctionDef, cst.Module))), None)
+            reads = [n for n in find_all(scope, cst.Name, stop=(cst.ClassDef,))  # type: ignore[arg-type]
+                     if n.value == name.value and n is not bound[0]]  # type: ignore[attr-defined]
+            if reads == [name] and isinstance(scope, cst.FunctionDef):
+                found.add(id(assign))
+        self.__dict__["_location_assigns"] = found
+        return found
 
     def _loads_a_model(self, call: cst.Call) -> bool:
         """The loaded object is used as a model: called, or asked for what
@@ -159,6 +202,20 @@ class Checkpoints(XlaCodemod):
 
 _MODULE_METHODS = {"eval", "train", "parameters", "named_parameters", "modules", "children", "forward",
                    "half", "float", "bfloat16", "requires_grad_", "zero_grad", "generate"}
+
+
+def _text_only(node: cst.CSTNode) -> bool:
+    """A string made without side effects: a literal, an f-string, ``%`` or
+    ``+`` of such, ``"...".format(...)`` of names and attributes."""
+    if isinstance(node, (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString)):
+        return not any(isinstance(n, cst.Call) for n in find_all(node, cst.Call))
+    if isinstance(node, cst.BinaryOperation):
+        return _text_only(node.left) and isinstance(node.right, (cst.Name, cst.Attribute, cst.Tuple, cst.Integer)) \
+            or (_text_only(node.left) and _text_only(node.right))
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "format":
+        return isinstance(node.func.value, cst.SimpleString) and all(
+            isinstance(a.value, (cst.Name, cst.Attribute)) for a in node.args)
+    return False
 
 
 def _has_state_dict(node: cst.CSTNode) -> bool:

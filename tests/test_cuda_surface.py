@@ -136,6 +136,16 @@ def test_a_cuda_device_context_becomes_a_null_context(target):
     assert [f.code for f in findings if f.fix] == ["XLA112"]
 
 
+def test_a_location_read_elsewhere_or_suppressed_stays():
+    """The `loc` made for a `map_location` goes with it only where nothing
+    else reads it and the rewrite is made (XLA131's own examples drop one)."""
+    source = ('import torch\n\n\ndef resume(path, gpu):\n    loc = "cuda:{}".format(gpu)\n    print(loc)\n'
+              "    return torch.load(path, map_location=loc)\n")
+    assert "    loc = " in convert_text(source)[0]
+    suppressed = source.replace("    print(loc)\n", "").replace("map_location=loc)", "map_location=loc)  # noqa: XLA131")
+    assert "    loc = " in convert_text(suppressed)[0]
+
+
 # ------------------------------------------------------------------ on XLA
 
 needs_xla = pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla not installed")
