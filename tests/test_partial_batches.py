@@ -117,3 +117,23 @@ def test_a_loader_read_for_its_first_batch_only_is_left():
     both = "def main():\n    dl = DataLoader(ds, batch_size=64)\n    x, y = next(iter(dl))\n    for b in dl:\n        f(b)\n"
     assert [line for line, _ in reported(both)] == [6]
     assert [line for line, _ in reported("dl = DataLoader(ds, batch_size=64)\nit = iter(dl)\n")] == [5]
+
+
+def test_verify_ties_the_graph_of_the_last_batch_to_the_loader_lint_reported():
+    """What verify saw on fixtures/partial_batches (`--rows 14 --epochs 2`):
+    a graph compiled once more in each loop and run again the next epoch."""
+    from xlaport.verify.predicted import predicted
+
+    path = str(FIXTURES / "partial_batches" / "input.py")
+    lines = (FIXTURES / "partial_batches" / "input.py").read_text().splitlines()
+    at = {text: next(i for i, line in enumerate(lines, 1) if text in line)
+          for text in ("for inputs, labels in train_loader", "correct += ", "train_loader = DataLoader",
+                       "test_loader = DataLoader")}
+    events = [{"kind": "recurring", "original_path": path, "original_line": at[key], "detail": "d"}
+              for key in ("for inputs, labels in train_loader", "correct += ")]
+    events.append({"kind": "new_graph", "original_path": path, "original_line": 1, "detail": "d"})  # in no loop
+    predicted(events)
+    assert [e.get("predicted") for e in events] == [
+        f"XLA413 at line {at['train_loader = DataLoader']}", f"XLA413 at line {at['test_loader = DataLoader']}", None]
+    assert events[0]["detail"] == f"d; the last, smaller batch of the loader made at line " \
+                                  f"{at['train_loader = DataLoader']} (predicted by XLA413)"

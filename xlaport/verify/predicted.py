@@ -5,6 +5,7 @@ findings a growth measured by ``--lengths`` is tied to."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -34,6 +35,9 @@ def predicted(events: List[Dict[str, object]]) -> None:
         return cache[path]
 
     for e in events:
+        if e["kind"] in ("recurring", "new_graph") and e.get("original_path") and e.get("original_line"):
+            _last_batch(e, findings(str(e["original_path"])))
+            continue
         if e["kind"] not in ("recompile", "host_read", "fallback") or not e.get("original_path") \
                 or not e.get("original_line"):
             continue
@@ -56,6 +60,30 @@ def predicted(events: List[Dict[str, object]]) -> None:
         else:
             e["predicted"] = None
         e["detail"] = f"{e['detail']}; " + (f"predicted by {e['predicted']}" if hits else "not predicted by lint")
+
+
+def _last_batch(event: Dict[str, object], found: List[Finding]) -> None:
+    """A graph compiled once more in a loop that walks a loader lint says
+    keeps a smaller last batch (XLA413 where ``name = DataLoader(...)`` is
+    made, the loop's header naming ``name``): said on the event."""
+    path, line = Path(str(event["original_path"])), int(event["original_line"])  # type: ignore[call-overload]
+    loop = innermost_loop(path, line)
+    if loop is None:
+        return
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return
+    header = lines[loop[0] - 1] if loop[0] <= len(lines) else ""
+    for f in found:
+        made = re.match(r"\s*([A-Za-z_][\w.]*)\s*=", lines[f.line - 1]) if f.code == "XLA413" \
+            and f.line <= len(lines) else None
+        if made and re.search(rf"(?<![\w.]){re.escape(made.group(1))}\b", header):
+            event["predicted"] = f"{f.code} at line {f.line}"
+            event["predicted_at"] = [f.code, str(path), f.line]
+            event["detail"] = f"{event['detail']}; the last, smaller batch of the loader made at line {f.line} " \
+                              f"(predicted by {f.code})"
+            return
 
 
 def growth_reported(events: List[Dict[str, object]]) -> Tuple[List[str], int]:
