@@ -341,6 +341,24 @@ def test_the_reference_is_the_original_unmodified(tmp_path):
     assert report["verdict"] == "fail" and result.exit_code == 1, result.output
 
 
+def test_an_original_that_stops_itself_without_an_accelerator_is_retargeted(tmp_path):
+    """pytorch/examples' fast_neural_style with `--accel`: it prints "ERROR:
+    accelerator is not available" on stdout and exits 1 (before: "could not
+    verify ... exited with status 1")."""
+    dest = tmp_path / "stops"
+    dest.mkdir()
+    (dest / "main.py").write_text(
+        "import sys\n\nimport torch\n\nif not torch.accelerator.is_available():\n"
+        "    print(\"ERROR: accelerator is not available, try running on CPU\")\n    sys.exit(1)\n"
+        "x = torch.ones(2).to(torch.accelerator.current_accelerator())\nprint((x * 2).sum().item())\n")
+    result = CliRunner().invoke(main, ["verify", "--json", str(tmp_path / "r.json"), "--reference-runs", "1",
+                                       "--root", str(dest), str(dest / "main.py")])
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["verdict"] == "pass" and result.exit_code == 0, result.output
+    said = report["config"]["reference"]
+    assert said.startswith("the original retargeted to the CPU") and "accelerator is not available" in said, said
+
+
 def test_an_original_that_needs_cuda_is_retargeted_and_the_report_says_why(tmp_path):
     dest = tmp_path / "needs"
     dest.mkdir()

@@ -134,7 +134,9 @@ def run_side(side: Side, mode: str, args: Sequence[str], timeout: float, python:
                                 f"{stderr[-4000:]}")
             error.so_far, error.ended = so_far, f"({how}){_progress(so_far)}"
             raise error
-        said = _told(stderr) or f"exited with status {code}"
+        # (a program that stops itself may say why on stdout: "ERROR: accelerator is not available")
+        said = _told(stderr) or "\n".join(out_path.read_text(errors="replace").strip().splitlines()[-10:]) \
+            or f"exited with status {code}"
         raise VerifyError(f"{side.project.rel_script} ({mode} run) failed: {said}")
     recorded = observer.records(str(prefix))
     data: Dict[str, object] = {"stdout": out_path.read_text(errors="replace")}

@@ -68,7 +68,8 @@ def _raised(error: str) -> Optional[str]:
 _NEEDS_CUDA = re.compile(r"Found no NVIDIA driver|Torch not compiled with CUDA enabled|no CUDA GPUs are available|"
                          r"CUDA driver initialization failed|ProcessGroupNCCL is only supported with GPUs|"
                          r"Attempting to deserialize object on a CUDA device|NCCL is not available|"
-                         r"CUDA is not available|cuda runtime error|requires? (a )?(CUDA|GPU)", re.IGNORECASE)
+                         r"CUDA is not available|cuda runtime error|requires? (a )?(CUDA|GPU)|"
+                         r"(accelerator|GPU) is not available", re.IGNORECASE)
 
 
 def needs_cuda(error: str) -> Optional[str]:
