@@ -282,10 +282,16 @@ def test_the_op_table_is_the_one_torch_xla_gives(tmp_path):
 @pytest.mark.xla
 @pytest.mark.skipif(not HAVE_XLA, reason="needs torch_xla (make setup)")
 def test_a_kept_sparse_program_runs_with_plain_python(tmp_path):
-    script = tmp_path / "sparse.py"
-    script.write_text(convert_text(SPARSE)[0])
+    _converted_run(SPARSE, tmp_path)
+
+
+def _converted_run(text: str, tmp_path: Path) -> str:
+    """What TEXT's conversion printed, run with plain `python` on XLA's CPU backend (it must exit 0)."""
+    script = tmp_path / "converted.py"
+    script.write_text(convert_text(text)[0])
     done = _run(script, tmp_path / "run", {"PJRT_DEVICE": "CPU"})
     assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
 
 
 CHOSEN = '''\
@@ -441,11 +447,7 @@ def test_another_cuda_default_tensor_type_keeps_its_test():
 @pytest.mark.xla
 @pytest.mark.skipif(not HAVE_XLA, reason="needs torch_xla (make setup)")
 def test_the_default_device_program_runs_on_xla(tmp_path):
-    converted = tmp_path / "converted.py"
-    converted.write_text(convert_text(DEFAULTS)[0])
-    done = _run(converted, tmp_path / "run", {"PJRT_DEVICE": "CPU"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout == "xla xla\n"
+    assert _converted_run(DEFAULTS, tmp_path) == "xla xla\n"
 
 
 # -- what runs by `and` / `or` ------------------------------------------------------------------

@@ -328,44 +328,41 @@ def test_the_reference_is_the_original_unmodified(tmp_path):
     `.cuda()` (in a helper the run never calls, so no test is switched), the
     conversion's does not -- so the outputs differ and the verdict is fail,
     where a converted reference agreed (pass)."""
-    dest = tmp_path / "own"
-    dest.mkdir()
-    (dest / "main.py").write_text(
+    report, result = _verify_one(tmp_path, "own", (
         "import torch\n\n\ndef to_gpu(t):\n    return t.cuda()\n\n\nsource = open(__file__).read()\n"
         "x = torch.ones(2)\n"
-        "print('moves with cuda():', 7 * int('.cu' + 'da()' in source), (x * 2).sum().item())\n")
-    result = CliRunner().invoke(main, ["verify", "--json", str(tmp_path / "r.json"), "--reference-runs", "1",
-                                       "--root", str(dest), str(dest / "main.py")])
-    report = json.loads((tmp_path / "r.json").read_text())
+        "print('moves with cuda():', 7 * int('.cu' + 'da()' in source), (x * 2).sum().item())\n"))
     assert report["config"]["reference"] == "the original, unmodified, on the CPU", result.output
     assert report["verdict"] == "fail" and result.exit_code == 1, result.output
+
+
+def _verify_one(tmp_path, name, source):
+    """`xlaport verify` (one reference run) of a one-file project NAME
+    holding SOURCE as main.py: (its JSON report, the CLI result)."""
+    dest = tmp_path / name
+    dest.mkdir()
+    (dest / "main.py").write_text(source)
+    result = CliRunner().invoke(main, ["verify", "--json", str(tmp_path / "r.json"), "--reference-runs", "1",
+                                       "--root", str(dest), str(dest / "main.py")])
+    return json.loads((tmp_path / "r.json").read_text()), result
 
 
 def test_an_original_that_stops_itself_without_an_accelerator_is_retargeted(tmp_path):
     """pytorch/examples' fast_neural_style with `--accel`: it prints "ERROR:
     accelerator is not available" on stdout and exits 1 (before: "could not
     verify ... exited with status 1")."""
-    dest = tmp_path / "stops"
-    dest.mkdir()
-    (dest / "main.py").write_text(
+    report, result = _verify_one(tmp_path, "stops", (
         "import sys\n\nimport torch\n\nif not torch.accelerator.is_available():\n"
         "    print(\"ERROR: accelerator is not available, try running on CPU\")\n    sys.exit(1)\n"
-        "x = torch.ones(2).to(torch.accelerator.current_accelerator())\nprint((x * 2).sum().item())\n")
-    result = CliRunner().invoke(main, ["verify", "--json", str(tmp_path / "r.json"), "--reference-runs", "1",
-                                       "--root", str(dest), str(dest / "main.py")])
-    report = json.loads((tmp_path / "r.json").read_text())
+        "x = torch.ones(2).to(torch.accelerator.current_accelerator())\nprint((x * 2).sum().item())\n"))
     assert report["verdict"] == "pass" and result.exit_code == 0, result.output
     said = report["config"]["reference"]
     assert said.startswith("the original retargeted to the CPU") and "accelerator is not available" in said, said
 
 
 def test_an_original_that_needs_cuda_is_retargeted_and_the_report_says_why(tmp_path):
-    dest = tmp_path / "needs"
-    dest.mkdir()
-    (dest / "main.py").write_text("import torch\n\nx = torch.ones(2).cuda()\nprint((x * 2).sum().item())\n")
-    result = CliRunner().invoke(main, ["verify", "--json", str(tmp_path / "r.json"), "--reference-runs", "1",
-                                       "--root", str(dest), str(dest / "main.py")])
-    report = json.loads((tmp_path / "r.json").read_text())
+    report, result = _verify_one(tmp_path, "needs",
+                                 "import torch\n\nx = torch.ones(2).cuda()\nprint((x * 2).sum().item())\n")
     assert report["verdict"] == "pass" and result.exit_code == 0, result.output
     said = report["config"]["reference"]
     assert said.startswith("the original retargeted to the CPU") and "NVIDIA driver" in said, said
