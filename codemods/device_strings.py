@@ -134,6 +134,12 @@ class DeviceStrings(XlaCodemod):
         if node.value is not None:
             self._bound(node.target, node.value)
 
+    def visit_Param(self, node: cst.Param) -> None:
+        """``def __init__(self, device="cuda")``: the default is the device
+        the function works on when its caller names none."""
+        if self._facts.string_default(node):
+            self._bound(node.name, node.default)  # type: ignore[arg-type]
+
     def _bound(self, target: cst.CSTNode, value: cst.CSTNode) -> None:
         if not (self._is_device_name(target) and is_device_string_choice(value)):
             return

@@ -16,7 +16,7 @@ from typing import Callable, Optional, Union
 
 import libcst as cst
 
-from codemods.analysis.cuda import cuda_facts, is_cuda_string
+from codemods.analysis.cuda import cuda_facts, is_cuda_string, is_device_string_choice
 from codemods.analysis.device_exprs import DeviceExprs
 from codemods.analysis.ordinals import ordinal_uses
 from codemods.base import CHOICE_CODE, Rule, XlaCodemod, dotted, find_all
@@ -49,8 +49,8 @@ CUDA_LITERAL = Rule(
         "`torch.device(...)`, or a variable named like a device) pins the program to "
         "a GPU, and so does an integer (`.to(rank)`, `device=local_rank`: to torch an int device is "
         "`cuda:N`). On XLA the device is `torch_xla.device()`. Never `xla:N`: each process "
-        "sees its own device as xla:0. A CUDA default of a function parameter is only "
-        "reported: it is evaluated at import time, where the XLA runtime must not start."
+        "sees its own device as xla:0. A CUDA default of a function parameter is XLA106: it is "
+        "evaluated at import time, where the XLA runtime must not start."
     ),
     before=(
         "import torch\n\ndevice = torch.device(\"cuda\", 0)\n"
@@ -99,14 +99,18 @@ CUDA_IDIOM = Rule(
 CUDA_DEFAULT = Rule(
     code="XLA106",
     name="cuda-parameter-default",
-    summary='a parameter defaults to a CUDA device (reported, not rewritten)',
+    summary='a parameter defaulting to a CUDA device defaults to the target\'s device (`torch.device("xla")`)',
     why=(
-        "Defaults are evaluated when the function is defined, usually at import. "
-        "Replacing one with `torch_xla.device()` would start the XLA runtime on import, "
-        "so xlaport leaves it and reports it: pass the device from the caller."
+        "A default is the device the function works on when its caller names none: "
+        "`UNet(device=\"cuda\")` built as `UNet()` puts its own tensors on the GPU while the model is on "
+        "the TPU, and the step fails. Defaults are evaluated when the function is defined, usually at import, "
+        "so the default becomes a device that starts nothing there: `torch.device(\"xla\")` (a string "
+        "default is a device string, XLA109). A CUDA default of a parameter that is not a device "
+        "(`backend=\"cuda\"`) is reported."
     ),
-    before='def run(x, device="cuda"):\n    return x.to(device)\n',
-    after=None,
+    before='import torch\n\n\ndef run(x, device=torch.device("cuda")):\n    return x.to(device)\n',
+    after='import torch\nimport torch_xla  # noqa: F401\n\n\ndef run(x, device=torch.device("xla")):\n'
+          '    return x.to(device)\n',
     valid=("def run(x, device=None):\n    return x.to(device)\n",),
 )
 
@@ -156,20 +160,36 @@ class DeviceSwap(XlaCodemod):
     # ------------------------------------------------------------ params
     def visit_Param(self, node: cst.Param) -> None:
         self._param_depth += 1
-        if node.default is not None and (
-            self.devices.cuda_device(node.default) or self.devices.is_idiom(node.default)
-        ):
-            self.flag(
-                node.default,
-                CUDA_DEFAULT.code,
-                f"parameter `{node.name.value}` defaults to a CUDA device; pass the device "
-                "from the caller",
-                fix=False,
-            )
 
     def leave_Param(self, original_node: cst.Param, updated_node: cst.Param) -> cst.Param:
+        """``def f(device=torch.device("cuda"))`` -> ``torch.device("xla")``:
+        a device made at import without starting the runtime; a string
+        default is XLA109's; a default of what is no device is reported."""
         self._param_depth -= 1
-        return updated_node
+        default = original_node.default
+        if default is None or not (self.devices.cuda_device(default) or self.devices.is_idiom(default)):
+            return updated_node
+        if cuda_facts(self.tree, self.qualnames).string_default(original_node):
+            return updated_node
+        name = original_node.name.value
+        if not cuda_facts(self.tree, self.qualnames).holds_device(name):
+            self.flag(default, CUDA_DEFAULT.code, f"parameter `{name}` defaults to a CUDA device but is no device "
+                      "this module uses; pass the device from the caller", fix=False)
+            return updated_node
+        device = self.target.device_string
+        if is_device_string_choice(default):  # a string that is a device object elsewhere in the module
+            new: cst.BaseExpression = cst.SimpleString(f'"{device}"')
+            if self.target.keeps_device_index and isinstance(default, cst.SimpleString):
+                new = default.with_changes(value=default.value.replace("cuda", device))
+        else:
+            new = cst.parse_expression(f'torch.device("{device}")')
+        if not self.flag(default, CUDA_DEFAULT.code, f"parameter `{name}`'s CUDA default -> "
+                         f"`{source_of(new)}`, made at import without starting the runtime", fix=True):
+            return updated_node
+        self.add_imports(self.target.device_imports)
+        if isinstance(new, cst.Call):
+            self.add_imports((("torch", None, None),))
+        return updated_node.with_changes(default=new)
 
     # ------------------------------------------------------------ XLA101 .cuda()
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:

@@ -27,7 +27,7 @@ CODEMODS = (
         ('XLA101', 'cuda-method', '`.cuda()` moves to the CUDA device: move to the XLA device instead', True),
         ('XLA102', 'cuda-device-literal', '`"cuda"`/`"cuda:N"` used as a device: use the XLA device', True),
         ('XLA103', 'cuda-if-available', '`"cuda" if torch.cuda.is_available() else "cpu"`: use the XLA device', True),
-        ('XLA106', 'cuda-parameter-default', 'a parameter defaults to a CUDA device (reported, not rewritten)', False),
+        ('XLA106', 'cuda-parameter-default', 'a parameter defaulting to a CUDA device defaults to the target\'s device (`torch.device("xla")`)', True),
     ), ()),
     ('codemods.generators', 'CudaGenerators', (b'Generator',), ('code~cuda',), (
         ('XLA107', 'cuda-generator', '`torch.Generator("cuda")`: XLA has no device generators; use a CPU one', True),

@@ -56,7 +56,7 @@ def run_on_xla(name: str, tmp_path: Path, *args: str):
 
 @pytest.mark.xla
 @needs_xla
-@pytest.mark.parametrize("name", ["int_devices", "device_kinds", "cuda_guards", "runtime_zoo"])
+@pytest.mark.parametrize("name", ["int_devices", "device_kinds", "cuda_guards", "runtime_zoo", "param_defaults"])
 def test_converted_fixture_runs_on_xla(name, tmp_path):
     result, stdout, _, _ = run_on_xla(name, tmp_path)
     if name in ("int_devices", "device_kinds"):

@@ -281,8 +281,11 @@ class CudaFacts:
         self._device_uses: Optional[Set[str]] = None
         self._assigned_object: Set[str] = set()  # names also bound to a torch.device
         tree.parents  # builds the type index
-        for node in tree.in_walk_order(node_types((cst.Assign, cst.AnnAssign, cst.Call))):
-            if isinstance(node, (cst.Assign, cst.AnnAssign)) and node.value is not None:
+        for node in tree.in_walk_order(node_types((cst.Assign, cst.AnnAssign, cst.Call, cst.Param))):
+            if isinstance(node, cst.Param):  # `def f(device="cuda")`: bound where the function is defined
+                if node.default is not None:
+                    self._bind(node.name, node.default, qualnames)
+            elif isinstance(node, (cst.Assign, cst.AnnAssign)) and node.value is not None:
                 targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
                 for target in targets:
                     self._bind(target, node.value, qualnames)
@@ -328,6 +331,13 @@ class CudaFacts:
                     if used:
                         self._device_uses.add(used)
         return text in self._device_uses or bool(DEVICE_NAME_RE.search(text.split(".")[-1]))
+
+    def string_default(self, param: cst.Param) -> bool:
+        """``def f(device="cuda")``: a parameter whose default is a device
+        string (XLA109 rewrites it as any other device string)."""
+        name = param.name.value
+        return param.default is not None and is_device_string_choice(param.default) \
+            and name in self.device_strings and self.holds_device(name)
 
     def tests_availability(self, test: cst.CSTNode) -> bool:
         """``test`` calls an accelerator availability predicate, or reads a
