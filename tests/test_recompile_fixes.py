@@ -76,6 +76,44 @@ def test_a_counter_of_a_loop_inside_the_step_is_one_graph_already():
     assert "w[k]" in out and "w[torch.tensor([epoch], device=w.device)][0]" in out
 
 
+COMPUTED = HEAD + (
+    "class S(torch.nn.Module):\n"
+    "    def __init__(self, net, n):\n        super().__init__()\n        self.net = net\n"
+    "        for k, v in {'alphas': torch.linspace(0.9, 0.1, n + 1)}.items():\n"
+    "            self.register_buffer(k, v)\n\n"
+    "    def sample(self, x, n):\n"
+    "        for i in range(n):\n"
+    "            x = self.net(x) * self.alphas[i]\n"
+    "        return x\n\n\nnet = S(torch.nn.Linear(4, 4), 4).cuda()\n"
+)
+
+
+def test_a_buffer_registered_under_a_computed_name_is_a_device_table():
+    """minDiffusion's DDPM registers its schedule with `self.register_buffer(k, v)`
+    over a dict: `self.alphas` is nothing else the class could read."""
+    out, findings = convert_text(COMPUTED)
+    assert codes(findings, "XLA411") == [(12, True)], findings
+    assert "self.alphas[torch.tensor([i], device=self.alphas.device)][0]" in out
+
+
+@pytest.mark.parametrize("change", [
+    # the attribute is stored somewhere (here, in a tuple; elsewhere in the module), or set by setattr
+    ("        self.net = net\n", "        self.net, self.alphas = net, [0.5] * 8\n"),
+    ("net = S(", "S.x = 1\nnet = S("),
+    ("        self.net = net\n", "        self.net = net\n        setattr(self, 'alphas', [0.5] * 8)\n"),
+    # a base of the module's own could set it; the class answers unknown attributes itself
+    ("class S(torch.nn.Module):", "class S(Base):"),
+    ("    def sample(", "    def __getattr__(self, name):\n        return [0.5] * 8\n\n    def sample("),
+])
+def test_an_attribute_that_may_be_no_buffer_is_left(change):
+    src = COMPUTED.replace(*change)
+    assert src != COMPUTED
+    if change[0] == "net = S(":
+        src = src.replace("S.x = 1", "S.alphas = [0.5] * 8")
+    out, findings = convert_text(src)
+    assert "XLA411" not in [f.code for f in findings], out
+
+
 # ------------------------------------------------------------------ XLA412
 TRAIN = HEAD + (
     "def train(model, loader, opt):\n"

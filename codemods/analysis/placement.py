@@ -94,7 +94,7 @@ class _Placement:
         if isinstance(node, cst.Call):
             return self._call(node, busy)
         if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
-            if node.attr.value in self._buffers(node):
+            if node.attr.value in self._buffers(node) or self._computed_buffer(node):
                 return DEVICE  # a model's buffer moves with the model
             found = {self.of(v, busy) for v in self.flow.self_stores(node)}  # what the class stores there
             return found.pop() if len(found) == 1 else None
@@ -114,6 +114,32 @@ class _Placement:
             model = class_kinds(self.tree, cls) == {MODULE}
             self.tree.memo[key] = {n for n in names if n} if model else set()
         return self.tree.memo[key]  # type: ignore[return-value]
+
+    def _computed_buffer(self, node: cst.Attribute) -> bool:
+        """``self.alphas`` in a model class that registers its buffers under
+        computed names (``for k, v in schedules.items(): self.register_buffer(k, v)``)
+        and that nothing stores ``alphas`` in: only a buffer can be read
+        there.  Only for a class made straight from ``nn.Module`` (no base of
+        the module's own that could set it) with no ``__getattr__`` or
+        ``setattr`` of its own."""
+        cls = next((a for a in self.flow.ancestors(node) if isinstance(a, cst.ClassDef)), None)
+        if cls is None:
+            return False
+        key = f"computed_buffers:{id(cls)}"
+        if key not in self.tree.memo:
+            registers = [c for c in find_all(cls, cst.Call, stop=(cst.ClassDef,))
+                         if call_name(c) == "register_buffer" and c.args  # type: ignore[attr-defined]
+                         and string_value(c.args[0].value) is None]  # type: ignore[attr-defined]
+            plain = len(cls.bases) == 1 and bool(self.tree.import_qualnames(cls.bases[0].value) & {"torch.nn.Module"})
+            own = {n.name.value for n in cls.body.body if isinstance(n, (cst.FunctionDef, cst.ClassDef))} | {
+                t.value for n in find_all(cls.body, (cst.Assign, cst.AnnAssign), stop=(cst.FunctionDef,))
+                for t in find_all(n, cst.Name) if _stored_name(n, t)}
+            blocked = "__getattr__" in own or any(call_name(c) == "setattr"  # type: ignore[arg-type]
+                                                  for c in find_all(cls, cst.Call, stop=(cst.ClassDef,)))
+            self.tree.memo[key] = (bool(registers) and plain and not blocked, own)
+        ok, own = self.tree.memo[key]  # type: ignore[misc]
+        name = node.attr.value
+        return ok and name not in own and name not in _stored_attributes(self.tree)
 
     def _call(self, call: cst.Call, busy: Set[int]) -> Optional[str]:
         func, name = call.func, call_name(call)
@@ -292,3 +318,27 @@ def _device_argument(call: cst.Call) -> Optional[str]:
         if arg.keyword is not None and arg.keyword.value == "device":
             return HOST if string_value(arg.value) == "cpu" else DEVICE
     return None
+
+
+def _stored_name(statement: cst.CSTNode, name: cst.Name) -> bool:
+    """Is ``name`` a name the class-level ``statement`` binds?"""
+    targets = [t.target for t in statement.targets] if isinstance(statement, cst.Assign) else [statement.target]  # type: ignore[attr-defined]
+    return any(name is n or any(name is m for m in find_all(t, cst.Name)) for t in targets for n in (t,)
+               if not isinstance(t, cst.Attribute))
+
+
+def _stored_attributes(tree: TreeCache) -> Set[str]:
+    """Every attribute name the module stores into anywhere (``x.a = ...``,
+    ``x.a, y = ...``, ``x.a += ...``, ``x.a: T = ...``)."""
+    found = tree.memo.get("placement:stored_attributes")
+    if found is None:
+        found = set()
+        for stmt in find_all(tree.module, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+            targets = [t.target for t in stmt.targets] if isinstance(stmt, cst.Assign) else [stmt.target]  # type: ignore[attr-defined]
+            for t in targets:
+                found.update(a.attr.value for a in find_all(t, cst.Attribute))  # type: ignore[attr-defined]
+        for loop in find_all(tree.module, (cst.For, cst.CompFor)):
+            found.update(a.attr.value for a in find_all(loop.target, cst.Attribute))  # type: ignore[attr-defined]
+        tree.memo["placement:stored_attributes"] = found
+    return found  # type: ignore[return-value]
+
