@@ -368,3 +368,30 @@ def test_an_original_that_needs_cuda_is_retargeted_and_the_report_says_why(tmp_p
     assert said.startswith("the original retargeted to the CPU") and "NVIDIA driver" in said, said
 
 
+
+
+def test_a_fallback_torch_xla_has_only_off_a_tpu_is_said_not_failed(tmp_path):
+    """fast_neural_style and dome272's DDPM: the gradient of `F.interpolate`
+    (`aten::upsample_nearest2d_backward`, `..._bilinear2d_backward`) is lowered
+    on a TPU only; verify runs on XLA's CPU backend, where it falls back (a
+    fail, before).  Another fallback in the same loop still fails the port."""
+    program = (
+        "import torch\nimport torch.nn.functional as F\n\ntorch.manual_seed(0)\ndevice = torch.device(\"cuda\")\n"
+        "conv = torch.nn.Conv2d(1, 1, 3, padding=1).to(device)\n"
+        "opt = torch.optim.SGD(conv.parameters(), lr=0.1)\nx = torch.randn(2, 1, 4, 4).to(device)\n"
+        "for step in range(5):\n    opt.zero_grad()\n"
+        "    y = F.interpolate(conv(x), scale_factor=2, mode=\"MODE\")\n"
+        "    loss = (y ** 2).mean()\n    loss.backward()\n    opt.step()\n"
+        "print(f\"{loss.item():.5f}\")\n")
+    report, result = _verify_one(tmp_path, "upsample", program.replace("MODE", "nearest"))
+    assert report["verdict"] == "pass" and result.exit_code == 0, result.output
+    assert report["metrics"]["fallbacks_after_warmup"].get("aten::upsample_nearest2d_backward", 0) >= 3
+    said = [e for e in report["events"] if e["kind"] == "fallback"]
+    assert said and all(e.get("backend_only") and "lowered on a TPU" in e["detail"]
+                        and "not predicted by lint" not in e["detail"] for e in said), said
+    (tmp_path / "r.json").unlink()
+    report, result = _verify_one(tmp_path, "upsample_and_nonzero", program.replace("MODE", "bilinear").replace(
+        "    loss = (y ** 2).mean()\n", "    loss = (y ** 2).mean() + y[torch.nonzero(y > 0, as_tuple=True)].sum()\n"))
+    assert report["verdict"] == "fail" and result.exit_code == 1, result.output
+    assert any("aten::nonzero" in f for f in report["failures"]) and \
+        not any("upsample" in f for f in report["failures"]), report["failures"]

@@ -39,7 +39,7 @@ def predicted(events: List[Dict[str, object]]) -> None:
             _last_batch(e, findings(str(e["original_path"])))
             continue
         if e["kind"] not in ("recompile", "host_read", "fallback") or not e.get("original_path") \
-                or not e.get("original_line"):
+                or not e.get("original_line") or e.get("backend_only"):
             continue
         path, line = str(e["original_path"]), int(e["original_line"])  # type: ignore[call-overload]
         found = findings(path)

@@ -96,7 +96,7 @@ class Session(Runs, Checks, Explanations):
         compared, values, values_graphs = self._compare_values(ref_stdouts, ref_files, cand, graphs, xla_env,
                                                                (rtol, atol, why), ref_kind, use_cuda)
         report = judge(cand, compared, lines, graphs, opts.warmup_steps, opts.max_host_reads_per_step, ref_kind,
-                       traced)
+                       traced, opts.device)
         report.config["tolerance"] = {"rtol": rtol, "atol": atol, "why": why}
         report.config["reference"] = self.reference_is
         report.imported = {"reference": ref_imports, "candidate": dict(cand.data.get("imported") or {})}  # type: ignore[arg-type]
