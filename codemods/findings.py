@@ -36,6 +36,8 @@ KEPT_SWITCHES_KEY = "xlaport.kept_switches"
 # (CHOICE_CODE) stays as the user wrote it, so the program takes one side
 KEPT_SPANS_KEY = "xlaport.kept_spans"
 CHOICE_CODE = "XLA103"
+# ... and so does the device a kept test asks the accelerator for (`torch.accelerator.current_accelerator()`)
+KEPT_SPAN_CODES = frozenset({CHOICE_CODE, "XLA114"})
 KEPT_SWITCH_CODE = "XLA118"
 # the rules whose rewrites of a CUDA test change which code runs
 SWITCH_CODES = frozenset({"XLA104", "XLA105", "XLA109"})
@@ -100,7 +102,7 @@ class Reports:
         """
         if fix and code in SWITCH_CODES and self._kept_switch(node, code):
             return False
-        if fix and (code == CHOICE_CODE or (code in SWITCH_CODES and isinstance(node, cst.IfExp))) \
+        if fix and (code in KEPT_SPAN_CODES or (code in SWITCH_CODES and isinstance(node, cst.IfExp))) \
                 and self._in_kept_span(node):
             return False  # a device chosen by a kept test (`"cuda" if cuda else "cpu"`) stays as written
         if not self.enabled(code):

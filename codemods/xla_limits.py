@@ -27,7 +27,17 @@ from codemods.analysis.placement import DEVICE, placement
 from codemods.analysis.project import SPARSE_CALLS, SPARSE_METHODS, sparse_from_siblings
 from codemods.analysis.values import TENSOR, values
 from codemods.base import Rule, XlaCodemod, dotted, find_all
+from codemods.syntax.nodes import source_of
 from codemods.xla_ops_data import CPU_FALLBACK, TORCH_XLA
+
+MOVING_SPARSE = "moving sparse"  # how XLA158 begins where a sparse tensor goes to the device
+
+
+def moves_sparse_to_device(message: str) -> bool:
+    """Is this XLA158 message said where a sparse tensor goes to the device
+    (so the device chosen there cannot be XLA's)?"""
+    return message.startswith(MOVING_SPARSE)
+
 
 XLA_CANNOT = Rule(
     code="XLA158",
@@ -39,7 +49,9 @@ XLA_CANNOT = Rule(
         "shared between processes either: `model.share_memory()` raises \"_share_fd_: only available on CPU\", "
         "so Hogwild-style training does not port. Keep sparse data on the CPU or make it dense (`.to_dense()`) "
         "before it goes to the device; train across processes with `torch_xla.launch` and "
-        "DistributedDataParallel. A CUDA test that would switch such code on is kept (XLA118). A sparse tensor "
+        "DistributedDataParallel. A CUDA test that would switch such code on is kept (XLA118), and so is a test "
+        "that chooses the device while the module moves a sparse tensor to a device anywhere (pytorch/examples' "
+        "gcn: `load_cora(device)` sends its sparse matrices to the device `main` chose). A sparse tensor "
         "another module of the project returns (`adj, features = load_data()`, `load_data` in `utils.py`) is "
         "said where this module moves it: the rule reads what that module's functions return."
     ),
@@ -127,6 +139,7 @@ class XlaLimits(XlaCodemod):
                         and "share_memory" not in (dotted(a.value.func) or "")} - {None}  # type: ignore[attr-defined]
         self._sparse |= sparse_from_siblings(tree, getattr(self.context, "filename", None))  # (`adj = load_data()`)
         roots = {name.split(".")[0] for name in self._sparse}
+        self._moved: set = set()  # id() of sparse-making calls said on the move around them
         self._ported = being_ported(tree)  # (XLA159 speaks only there: a cost, not a failure)
         named = tree.statements_where(lambda n: n.value in _NAMES or n.value in roots or "sparse" in n.value,
                                       (cst.Name,))
@@ -147,8 +160,14 @@ class XlaLimits(XlaCodemod):
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        if isinstance(func, cst.Attribute) and func.attr.value in ("to", "cuda") and dotted(func.value) in self._sparse:
-            self.flag(node, XLA_CANNOT.code, f"moving sparse `{dotted(func.value)}`: XLA has no sparse tensors, moving "
+        if id(node) in self._moved:
+            return  # (said on the move)
+        if isinstance(func, cst.Attribute) and func.attr.value in ("to", "cuda") and (
+                dotted(func.value) in self._sparse or (isinstance(func.value, cst.Call)
+                                                       and self._sparse_or_shared(func.value) is not None)):
+            what = dotted(func.value) or source_of(func.value)
+            self._moved.add(id(func.value))
+            self.flag(node, XLA_CANNOT.code, f"{MOVING_SPARSE} `{what}`: XLA has no sparse tensors, moving "
                       "one to the device raises; make it dense first (`.to_dense()`) or keep it on the CPU",
                       fix=False)
             return

@@ -484,3 +484,49 @@ def test_a_right_side_xla_cannot_run_keeps_the_test():
 def test_the_short_circuit_program_runs_on_xla_as_on_the_cpu(tmp_path):
     original, converted = _original_and_conversion(SHORT_CIRCUIT, tmp_path)
     assert converted == original == "6.0 False True\n"
+
+
+SPARSE_ELSEWHERE = '''\
+import argparse
+
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--no-accel", action="store_true")
+args = parser.parse_args()
+
+
+def load(device):
+    adj = torch.eye(4) + torch.ones(4, 4)
+    return adj.to_sparse().to(device), torch.ones(4, 2).to(device)
+
+
+use_accel = not args.no_accel and torch.accelerator.is_available()
+if use_accel:
+    device = torch.accelerator.current_accelerator()
+else:
+    device = torch.device("cpu")
+adj, x = load(device)
+print(torch.sparse.mm(adj, x).sum().item())
+'''
+
+
+def test_a_test_choosing_the_device_a_sparse_tensor_goes_to_elsewhere_is_kept():
+    """pytorch/examples' gcn: the accelerator test chooses the device its
+    `load_cora(device)` sends sparse tensors to, in another function: turned
+    true, the conversion raised (SparseXLA) where the original ran."""
+    out, findings = convert_text(SPARSE_ELSEWHERE)
+    kept = [f for f in findings if f.code == "XLA118"]
+    assert [f.line for f in kept] == [15] and "moving sparse" in kept[0].message, findings
+    assert "torch.accelerator.is_available()" in out and "device = torch.accelerator.current_accelerator()" in out
+    dense = SPARSE_ELSEWHERE.replace("adj.to_sparse().to(device)", "adj.to(device)").replace(
+        "torch.sparse.mm(adj, x)", "(adj @ x)")
+    out, findings = convert_text(dense)  # nothing sparse goes to the device: the test is the accelerator's
+    assert "XLA118" not in [f.code for f in findings] and "torch_xla.device()" in out, out
+
+
+@pytest.mark.xla
+@pytest.mark.skipif(not HAVE_XLA, reason="needs torch_xla (make setup)")
+def test_the_program_sending_a_sparse_tensor_runs_where_the_original_ran(tmp_path):
+    original, converted = _original_and_conversion(SPARSE_ELSEWHERE, tmp_path)
+    assert converted == original == "40.0\n"

@@ -45,7 +45,7 @@ from codemods.coverage import (
 from codemods.syntax import imports, pyast
 from codemods.syntax.parsing import LibcstRejects, parse_module
 from codemods.syntax.splice import spliced_code
-from codemods.xla_limits import XLA_CANNOT
+from codemods.xla_limits import XLA_CANNOT, moves_sparse_to_device
 from xlaport.linemap import LazyLineMap
 from xlaport.settings import Settings  # noqa: F401 -- re-exported
 
@@ -203,27 +203,38 @@ def _switches_to_keep(source: bytes, findings: List[Finding], left: List[Tuple[i
     finally:
         cache.release()
     more: Dict[int, str] = {}
+    moved = [f.line for f in findings if f.fix and f.code in DEVICE_CODES]
+    # a sparse tensor sent to a device anywhere in the module: a test that chooses the device sends it there
+    sparse_moves = [(f.line, f.message.split(":")[0]) for f in findings
+                    if f.code == XLA_CANNOT.code and moves_sparse_to_device(f.message)]
+    by_sparse: Dict[int, str] = {}
     for line in sorted(switched):
         blockers = sorted({(at, label) for first, last in spans.get(line, ()) for at, label in left
                            if first <= at <= last})
+        chooses = any(first <= at <= last for first, last in spans.get(line, ()) for at in moved)
+        if not blockers and chooses and sparse_moves:
+            blockers, into = sorted(set(sparse_moves)), by_sparse
+        else:
+            into = more
         if blockers:
             at, what = blockers[0]
             others = f" (and {len(blockers) - 1} more)" if len(blockers) > 1 else ""
-            more[line] = (f"CUDA test kept as it is: on XLA it would switch on {what} (line {at}){others}, which "
+            into[line] = (f"CUDA test kept as it is: on XLA it would switch on {what} (line {at}){others}, which "
                           "xlaport does not convert or XLA cannot run; convert that by hand, then this test")
     # a kept test that chooses a device (a device rewritten in what it decides) keeps the tests that ask
     # the same question: the rest of the program must choose the same device
-    moved = [f.line for f in findings if f.fix and f.code in DEVICE_CODES]
     asked = {}
-    for line in sorted({**kept, **more}):
+    for line in sorted({**kept, **more, **by_sparse}):
         if any(first <= at <= last for first, last in spans.get(line, ()) for at in moved):
             asked.setdefault(questions.get(line), line)
     asked.pop(None, None)
     for line in sorted(switched - set(more)):
         first = asked.get(questions.get(line))
-        if first is not None:
+        if first is not None and first != line:
             more[line] = (f"CUDA test kept as it is: it asks what the test at line {first} asks, which is kept; "
                           "answered otherwise here, the program would run partly on XLA, partly on the CPU")
+    for line, why in by_sparse.items():
+        more.setdefault(line, why)
     return more, spans
 
 
