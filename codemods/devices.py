@@ -178,7 +178,8 @@ class DeviceSwap(XlaCodemod):
             return updated_node
         device = self.target.device_string
         if is_device_string_choice(default):  # a string that is a device object elsewhere in the module
-            new: cst.BaseExpression = cst.SimpleString(f'"{device}"')
+            quote = "'" if isinstance(default, cst.SimpleString) and default.value.startswith("'") else '"'
+            new: cst.BaseExpression = cst.SimpleString(f"{quote}{device}{quote}")
             if self.target.keeps_device_index and isinstance(default, cst.SimpleString):
                 new = default.with_changes(value=default.value.replace("cuda", device))
         else:

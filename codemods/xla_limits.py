@@ -22,6 +22,7 @@ from typing import Optional
 import libcst as cst
 
 from codemods.analysis.cuda import being_ported, ported_needs
+from codemods.analysis.dataflow import dataflow
 from codemods.analysis.growth import grown_in
 from codemods.analysis.placement import DEVICE, placement
 from codemods.analysis.project import SPARSE_CALLS, SPARSE_METHODS, sparse_from_siblings
@@ -163,8 +164,8 @@ class XlaLimits(XlaCodemod):
         if id(node) in self._moved:
             return  # (said on the move)
         if isinstance(func, cst.Attribute) and func.attr.value in ("to", "cuda") and (
-                dotted(func.value) in self._sparse or (isinstance(func.value, cst.Call)
-                                                       and self._sparse_or_shared(func.value) is not None)):
+                (dotted(func.value) in self._sparse and not self._made_dense(func.value))
+                or (isinstance(func.value, cst.Call) and self._sparse_or_shared(func.value) is not None)):
             what = dotted(func.value) or source_of(func.value)
             self._moved.add(id(func.value))
             self.flag(node, XLA_CANNOT.code, f"{MOVING_SPARSE} `{what}`: XLA has no sparse tensors, moving "
@@ -179,6 +180,16 @@ class XlaLimits(XlaCodemod):
         if op is not None:
             self.flag(node, CPU_FALLBACK_OP.code, f"`{op}` has no XLA lowering in torch_xla {TORCH_XLA}: it runs on "
                       "the CPU, its tensors copied to the host and back at every call", fix=False)
+
+    def _made_dense(self, node: cst.BaseExpression) -> bool:
+        """Is every binding of the name ``node`` that reaches here dense,
+        though the name once held a sparse tensor (``adj = torch.eye(n) +
+        adj``: a dense tensor plus a sparse one is dense; ``adj.to_dense()``)?"""
+        if not isinstance(node, cst.Name):
+            return False
+        flow = dataflow(self.tree)
+        values = [flow.source(b)[0] for b in flow.reaching(node)]
+        return bool(values) and all(_dense(v, self.qualnames) for v in values)
 
     def _grown(self, node: cst.Subscript) -> bool:
         """``node`` slices a tensor that a loop around it grows (it starts
@@ -253,3 +264,18 @@ def _from_the_end(part: cst.Slice) -> Optional[str]:
 
 
 __all__ = ["XlaLimits", "XLA_CANNOT", "CPU_FALLBACK_OP", "NEGATIVE_BOUND"]
+
+
+_DENSE_FACTORIES = frozenset(f"torch.{n}" for n in ("eye", "zeros", "ones", "full", "rand", "randn", "empty", "tensor"))
+
+
+def _dense(value: Optional[cst.CSTNode], qualnames) -> bool:  # type: ignore[no-untyped-def]
+    """A value that is dense whatever sparse tensor it reads: ``.to_dense()``,
+    or a sum or difference with a tensor a torch factory makes."""
+    if isinstance(value, cst.Call):
+        return isinstance(value.func, cst.Attribute) and value.func.attr.value == "to_dense"
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Add, cst.Subtract)):
+        return any(isinstance(side, cst.Call) and qualnames(side.func) & _DENSE_FACTORIES
+                   for side in (value.left, value.right))
+    return False
+

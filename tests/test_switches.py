@@ -530,3 +530,18 @@ def test_a_test_choosing_the_device_a_sparse_tensor_goes_to_elsewhere_is_kept():
 def test_the_program_sending_a_sparse_tensor_runs_where_the_original_ran(tmp_path):
     original, converted = _original_and_conversion(SPARSE_ELSEWHERE, tmp_path)
     assert converted == original == "40.0\n"
+
+
+def test_a_name_made_dense_again_before_it_moves_keeps_no_test():
+    """pytorch/examples' gat: `adj_mat = torch.eye(V) + adj_mat` (dense plus
+    sparse is dense) before `adj_mat.to(device)`: nothing sparse moves."""
+    dense_again = SPARSE_ELSEWHERE.replace(
+        "    adj = torch.eye(4) + torch.ones(4, 4)\n    return adj.to_sparse().to(device)",
+        "    adj = torch.ones(4, 4).to_sparse()\n    adj = torch.eye(4) + adj\n    return adj.to(device)").replace(
+        "torch.sparse.mm(adj, x)", "(adj @ x)")
+    assert "adj = torch.eye(4) + adj" in dense_again
+    out, findings = convert_text(dense_again)
+    assert "XLA118" not in [f.code for f in findings] and "torch_xla.device()" in out, findings
+    assert not [f for f in findings if f.code == "XLA158" and "moving sparse" in f.message]
+    still = dense_again.replace("    adj = torch.eye(4) + adj\n", "    adj = adj * 2\n")  # sparse times 2 is sparse
+    assert "XLA118" in [f.code for f in convert_text(still)[1]]
