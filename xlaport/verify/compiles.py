@@ -58,7 +58,7 @@ def judge(cand: "Run", compared, lines: "LineMapper", graphs: Path, warmup_steps
         # rate leaving 1.0, a special scalar XLA bakes in), is compiled once
         # and does not grow with the steps; a graph compiled again and again does
         churn, fresh = len(kinds["churn"]), len(kinds["new_path"])
-        bad = (churn if churn > 1 else 0) + (fresh if fresh > 1 else 0)
+        bad = (churn if churn > 1 else 0) + in_runs(kinds["new_path"])
         steady_recompiles += bad
         if bad:
             where = locate_recompile(at_site, lines, site["where"])  # type: ignore[arg-type]
@@ -80,9 +80,11 @@ def judge(cand: "Run", compared, lines: "LineMapper", graphs: Path, warmup_steps
                                       "read): not growth" + (f"; {where[2]}" if where else "")))
         if fresh and not bad:
             steps_at = ", ".join(str(n + 1) for n in kinds["new_path"])
-            events.append(lines.event("new_graph", site["where"], len(kinds["new_path"]),
-                                      f"one graph with different ops at this sync's step {steps_at} (another "
-                                      "branch, e.g. a final step): compiled once, not once per step"))
+            what = ("one graph with different ops at this sync's step" if fresh == 1 else
+                    f"{fresh} graphs with different ops, steps run from the cache between them, at this sync's steps")
+            events.append(lines.event("new_graph", site["where"], fresh,
+                                      f"{what} {steps_at} (another branch, e.g. a final step, or an epoch's first "
+                                      "step after reads at its end): each compiled once, not once per step"))
     metrics["steady_state_recompiles"] = steady_recompiles
     for read in (traced.get("host_reads") or cand.data.get("host_reads", [])):  # type: ignore[union-attr]
         events.append(lines.event("host_read", (read["path"], read["line"]), read["count"], read["detail"]))
@@ -182,6 +184,15 @@ def _at_site(graphs: List[Dict[str, object]], site: Dict[str, object]) -> List[D
     """The dumped graphs cut at one sync site, in order."""
     _, line = site["where"]  # type: ignore[misc]
     return [g for g in graphs if any(int(f[2]) == line for f in g["frames"])]  # type: ignore[union-attr]
+
+
+def in_runs(steps: List[int]) -> int:
+    """How many of a site's steps with a new graph come right after or before
+    another: new ops step after step is growth; new graphs with steps run from
+    the cache between them (an epoch's first step after its last one's reads)
+    are one-offs, each compiled once."""
+    at = set(steps)
+    return sum(1 for n in steps if n - 1 in at or n + 1 in at)
 
 
 def classify_recompiles(graphs: List[Dict[str, object]], site: Dict[str, object]) -> Dict[str, List[int]]:
