@@ -96,6 +96,18 @@ def test_a_buffer_registered_under_a_computed_name_is_a_device_table():
     assert "self.alphas[torch.tensor([i], device=self.alphas.device)][0]" in out
 
 
+def test_a_subclass_of_such_a_model_in_the_same_module_reads_its_buffers():
+    """A DDIM sampler subclassing the DDPM that registers the schedule."""
+    sub = COMPUTED.replace("    def sample(self, x, n):", "    def forward(self, x):\n        return x\n\n\n"
+                           "class D(S):\n    def sample(self, x, n):").replace("net = S(", "net = D(")
+    assert "class D(S):" in sub
+    out, findings = convert_text(sub)
+    assert codes(findings, "XLA411") == [(17, True)], findings
+    assert "self.alphas[torch.tensor([i], device=self.alphas.device)][0]" in out
+    stored = sub.replace("class D(S):\n", "class D(S):\n    alphas = [0.5] * 8\n\n")  # the subclass's own
+    assert "XLA411" not in [f.code for f in convert_text(stored)[1]]
+
+
 @pytest.mark.parametrize("change", [
     # the attribute is stored somewhere (here, in a tuple; elsewhere in the module), or set by setattr
     ("        self.net = net\n", "        self.net, self.alphas = net, [0.5] * 8\n"),

@@ -24,7 +24,7 @@ Anything else is unknown (None): the rules treat it as they did before.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, List, Optional, Set
+from typing import Callable, FrozenSet, Iterable, List, Optional, Set, Tuple
 
 import libcst as cst
 
@@ -117,29 +117,47 @@ class _Placement:
 
     def _computed_buffer(self, node: cst.Attribute) -> bool:
         """``self.alphas`` in a model class that registers its buffers under
-        computed names (``for k, v in schedules.items(): self.register_buffer(k, v)``)
-        and that nothing stores ``alphas`` in: only a buffer can be read
-        there.  Only for a class made straight from ``nn.Module`` (no base of
-        the module's own that could set it) with no ``__getattr__`` or
-        ``setattr`` of its own."""
+        computed names (``for k, v in schedules.items(): self.register_buffer(k, v)``),
+        itself or through a base of the same module, and that nothing stores
+        ``alphas`` in: only a buffer can be read there.  Only for classes of
+        this module down to ``nn.Module`` (no base elsewhere that could set
+        it), none with a ``__getattr__`` or ``setattr`` of its own."""
         cls = next((a for a in self.flow.ancestors(node) if isinstance(a, cst.ClassDef)), None)
-        if cls is None:
+        chain = self._model_chain(cls) if cls is not None else None
+        if chain is None or not chain[0]:
             return False
-        key = f"computed_buffers:{id(cls)}"
-        if key not in self.tree.memo:
-            registers = [c for c in find_all(cls, cst.Call, stop=(cst.ClassDef,))
-                         if call_name(c) == "register_buffer" and c.args  # type: ignore[attr-defined]
-                         and string_value(c.args[0].value) is None]  # type: ignore[attr-defined]
-            plain = len(cls.bases) == 1 and bool(self.tree.import_qualnames(cls.bases[0].value) & {"torch.nn.Module"})
-            own = {n.name.value for n in cls.body.body if isinstance(n, (cst.FunctionDef, cst.ClassDef))} | {
-                t.value for n in find_all(cls.body, (cst.Assign, cst.AnnAssign), stop=(cst.FunctionDef,))
-                for t in find_all(n, cst.Name) if _stored_name(n, t)}
-            blocked = "__getattr__" in own or any(call_name(c) == "setattr"  # type: ignore[arg-type]
-                                                  for c in find_all(cls, cst.Call, stop=(cst.ClassDef,)))
-            self.tree.memo[key] = (bool(registers) and plain and not blocked, own)
-        ok, own = self.tree.memo[key]  # type: ignore[misc]
         name = node.attr.value
-        return ok and name not in own and name not in _stored_attributes(self.tree)
+        return name not in chain[1] and name not in _stored_attributes(self.tree)
+
+    def _model_chain(self, cls: cst.ClassDef) -> Optional[Tuple[bool, FrozenSet[str]]]:
+        """For a class whose bases down to ``nn.Module`` are all classes of
+        this module with no ``__getattr__``/``setattr``: (does one of them
+        register a buffer under a computed name, the names their bodies
+        define); None for any other class."""
+        key = f"model_chain:{id(cls)}"
+        if key in self.tree.memo:
+            return self.tree.memo[key]  # type: ignore[return-value]
+        self.tree.memo[key] = None  # (a class that is its own base)
+        registers = any(call_name(c) == "register_buffer" and c.args  # type: ignore[attr-defined]
+                        and string_value(c.args[0].value) is None  # type: ignore[attr-defined]
+                        for c in find_all(cls, cst.Call, stop=(cst.ClassDef,)))
+        own = frozenset({n.name.value for n in cls.body.body if isinstance(n, (cst.FunctionDef, cst.ClassDef))} | {
+            t.value for n in find_all(cls.body, (cst.Assign, cst.AnnAssign), stop=(cst.FunctionDef,))
+            for t in find_all(n, cst.Name) if _stored_name(n, t)})
+        blocked = "__getattr__" in own or any(call_name(c) == "setattr"  # type: ignore[arg-type]
+                                              for c in find_all(cls, cst.Call, stop=(cst.ClassDef,)))
+        found: Optional[Tuple[bool, FrozenSet[str]]] = None
+        base = cls.bases[0].value if len(cls.bases) == 1 and not blocked else None
+        if base is not None and self.tree.import_qualnames(base) & {"torch.nn.Module"}:
+            found = (registers, own)
+        elif isinstance(base, cst.Name):
+            parent = next((c for c in self.tree.module.body if isinstance(c, cst.ClassDef)
+                           and c.name.value == base.value), None)
+            inherited = self._model_chain(parent) if parent is not None else None
+            if inherited is not None:
+                found = (registers or inherited[0], own | inherited[1])
+        self.tree.memo[key] = found
+        return found
 
     def _call(self, call: cst.Call, busy: Set[int]) -> Optional[str]:
         func, name = call.func, call_name(call)
