@@ -114,6 +114,9 @@ CUDA_DEFAULT = Rule(
     valid=("def run(x, device=None):\n    return x.to(device)\n",),
 )
 
+# device types `torch.device()` parses with nothing but torch imported ("tpu" needs TorchTPU's backend)
+_CORE_DEVICE_TYPES = frozenset({"xla", "cpu"})
+
 is_cuda_literal = is_cuda_string  # "cuda", "cuda:1", f"cuda:{rank}", "cuda:{}".format(gpu)
 
 
@@ -177,6 +180,11 @@ class DeviceSwap(XlaCodemod):
                       "this module uses; pass the device from the caller", fix=False)
             return updated_node
         device = self.target.device_string
+        if not is_device_string_choice(default) and device not in _CORE_DEVICE_TYPES:
+            self.flag(default, CUDA_DEFAULT.code, f"parameter `{name}` defaults to a CUDA device: "
+                      f"`torch.device(\"{device}\")` there would raise at import where the {device} backend is "
+                      "not loaded; pass the device from the caller", fix=False)
+            return updated_node
         if is_device_string_choice(default):  # a string that is a device object elsewhere in the module
             quote = "'" if isinstance(default, cst.SimpleString) and default.value.startswith("'") else '"'
             new: cst.BaseExpression = cst.SimpleString(f"{quote}{device}{quote}")

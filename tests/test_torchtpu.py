@@ -176,3 +176,15 @@ def test_a_cuda_device_keeps_its_index_on_torchtpu():
     assert 'kind = torch.device(torch.accelerator.current_accelerator(check_available=True) or "cpu")' in out
     xla = convert_text(src)[0]
     assert 'device = "xla"' in xla and "tpu" not in xla
+
+
+def test_a_cuda_device_object_default_stays_on_torchtpu():
+    """`torch.device("tpu")` raises where TorchTPU's backend is not loaded, and
+    a default is made at import: it stays, reported (on torch_xla it becomes
+    `torch.device("xla")`, a device type torch knows)."""
+    src = "import torch\n\n\ndef run(x, device=torch.device(\"cuda\"), dev=\"cuda:1\"):\n    return x.to(device), dev\n"
+    out, findings = convert_text(src, target="torchtpu")
+    assert 'device=torch.device("cuda")' in out and "dev=\"tpu:1\"" in out, out
+    assert [(f.code, f.fix) for f in findings if f.code == "XLA106"] == [("XLA106", False)], findings
+    xla = convert_text(src)[0]
+    assert 'device=torch.device("xla")' in xla and 'dev="xla"' in xla, xla
