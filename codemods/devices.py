@@ -172,10 +172,11 @@ class DeviceSwap(XlaCodemod):
         default = original_node.default
         if default is None or not (self.devices.cuda_device(default) or self.devices.is_idiom(default)):
             return updated_node
-        if cuda_facts(self.tree, self.qualnames).string_default(original_node):
+        facts = cuda_facts(self.tree, self.qualnames)
+        if facts.string_default(original_node):
             return updated_node
         name = original_node.name.value
-        if not cuda_facts(self.tree, self.qualnames).holds_device(name):
+        if not facts.holds_device(name):
             self.flag(default, CUDA_DEFAULT.code, f"parameter `{name}` defaults to a CUDA device but is no device "
                       "this module uses; pass the device from the caller", fix=False)
             return updated_node

@@ -24,7 +24,7 @@ import libcst as cst
 from codemods.analysis.cuda import being_ported, ported_needs
 from codemods.analysis.dataflow import dataflow
 from codemods.analysis.growth import grown_in
-from codemods.analysis.placement import DEVICE, placement
+from codemods.analysis.placement import DEVICE, FACTORIES, placement
 from codemods.analysis.project import SPARSE_CALLS, SPARSE_METHODS, sparse_from_siblings
 from codemods.analysis.values import TENSOR, values
 from codemods.base import Rule, XlaCodemod, dotted, find_all
@@ -266,7 +266,7 @@ def _from_the_end(part: cst.Slice) -> Optional[str]:
 __all__ = ["XlaLimits", "XLA_CANNOT", "CPU_FALLBACK_OP", "NEGATIVE_BOUND"]
 
 
-_DENSE_FACTORIES = frozenset(f"torch.{n}" for n in ("eye", "zeros", "ones", "full", "rand", "randn", "empty", "tensor"))
+_DENSE_FACTORIES = frozenset(f"torch.{n}" for n in FACTORIES)
 
 
 def _dense(value: Optional[cst.CSTNode], qualnames) -> bool:  # type: ignore[no-untyped-def]

@@ -38,8 +38,9 @@ from codemods.analysis.values import values as values_of
 from codemods.syntax.tree import TreeCache, call_name, find_all, string_value
 
 HOST, DEVICE = "host", "device"
-_FACTORIES = {"zeros", "ones", "empty", "full", "rand", "randn", "randint", "randperm", "arange", "linspace",
-              "logspace", "tensor", "as_tensor", "from_numpy", "eye"}
+# torch factories: each makes a (dense) tensor where its device= says
+FACTORIES = frozenset({"zeros", "ones", "empty", "full", "rand", "randn", "randint", "randperm", "arange", "linspace",
+                       "logspace", "tensor", "as_tensor", "from_numpy", "eye"})
 # made where their input is (unless given a device=)
 _LIKE = {"zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like", "randint_like"}
 _JOINS = {"cat", "concat", "concatenate", "stack", "hstack", "vstack"}
@@ -164,7 +165,7 @@ class _Placement:
         if isinstance(func, cst.Attribute):
             quals = self.tree.import_qualnames(func) or set()
             torch_name = next((q.split(".")[-1] for q in quals if q.startswith("torch.")), None)
-            if torch_name in _FACTORIES:
+            if torch_name in FACTORIES:
                 return self._factory(call)
             if torch_name in _LIKE or torch_name in _JOINS:
                 return self._from_inputs(call, torch_name in _JOINS, busy)
@@ -341,8 +342,7 @@ def _device_argument(call: cst.Call) -> Optional[str]:
 def _stored_name(statement: cst.CSTNode, name: cst.Name) -> bool:
     """Is ``name`` a name the class-level ``statement`` binds?"""
     targets = [t.target for t in statement.targets] if isinstance(statement, cst.Assign) else [statement.target]  # type: ignore[attr-defined]
-    return any(name is n or any(name is m for m in find_all(t, cst.Name)) for t in targets for n in (t,)
-               if not isinstance(t, cst.Attribute))
+    return any(m is name for t in targets if not isinstance(t, cst.Attribute) for m in find_all(t, cst.Name))
 
 
 def _stored_attributes(tree: TreeCache) -> Set[str]:
