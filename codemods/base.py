@@ -305,7 +305,8 @@ def tree_cache(context: Any, module: cst.Module) -> TreeCache:
     cache = context.scratch.get(TREE_KEY)
     if not isinstance(cache, TreeCache) or cache.module is not module:
         source = context.scratch.get(SOURCE_KEY)
-        cache = TreeCache(module, source.encode("utf-8", "surrogateescape") if isinstance(source, str) else b"")
+        cache = TreeCache(module, source.encode("utf-8", "surrogateescape") if isinstance(source, str) else b"",
+                          filename=getattr(context, "filename", None))
         context.scratch[TREE_KEY] = cache
     return cache
 

@@ -324,7 +324,7 @@ class _Passes:
         self.on_tree: List[Finding] = []  # findings on the current tree, in its lines
         self.unplaced: List[Unplaced] = []  # ... of which these still need their position
         context.scratch[UNPLACED_KEY] = self.unplaced
-        self._use(TreeCache(tree, source, text))
+        self._use(TreeCache(tree, source, text, filename=context.filename))
         # the prefilter's ``ast`` parse of this same source, for statement lines
         self.cache.memo["ast"] = pyast.parsed(source)
         self.unchecked = False  # the tree is a rewrite no codemod has read yet
@@ -362,7 +362,8 @@ class _Passes:
 
     def _current(self) -> None:
         """Make ``self.tree`` (rewritten) the one the next codemods read."""
-        self._use(TreeCache(self.tree, self.source, self.text, self.context.scratch.get(imports.NEEDED_KEY) or ()))
+        self._use(TreeCache(self.tree, self.source, self.text, self.context.scratch.get(imports.NEEDED_KEY) or (),
+                            filename=self.context.filename))
 
     def apply(self, cls: type) -> None:
         """One codemod's pass, unless it cannot find anything in this tree."""

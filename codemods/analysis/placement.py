@@ -24,16 +24,17 @@ Anything else is unknown (None): the rules treat it as they did before.
 
 from __future__ import annotations
 
-from typing import Callable, FrozenSet, Iterable, List, Optional, Set, Tuple
+from typing import Callable, Iterable, List, Optional, Set
 
 import libcst as cst
 
 from codemods.analysis.bindings import binding_nodes
+from codemods.analysis.buffers import model_buffers
 from codemods.analysis.loops import loop_iterable
 from codemods.analysis.tensors import is_tensor_expr
 from codemods.analysis.dataflow import dataflow
 from codemods.analysis.values import DEVICE as DEVICE_KIND
-from codemods.analysis.values import DEVICE_LOADER, DEVICE_STR, LOADER, MODULE, Values, class_kinds
+from codemods.analysis.values import DEVICE_LOADER, DEVICE_STR, LOADER, MODULE, Values
 from codemods.analysis.values import values as values_of
 from codemods.syntax.tree import TreeCache, call_name, find_all, string_value
 
@@ -95,70 +96,12 @@ class _Placement:
         if isinstance(node, cst.Call):
             return self._call(node, busy)
         if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
-            if node.attr.value in self._buffers(node) or self._computed_buffer(node):
+            buffers = model_buffers(self.tree)
+            if node.attr.value in buffers.named(node) or buffers.computed(node):
                 return DEVICE  # a model's buffer moves with the model
             found = {self.of(v, busy) for v in self.flow.self_stores(node)}  # what the class stores there
             return found.pop() if len(found) == 1 else None
         return None
-
-    def _buffers(self, node: cst.CSTNode) -> Set[str]:
-        """The buffers a model class around ``node`` registers
-        (``self.register_buffer("alphas", ...)``, or through a helper of
-        that name): on the device once the model is."""
-        cls = next((a for a in self.flow.ancestors(node) if isinstance(a, cst.ClassDef)), None)
-        if cls is None:
-            return set()
-        key = f"buffers:{id(cls)}"
-        if key not in self.tree.memo:
-            names = {string_value(c.args[0].value) for c in find_all(cls, cst.Call, stop=(cst.ClassDef,))
-                     if call_name(c) == "register_buffer" and c.args}  # type: ignore[attr-defined]
-            model = class_kinds(self.tree, cls) == {MODULE}
-            self.tree.memo[key] = {n for n in names if n} if model else set()
-        return self.tree.memo[key]  # type: ignore[return-value]
-
-    def _computed_buffer(self, node: cst.Attribute) -> bool:
-        """``self.alphas`` in a model class that registers its buffers under
-        computed names (``for k, v in schedules.items(): self.register_buffer(k, v)``),
-        itself or through a base of the same module, and that nothing stores
-        ``alphas`` in: only a buffer can be read there.  Only for classes of
-        this module down to ``nn.Module`` (no base elsewhere that could set
-        it), none with a ``__getattr__`` or ``setattr`` of its own."""
-        cls = next((a for a in self.flow.ancestors(node) if isinstance(a, cst.ClassDef)), None)
-        chain = self._model_chain(cls) if cls is not None else None
-        if chain is None or not chain[0]:
-            return False
-        name = node.attr.value
-        return name not in chain[1] and name not in _stored_attributes(self.tree)
-
-    def _model_chain(self, cls: cst.ClassDef) -> Optional[Tuple[bool, FrozenSet[str]]]:
-        """For a class whose bases down to ``nn.Module`` are all classes of
-        this module with no ``__getattr__``/``setattr``: (does one of them
-        register a buffer under a computed name, the names their bodies
-        define); None for any other class."""
-        key = f"model_chain:{id(cls)}"
-        if key in self.tree.memo:
-            return self.tree.memo[key]  # type: ignore[return-value]
-        self.tree.memo[key] = None  # (a class that is its own base)
-        registers = any(call_name(c) == "register_buffer" and c.args  # type: ignore[attr-defined]
-                        and string_value(c.args[0].value) is None  # type: ignore[attr-defined]
-                        for c in find_all(cls, cst.Call, stop=(cst.ClassDef,)))
-        own = frozenset({n.name.value for n in cls.body.body if isinstance(n, (cst.FunctionDef, cst.ClassDef))} | {
-            t.value for n in find_all(cls.body, (cst.Assign, cst.AnnAssign), stop=(cst.FunctionDef,))
-            for t in find_all(n, cst.Name) if _stored_name(n, t)})
-        blocked = "__getattr__" in own or any(call_name(c) == "setattr"  # type: ignore[arg-type]
-                                              for c in find_all(cls, cst.Call, stop=(cst.ClassDef,)))
-        found: Optional[Tuple[bool, FrozenSet[str]]] = None
-        base = cls.bases[0].value if len(cls.bases) == 1 and not blocked else None
-        if base is not None and self.tree.import_qualnames(base) & {"torch.nn.Module"}:
-            found = (registers, own)
-        elif isinstance(base, cst.Name):
-            parent = next((c for c in self.tree.module.body if isinstance(c, cst.ClassDef)
-                           and c.name.value == base.value), None)
-            inherited = self._model_chain(parent) if parent is not None else None
-            if inherited is not None:
-                found = (registers or inherited[0], own | inherited[1])
-        self.tree.memo[key] = found
-        return found
 
     def _call(self, call: cst.Call, busy: Set[int]) -> Optional[str]:
         func, name = call.func, call_name(call)
@@ -337,26 +280,3 @@ def _device_argument(call: cst.Call) -> Optional[str]:
         if arg.keyword is not None and arg.keyword.value == "device":
             return HOST if string_value(arg.value) == "cpu" else DEVICE
     return None
-
-
-def _stored_name(statement: cst.CSTNode, name: cst.Name) -> bool:
-    """Is ``name`` a name the class-level ``statement`` binds?"""
-    targets = [t.target for t in statement.targets] if isinstance(statement, cst.Assign) else [statement.target]  # type: ignore[attr-defined]
-    return any(m is name for t in targets if not isinstance(t, cst.Attribute) for m in find_all(t, cst.Name))
-
-
-def _stored_attributes(tree: TreeCache) -> Set[str]:
-    """Every attribute name the module stores into anywhere (``x.a = ...``,
-    ``x.a, y = ...``, ``x.a += ...``, ``x.a: T = ...``)."""
-    found = tree.memo.get("placement:stored_attributes")
-    if found is None:
-        found = set()
-        for stmt in find_all(tree.module, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
-            targets = [t.target for t in stmt.targets] if isinstance(stmt, cst.Assign) else [stmt.target]  # type: ignore[attr-defined]
-            for t in targets:
-                found.update(a.attr.value for a in find_all(t, cst.Attribute))  # type: ignore[attr-defined]
-        for loop in find_all(tree.module, (cst.For, cst.CompFor)):
-            found.update(a.attr.value for a in find_all(loop.target, cst.Attribute))  # type: ignore[attr-defined]
-        tree.memo["placement:stored_attributes"] = found
-    return found  # type: ignore[return-value]
-

@@ -74,8 +74,10 @@ class TreeCache(NodeIndex, ImportTable, TreeMetadata):
     codemod changes the tree."""
 
     def __init__(self, module: cst.Module, source: bytes = b"", text: Optional[str] = None,
-                 pending: Sequence[Tuple[str, Optional[str], Optional[str]]] = ()) -> None:
+                 pending: Sequence[Tuple[str, Optional[str], Optional[str]]] = (),
+                 filename: Optional[str] = None) -> None:
         self.module = module
+        self.filename = filename  # the file the tree was read from, where known (its project's other modules)
         self.source = source
         self.text = text  # the module's code, where the engine knows it (for light positions)
         # imports earlier rewrites asked for, added only once all rules ran
