@@ -47,6 +47,7 @@ ORDER: Tuple[Tuple[str, str], ...] = (
     ("codemods.recompiles", "Recompiles"),
     ("codemods.partial_batches", "PartialBatches"),
     ("codemods.xla_limits", "XlaLimits"),  # before the catch-all: what it reports keeps CUDA tests too
+    ("codemods.index_errors", "CaughtIndexErrors"),
     ("codemods.coverage", "CudaCatchAll"),
     ("codemods.suppressions", "UnusedSuppressions"),  # last: it reads what the others silenced
 )
