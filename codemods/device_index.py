@@ -16,6 +16,10 @@ name or an attribute, indexed by one plain int expression of a counter
 a loop around it.  A counter of a loop *inside* the step (a decoder unrolled
 over time) is part of one graph already and is left as it is.
 
+A slice of such a table by the step's int in the step itself
+(``x = X_train[i:i + batch_size]``, the TCN benchmarks' trainers) is a slice
+whose start is a constant of the graph too: it becomes the gather below.
+
 The same int handed to a helper of the module (``get_batch(source, i)`` in
 the step loop, the word-level language models' recipe) reaches the table in
 the helper: ``source[i:i + seq_len]`` there is a ``slice`` whose start is a
@@ -56,7 +60,8 @@ DEVICE_INDEX = Rule(
         "(`get_batch(source, i)` returning `source[i:i + seq_len]`, the word-level language models' recipe) "
         "is a slice start baked into the graph: the helper gathers the rows at "
         "`torch.arange(n, device=...) + torch.tensor([i], device=...)` instead, one graph per chunk length "
-        "(4 -> 8 compiles at 4 -> 8 chunks left as it is, 3 -> 3 rewritten). Only reads of a table on the "
+        "(4 -> 8 compiles at 4 -> 8 chunks left as it is, 3 -> 3 rewritten); so does a slice taken in the step "
+        "itself (`x = X_train[i:i + batch_size]`). Only reads of a table on the "
         "device, indexed by an int of the step loop (or a loop around it), are rewritten; the rest of XLA407 "
         "stays reported."
     ),
@@ -102,18 +107,23 @@ class DeviceIndex(LoopCodemod):
         through = self._through_calls().get(id(original_node))
         if through is not None:
             return self._gathered(original_node, updated_node, through)
-        index = self._index(original_node)
-        if index is None:
+        index, parts = self._index(original_node), _slice_parts(original_node)
+        if index is None and parts is None:
             return updated_node
-        counters = self._step_counters()
-        used = {n.value for n in find_all(index, cst.Name)}
-        hit = sorted(used & counters)
+        used = {n.value for part in ([index] if index is not None else parts) if part is not None
+                for n in find_all(part, cst.Name)}
+        hit = sorted(used & self._step_counters())
         if not hit or used & self.tensors or is_stored(original_node, self.ancestors(original_node)) \
                 or self._in_function_below_loop(original_node):
             return updated_node
         table = original_node.value
         if not on_device(self.tree, table, self.tensors):
             return updated_node
+        if index is None:  # a slice of the table in the step itself (`data[i:i + bptt]`)
+            loop = next(loop for loop, step, loader in reversed(self.loop_stack) if step or loader)
+            if _changed(original_node, loop):
+                return updated_node
+            return self._gathered(original_node, updated_node, hit[0], handed=False)
         code = cst.Module([]).code_for_node
         if not self.flag(original_node, DEVICE_INDEX.code, f"`{code(original_node)}` indexes a device table with "
                          f"the step's Python int `{hit[0]}` (a new graph each step): indexed with it sent to the "
@@ -170,14 +180,16 @@ class DeviceIndex(LoopCodemod):
             return set()
         return set().union(*(loop_counters(self.tree, loop) for loop in loops[:hot[-1] + 1] if isinstance(loop, cst.For)))
 
-    def _gathered(self, original: cst.Subscript, updated: cst.Subscript, counter: str) -> cst.BaseExpression:
+    def _gathered(self, original: cst.Subscript, updated: cst.Subscript, counter: str,
+                  handed: bool = True) -> cst.BaseExpression:
         """``t[a:b]`` -> ``t[torch.arange(n, device=t.device) + torch.tensor([a], device=t.device)]``,
         ``n`` the slice's length clamped to ``t``'s rows."""
         code = cst.Module([]).code_for_node
         lower, upper = _slice_parts(original)  # type: ignore[misc]
         table = code(original.value)
+        whose = " handed to this function" if handed else ""
         if not self.flag(original, DEVICE_INDEX.code, f"`{code(original)}` slices a device table with the step's "
-                         f"Python int `{counter}` handed to this function (a new graph each step): sliced with it "
+                         f"Python int `{counter}`{whose} (a new graph each step): sliced with it "
                          "sent to the device, one graph for every step of this length", fix=True):
             return updated
         imports.need(self.context, "torch")

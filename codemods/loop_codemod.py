@@ -21,6 +21,7 @@ from codemods.analysis.loops import (
     step_functions,
 )
 from codemods.analysis.nesting import is_outer_loop
+from codemods.analysis.bindings import read_from_module
 from codemods.analysis.tensors import tensor_names
 from codemods.analysis.values import values as values_of
 from codemods.base import SOURCE_KEY, XlaCodemod, call_name
@@ -55,7 +56,12 @@ class LoopCodemod(XlaCodemod):
         self.tensor_stack.append(self._tensor_names(node))
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.tensor_stack.append(self._tensor_names(node.body))
+        """The function's tensors: its own, and the module's that it reads (``X_train`` sliced in ``train()``)."""
+        def seen() -> Set[str]:
+            own = self._tensor_names(node.body)
+            module = self.tensor_stack[0] if self.tensor_stack else set()
+            return own | read_from_module(self.tree, node, module - own)
+        self.tensor_stack.append(self._memo("tensors_seen", node, seen))
 
     def _memo(self, kind: str, node: cst.CSTNode, compute: Callable[[], object]):  # type: ignore[no-untyped-def]
         """Per-tree memo shared by the loop codemods that run on one tree."""

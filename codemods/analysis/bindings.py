@@ -443,3 +443,19 @@ def _prefix(scope: _Scope) -> Optional[str]:
 
 
 __all__ = ["binding_nodes", "import_qualnames"]
+
+
+def read_from_module(tree: TreeCache, fn: cst.CSTNode, names: Set[str]) -> Set[str]:
+    """Of ``names``, those that a read inside the function ``fn`` takes from
+    the module's own bindings (bound neither in ``fn`` nor in a function
+    around it; ``global`` sends a name there too)."""
+    scopes = _index(tree)
+    module = scopes.get(id(tree.module))
+    start: Optional[_Scope] = scopes.get(id(fn))
+    cur = tree.parents.get(id(fn))
+    while start is None and cur is not None:  # (a function that binds nothing opens no scope of its own)
+        start = scopes.get(id(cur))
+        cur = tree.parents.get(id(cur))
+    if start is None or module is None:
+        return set()
+    return {n for n in names if _resolve_from(tree, start, n)[0] is module}

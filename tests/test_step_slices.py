@@ -1,0 +1,82 @@
+"""XLA411 on a slice of a device table taken in the step itself
+(``X_train[i:i + batch_size]``, ``i`` the step's Python int; the TCN
+benchmarks' trainers): the slice start is a constant of the graph, one graph
+per step (185 compiles for 20 steps of TCN's adding problem, each step's
+graph cut by CPU fallbacks); converted, the rows are gathered at indices sent
+to the device: one graph per slice length (14 compiles at 20 and at 40 steps).
+A function that reads the tensors from the module sees them as tensors."""
+
+import pytest
+
+from tests.conftest import convert_text
+
+from test_recompile_fixes import _numbers, _original_and_two_lengths
+from test_runnable_ports import needs_xla
+
+LOOP = '''\
+import torch
+
+data = torch.arange(40.0).view(20, 2).cuda()
+for i in range(0, data.size(0), 6):
+    x = data[i:i + 6]
+    loss = model(x).sum()
+    loss.backward()
+    opt.step()
+'''
+
+
+def _xla411(findings):
+    return [(f.line, f.fix) for f in findings if f.code == "XLA411"]
+
+
+def test_a_slice_by_the_step_int_gathers_at_device_indices():
+    out, findings = convert_text(LOOP)
+    assert _xla411(findings) == [(5, True)], findings
+    assert ("    x = data[torch.arange(max(min(i + 6, data.size(0)) - i, 0), device=data.device) + "
+            "torch.tensor([i], device=data.device)]\n") in out, out
+    assert "XLA407" not in [f.code for f in findings]
+    again, findings = convert_text(out)
+    assert again == out and not _xla411(findings)
+
+
+def test_a_function_reads_the_modules_tensors():
+    src = LOOP.replace("for i in range(0, data.size(0), 6):\n", "\n\ndef train():\n    for i in range(0, data.size(0), 6):\n")
+    src = src.replace("    x = data", "        x = data").replace("    loss", "        loss").replace("    opt", "        opt")
+    out, findings = convert_text(src)
+    assert _xla411(findings) == [(8, True)], findings
+    # a function that binds the name itself reads its own (a host list here)
+    own = src.replace("def train():\n", "def train():\n    data = list(range(20))\n")
+    out, findings = convert_text(own)
+    assert not _xla411(findings) and "torch.tensor([" not in out, out
+
+
+@pytest.mark.parametrize("change", [
+    ("    x = data[i:i + 6]\n", "    x = data[i:i + 6]\n    x.mul_(2)\n"),  # changed in place: a copy would not write back
+    ("    x = data[i:i + 6]\n", "    data[i:i + 6] = 0\n    x = data\n"),  # written
+    ("data[i:i + 6]", "data[i:i + 6:2]"),  # a step
+    ("data[i:i + 6]", "data[i - 1:i + 6]"),  # a start that may count from the end
+    ("data[i:i + 6]", "data[:i + 6]"),  # no start
+])
+def test_a_slice_that_is_not_a_plain_read_stays_reported(change):
+    src = LOOP.replace(*change)
+    assert change[1] in src
+    out, findings = convert_text(src)
+    assert not _xla411(findings) and "torch.tensor([" not in out, out
+    assert "XLA407" in [f.code for f in findings]
+
+
+def test_a_slice_of_a_host_table_or_by_an_inner_counter_is_left():
+    out, findings = convert_text(LOOP.replace("torch.arange(40.0).view(20, 2).cuda()", "list(range(20))"))
+    assert not _xla411(findings) and "torch.tensor([" not in out
+    inner = LOOP.replace("    x = data[i:i + 6]\n", "    x = 0\n    for k in range(3):\n        x = x + data[k:k + 2]\n")
+    out, findings = convert_text(inner)  # a loop inside the step: one graph already
+    assert not _xla411(findings) and "data[k:k + 2]" in out
+
+
+@pytest.mark.xla
+@needs_xla
+def test_sliced_batches_compile_once_per_length_and_train_as_the_original(tmp_path):
+    """fixtures/step_slices at 4 and 8 steps: compiles flat, the original's loss."""
+    original, short, long, out8 = _original_and_two_lengths("step_slices", tmp_path)
+    assert short["metrics"]["compiles"] == long["metrics"]["compiles"], (short, long)
+    assert _numbers(out8) == pytest.approx(_numbers(original.stdout), rel=1e-3, abs=1e-4), (out8, original.stdout)
