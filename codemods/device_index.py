@@ -112,7 +112,8 @@ class DeviceIndex(LoopCodemod):
             return updated_node
         used = {n.value for part in ([index] if index is not None else parts) if part is not None
                 for n in find_all(part, cst.Name)}
-        hit = sorted(used & self._step_counters())
+        first = {n.value for n in find_all(index if index is not None else parts[0], cst.Name)}  # (the start's)
+        hit = sorted(used & self._step_counters(), key=lambda n: (n not in first, n))
         if not hit or used & self.tensors or is_stored(original_node, self.ancestors(original_node)) \
                 or self._in_function_below_loop(original_node):
             return updated_node

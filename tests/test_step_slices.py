@@ -80,3 +80,28 @@ def test_sliced_batches_compile_once_per_length_and_train_as_the_original(tmp_pa
     original, short, long, out8 = _original_and_two_lengths("step_slices", tmp_path)
     assert short["metrics"]["compiles"] == long["metrics"]["compiles"], (short, long)
     assert _numbers(out8) == pytest.approx(_numbers(original.stdout), rel=1e-3, abs=1e-4), (out8, original.stdout)
+
+
+DERIVED = LOOP.replace("for i in range(0, data.size(0), 6):\n    x = data[i:i + 6]\n",
+                       "for batch in range(0, 4):\n    start = batch * 6\n    end = start + 6\n    x = data[start:end]\n")
+
+
+def test_ints_computed_from_the_counter_change_every_step_too():
+    """TCN's copy-memory trainer: `start_ind = batch`, `end_ind = start_ind + batch_size`
+    (103 -> 16 compiles at 10 steps, 16 at 20)."""
+    assert "x = data[start:end]" in DERIVED
+    out, findings = convert_text(DERIVED)
+    assert _xla411(findings) == [(7, True)], findings
+    assert "torch.tensor([start], device=data.device)" in out
+
+
+@pytest.mark.parametrize("change", [
+    ("    end = start + 6\n", "    end = start + 6\n    if end > 20:\n        start = None\n"),  # not always an int
+    ("    start = batch * 6\n", "    start = batch / 6\n"),  # a float
+    ("    start = batch * 6\n", "    start = f(batch)\n"),  # a call
+])
+def test_a_name_that_may_be_no_int_of_the_counter_is_no_counter(change):
+    src = DERIVED.replace(*change)
+    assert src != DERIVED
+    out, findings = convert_text(src)
+    assert not _xla411(findings) and "torch.tensor([" not in out, out

@@ -40,8 +40,46 @@ def loop_counters(tree: TreeCache, loop: cst.For) -> Set[str]:
     key = f"counters:{id(loop)}"
     found = tree.memo.get(key)
     if found is None:
-        found = tree.memo[key] = frozenset(_bound(tree, loop.target, loop.iter, set()))
+        found = tree.memo[key] = frozenset(_derived(loop, _bound(tree, loop.target, loop.iter, set())))
     return found  # type: ignore[return-value]
+
+
+_ARITHMETIC = (cst.Add, cst.Subtract, cst.Multiply, cst.FloorDivide, cst.Modulo)
+
+
+def _derived(loop: cst.For, counters: Set[str]) -> Set[str]:
+    """``counters`` and the names the loop's body binds to int arithmetic of
+    them and nothing else (``start = batch * size``, ``end = start + size``):
+    they change every iteration too."""
+    if not counters:
+        return counters
+    stores: Dict[str, List[Optional[cst.BaseExpression]]] = {}
+    for node in find_all(loop.body, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For, cst.WithItem, cst.NamedExpr),
+                         stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+        if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
+            stores.setdefault(node.targets[0].target.value, []).append(node.value)
+            continue
+        target = node.asname.name if isinstance(node, cst.WithItem) and node.asname else getattr(node, "target", None)
+        for name in find_all(target, cst.Name) if target is not None else ():
+            stores.setdefault(name.value, []).append(None)  # (bound some other way)
+    found = set(counters)
+    while True:
+        more = {name for name, values in stores.items() if name not in found and all(
+            v is not None and _int_arithmetic(v) and {n.value for n in find_all(v, cst.Name)} & found for v in values)}
+        if not more:
+            return found
+        found |= more
+
+
+def _int_arithmetic(node: cst.BaseExpression) -> bool:
+    """Names, ints and ``+ - * // %`` of them (``/`` makes a float)."""
+    if isinstance(node, (cst.Name, cst.Integer)):
+        return True
+    if isinstance(node, cst.BinaryOperation):
+        return isinstance(node.operator, _ARITHMETIC) and _int_arithmetic(node.left) and _int_arithmetic(node.right)
+    if isinstance(node, cst.UnaryOperation):
+        return isinstance(node.operator, cst.Minus) and _int_arithmetic(node.expression)
+    return False
 
 
 def _bound(tree: TreeCache, target: cst.BaseExpression, it: cst.BaseExpression, busy: Set[int]) -> Set[str]:
