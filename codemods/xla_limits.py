@@ -29,7 +29,7 @@ from codemods.analysis.project import SPARSE_CALLS, SPARSE_METHODS, sparse_from_
 from codemods.analysis.values import TENSOR, values
 from codemods.base import Rule, XlaCodemod, dotted, find_all
 from codemods.syntax.nodes import source_of
-from codemods.xla_ops_data import CPU_FALLBACK, TORCH_XLA
+from codemods.xla_ops_data import CPU_FALLBACK, FALLBACK_CALLS, TORCH_XLA
 
 MOVING_SPARSE = "moving sparse"  # how XLA158 begins where a sparse tensor goes to the device
 
@@ -71,7 +71,9 @@ CPU_FALLBACK_OP = Rule(
         "to the host, the op runs there, and the result comes back -- at every call, and the graph is cut in "
         "two. The list is read from torch_xla's own kernel table (`benchmarks/gen_xla_ops.py`). Use an op XLA "
         "lowers (`as_strided`/`F.unfold` on 4-D input, `torch.bucketize` -> a comparison and `sum`), or move the "
-        "call out of the step."
+        "call out of the step. Some torch utilities make modules that call such ops at every step: "
+        "`nn.utils.weight_norm` (and its parametrization) runs `_weight_norm_interface` on the CPU in every "
+        "forward and backward (measured on XLA's CPU backend by the same script)."
     ),
     before="import torch\n\nx = torch.randn(8, 8).cuda()\nh = torch.histc(x, bins=4)\n",
     after=None,
@@ -118,7 +120,8 @@ def _spelled(op: str) -> str:
     return op
 
 
-_FALLBACK_NAMES = frozenset({"fold", "Fold", "unfold", "Unfold", *(_spelled(op) for op in CPU_FALLBACK)})
+_FALLBACK_NAMES = frozenset({"fold", "Fold", "unfold", "Unfold", *(_spelled(op) for op in CPU_FALLBACK),
+                            *(call.rpartition(".")[2] for call in FALLBACK_CALLS)})
 _NAMES = frozenset({"spmm", "smm", "hspmm", "sspaddmm", "share_memory", *_FALLBACK_NAMES})
 
 
@@ -127,7 +130,8 @@ class XlaLimits(XlaCodemod):
                    "slice bounds past the size.")
     RULES = (XLA_CANNOT, CPU_FALLBACK_OP, NEGATIVE_BOUND)
     TRIGGERS = (b"sparse", b"spmm", b"share_memory", b"fold", b"Fold", b"[-", b", -", b":-", b": -",
-                *sorted({_spelled(op).encode() for op in CPU_FALLBACK}))
+                *sorted({_spelled(op).encode() for op in CPU_FALLBACK}),
+                *sorted({call.rpartition(".")[2].encode() for call in FALLBACK_CALLS}))
     SIBLING_FACTS = ("sparse_returns",)  # a sparse tensor another module's function returns, moved here
     NEEDS = ("name~sparse", "name:spmm", "name:smm", "name:hspmm", "name:share_memory",  # XLA158: anywhere
              *ported_needs(*(f"name:{n}" for n in sorted(_FALLBACK_NAMES))),  # XLA159: in code being ported
@@ -176,7 +180,17 @@ class XlaLimits(XlaCodemod):
         if found is not None:
             self.flag(node, XLA_CANNOT.code, found, fix=False)
             return
-        op = self._fallback_op(node) if self._ported else None
+        if not self._ported:
+            return
+        wraps = next((q for q in self.qualnames(func) if q in FALLBACK_CALLS), None)
+        if wraps is not None:  # (it wraps a module: that module's forward and backward fall back, every call)
+            ops = "`, `".join(FALLBACK_CALLS[wraps])
+            self.flag(node, CPU_FALLBACK_OP.code, f"`{wraps.replace('torch.', '', 1)}` makes a module whose forward "
+                      f"and backward call `{ops}`, which torch_xla {TORCH_XLA} has no lowering for: they run on the "
+                      "CPU at every step, the graph cut at each; compute the normalised weight with ops XLA lowers",
+                      fix=False)
+            return
+        op = self._fallback_op(node)
         if op is not None:
             self.flag(node, CPU_FALLBACK_OP.code, f"`{op}` has no XLA lowering in torch_xla {TORCH_XLA}: it runs on "
                       "the CPU, its tensors copied to the host and back at every call", fix=False)

@@ -38,3 +38,10 @@ TPU_ONLY_LOWERING = frozenset({
     'upsample_bilinear2d_backward',
     'upsample_nearest2d_backward',
 })
+
+# torch utilities whose modules, run on XLA, call ops that fall back (private ops)
+FALLBACK_CALLS = {
+    'torch.nn.utils.weight_norm': ('_weight_norm_interface', '_weight_norm_interface_backward'),
+    'torch.nn.utils.parametrizations.weight_norm': ('_weight_norm_interface', '_weight_norm_interface_backward'),
+    'torch.nn.utils.parametrizations.spectral_norm': ('vdot',),
+}

@@ -269,6 +269,15 @@ def test_an_op_without_an_xla_lowering_is_reported_only_in_code_being_ported():
     assert "XLA159" not in [f.code for f in convert_text(plain)[1]]
 
 
+def test_a_utility_whose_module_falls_back_is_said_where_it_wraps_one():
+    """TCN: `weight_norm(nn.Conv1d(...))` runs `_weight_norm_interface` on the CPU at every step (measured)."""
+    src = ("import torch\nfrom torch.nn.utils import weight_norm\n\nconv = weight_norm(torch.nn.Conv1d(4, 4, 3)).cuda()\n"
+           "ok = torch.nn.utils.spectral_norm(torch.nn.Linear(4, 4)).cuda()\n")
+    found = [f for f in convert_text(src)[1] if f.code == "XLA159"]
+    assert [f.line for f in found] == [4] and "`_weight_norm_interface`" in found[0].message, found
+    assert "XLA159" not in [f.code for f in convert_text(src.replace(".cuda()", ""))[1]]  # not being ported
+
+
 @pytest.mark.xla
 @pytest.mark.skipif(not HAVE_XLA, reason="needs torch_xla (make setup)")
 def test_the_op_table_is_the_one_torch_xla_gives(tmp_path):
