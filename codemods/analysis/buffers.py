@@ -28,6 +28,7 @@ from typing import Dict, FrozenSet, Iterator, Optional, Set, Tuple
 
 import libcst as cst
 
+from codemods.analysis.project import resolve
 from codemods.analysis.values import MODULE, class_kinds
 from codemods.syntax.tree import TreeCache, call_name, find_all, string_value
 
@@ -150,8 +151,6 @@ def _imported_chain(tree: TreeCache, quals: Set[str]) -> Chain:
     module, _, name = next(iter(quals)).rpartition(".")
     if not module or module.split(".")[0] in ("torch", "torch_xla"):
         return None
-    from codemods.analysis.project import resolve
-
     path = resolve(tree.filename, module)
     return _chains_of(path).get(name) if path is not None else None
 
