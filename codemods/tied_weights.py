@@ -29,11 +29,13 @@ from codemods.analysis.prefilter import (
     CALLS_LIBRARY, LIBRARY, RETIE_METHODS, TIE_ATTRS, TIED_WEIGHTS as TIED, is_library_model, is_tie,
 )
 from codemods.analysis.dataflow import dataflow
+from codemods.analysis.project import calls, imported_modules
 from codemods.analysis.values import DEVICE, DEVICE_STR, values as values_of
 from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all, statement
 from codemods.syntax.imports import head_length
 
 SWAP = "torch.__future__.set_swap_module_params_on_conversion"
+_OLD_WEIGHT_NORM = "torch.nn.utils.weight_norm"  # (its computed weight holds its parameters: they cannot be swapped)
 _LIBRARY = LIBRARY + "."
 
 TIED_WEIGHTS = Rule(
@@ -48,7 +50,9 @@ TIED_WEIGHTS = Rule(
         "where it is imported (`torch.__future__.set_swap_module_params_on_conversion(True)`): `.to()` then "
         "swaps each parameter in place and the tie holds. Ties written in a class (`self.a.weight = "
         "self.b.weight`) are found. A transformers model the program moves to the device (GPT-2's output "
-        "layer shares the token embedding) is re-tied right after the move with its own `tie_weights()`."
+        "layer shares the token embedding) is re-tied right after the move with its own `tie_weights()`. Where "
+        "the module, or a project module it imports, uses the old `torch.nn.utils.weight_norm` (its weights "
+        "cannot be swapped: `.to()` would fail), the tie is reported instead."
     ),
     before=(
         "import torch\nimport torch.nn as nn\n\n\nclass LM(nn.Module):\n    def __init__(self):\n"
@@ -85,7 +89,8 @@ EARLY_OPTIMIZER = Rule(
         "on the device never changes, and training silently does nothing (pytorch/examples' "
         "mnist_forward_forward did not train on XLA). The module turns on PyTorch's swapping conversion, as for "
         "tied weights (XLA157), so that `.to()` keeps every parameter the optimizer holds. Where the module uses "
-        "the old `torch.nn.utils.weight_norm`, whose weights cannot be swapped, it is reported instead."
+        "the old `torch.nn.utils.weight_norm` (or a project module it imports does), whose weights cannot be "
+        "swapped, it is reported instead."
     ),
     before=(
         "import torch\nimport torch.nn as nn\n\n\nclass Layer(nn.Linear):\n    def __init__(self, n):\n"
@@ -151,11 +156,14 @@ class TiedWeights(XlaCodemod):
         can): the old ``torch.nn.utils.weight_norm`` keeps a computed weight
         that holds its parameters, and ``.to()`` then fails ("Couldn't swap
         Linear.weight_g"; its ``parametrizations`` successor swaps)."""
-        if any("torch.nn.utils.weight_norm" in self.qualnames(c.func) for c in self.tree.nodes((cst.Call,))):
-            return ("`torch.nn.utils.weight_norm` is used here, and its weights cannot be swapped (`.to()` would "
-                    "fail); use `torch.nn.utils.parametrizations.weight_norm`, or build the optimizer (or tie the "
-                    "weights again) after the move")
-        return ""
+        where = "here" if any(_OLD_WEIGHT_NORM in self.qualnames(c.func) for c in self.tree.nodes((cst.Call,))) \
+            else next((f"in `{module}`, which this module imports" for module, path in imported_modules(
+                self.tree.filename, self.tree.source).items() if calls(path, _OLD_WEIGHT_NORM)), None)
+        if where is None:
+            return ""
+        return (f"`torch.nn.utils.weight_norm` is used {where}, and its weights cannot be swapped (`.to()` would "
+                "fail); use `torch.nn.utils.parametrizations.weight_norm`, or build the optimizer (or tie the "
+                "weights again) after the move")
 
     def _retied(self, old, new) -> Optional[list]:
         """``new`` with ``model.tie_weights()`` after each statement that

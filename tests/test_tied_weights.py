@@ -88,3 +88,24 @@ def test_old_weight_norm_blocks_the_swap_and_the_finding_says_why():
     outcome = transform(tied.encode(), Settings())
     assert b"set_swap_module_params_on_conversion" not in outcome.code
     assert [f.fix for f in outcome.findings if f.code == "XLA157"] == [False]
+
+
+@pytest.mark.parametrize("spelling", [
+    "from torch.nn.utils import weight_norm\n\nconv = weight_norm(nn.Conv1d(4, 4, 3))\n",
+    "import torch.nn as nn\n\nconv = nn.utils.weight_norm(nn.Conv1d(4, 4, 3))\n",
+])
+def test_old_weight_norm_in_a_module_this_one_imports_blocks_the_swap_too(tmp_path, spelling):
+    """TCN's word-level model ties its decoder to its embedding and builds its
+    layers with `weight_norm` in `tcn.py`: with the swap turned on, the
+    conversion died at `model.to(xla)` ("Couldn't swap Conv1d.weight_g")."""
+    (tmp_path / "layers.py").write_text("import torch.nn as nn\n" + spelling)
+    model = tmp_path / "model.py"
+    model.write_text(LM.replace("import torch.nn as nn\n", "import torch.nn as nn\n\nfrom layers import conv\n"))
+    out = transform(model.read_bytes(), Settings(), filename=str(model))
+    tie = [f for f in out.findings if f.code == "XLA157"]
+    assert len(tie) == 1 and not tie[0].fix and "in `layers`, which this module imports" in tie[0].message, tie
+    assert SWAP not in out.code.decode()
+    (tmp_path / "layers.py").write_text(spelling.replace("nn.utils.weight_norm", "nn.utils.parametrizations.weight_norm")
+                                        .replace("from torch.nn.utils import", "from torch.nn.utils.parametrizations import"))
+    out = transform(model.read_bytes(), Settings(), filename=str(model))  # its successor swaps
+    assert SWAP in out.code.decode()

@@ -240,19 +240,55 @@ def sparse_returns(path: Path) -> Dict[str, FrozenSet[Optional[int]]]:
     return facts
 
 
+def _aliases(module: ast.Module) -> Dict[str, str]:
+    """Local name -> what the module's top-level imports bind it to."""
+    aliases: Dict[str, str] = {}
+    for node in module.body:
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+    return aliases
+
+
+_CALLED: Dict[Tuple[str, str], Tuple[Tuple[int, int], bool]] = {}  # (per process) (path, qualname) -> answer
+
+
+def calls(path: Path, qualname: str) -> bool:
+    """Does the module at ``path`` call ``qualname`` (``torch.nn.utils.weight_norm``),
+    read through its top-level imports?"""
+    stamp, data = _read(path)
+    key = (str(path), qualname)
+    known = _CALLED.get(key)
+    if known is not None and known[0] == stamp:
+        return known[1]
+    found = False
+    if qualname.rpartition(".")[2].encode() in data:
+        try:
+            module = ast.parse(data)
+        except (SyntaxError, ValueError, RecursionError):
+            module = None
+        if module is not None:
+            aliases = _aliases(module)
+            for node in ast.walk(module):
+                text = _dotted(node.func) if isinstance(node, ast.Call) else None
+                root, _, rest = (text or "").partition(".")
+                full = aliases.get(root)
+                if full is not None and (f"{full}.{rest}" if rest else full) == qualname:
+                    found = True
+                    break
+    _CALLED[key] = (stamp or (0, 0), found)
+    return found
+
+
 class _SparseReturns:
     """:func:`sparse_returns` for one parsed module (flow-insensitive but for
     the last assignment of a name before each ``return``)."""
 
     def __init__(self, module: ast.Module) -> None:
-        self.aliases: Dict[str, str] = {}  # local name -> what it imports
-        for node in module.body:
-            if isinstance(node, ast.Import):
-                for a in node.names:
-                    self.aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                for a in node.names:
-                    self.aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        self.aliases = _aliases(module)  # local name -> what it imports
         self.functions = [n for n in module.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         self.known: Dict[str, FrozenSet[Optional[int]]] = {}
 
