@@ -1,4 +1,4 @@
-"""XLA161: an int index whose IndexError the program catches is taken on the host.
+"""XLA161: an int index whose IndexError the program catches never kills the process.
 
 PyTorch raises IndexError for an int index out of a tensor's range, and for
 any int index of a 0-dimensional tensor; code may rely on it
@@ -6,18 +6,20 @@ any int index of a 0-dimensional tensor; code may rely on it
 TeaPearce's conditional-diffusion sampler, where a class met once leaves a
 0-dimensional tensor).  torch_xla 2.9 kills the process instead (SIGSEGV)
 for a 0-dimensional device tensor indexed by an int other than 0, so the
-conversion dies where the original went on.
+conversion died where the original went on.  (An index out of the range of
+a tensor with dimensions raises on XLA as on the CPU.)
 
-``name = <tensor op>[i]`` inside a ``try`` whose handler catches
-IndexError (bare, ``IndexError``, ``LookupError``, ``Exception``,
-``BaseException``) and binds the same name a number instead becomes
-``name = <tensor op>.cpu()[i]``: the index runs on the host, where it raises
-as PyTorch does, and the value is the same.  The result is a scalar by the
-handler's own account (a number stands for it), and a 0-dimensional CPU
-tensor works with device tensors as a scalar or an index.  The indexed value
-is a temporary (a call's result): nothing else sees that the element is a
-copy, not a view.  Any other such index of a tensor not known to be on the
-host is reported, with the fix.
+``name = <tensor op>[i]`` directly in the body of a ``try`` whose handler
+catches IndexError (bare, ``IndexError``, ``LookupError``, ``Exception``,
+``BaseException``) becomes::
+
+    indexed = <tensor op>
+    name = (indexed if indexed.dim() else indexed.cpu())[i]
+
+A 0-dimensional tensor is indexed on the host, where any int index raises
+IndexError as PyTorch does (so nothing of the host escapes); any other stays
+on the device, indexed as before.  ``.dim()`` reads the shape, not the data.
+Such an index on a line with other statements is reported.
 """
 
 from __future__ import annotations
@@ -35,23 +37,23 @@ from codemods.base import Rule, XlaCodemod, find_all
 INDEX_ERROR = Rule(
     code="XLA161",
     name="caught-index-error",
-    summary="an int index whose IndexError the program catches is taken on the host (torch_xla aborts instead)",
+    summary="an int index whose IndexError the program catches takes a 0-dim tensor on the host (torch_xla aborts)",
     why=(
         "PyTorch raises IndexError for an int index out of a tensor's range and for any int index of a "
         "0-dimensional tensor, and programs catch it (`try: idx = torch.squeeze((c == k).nonzero())[j]` / "
         "`except: idx = 0`). torch_xla 2.9 kills the process (SIGSEGV) when a 0-dimensional device tensor is "
-        "indexed by an int other than 0: the conversion dies where the original went on. Where the handler "
-        "binds the same name a number, the index is taken on the host, `.cpu()[j]`, which raises as PyTorch does; "
-        "the value is the same scalar, and a 0-dimensional CPU tensor works with device tensors as a scalar or "
-        "an index. Other indexes in such a `try` are reported."
+        "indexed by an int other than 0: the conversion dies where the original went on. The tensor is bound "
+        "first and indexed as `(indexed if indexed.dim() else indexed.cpu())[j]`: a 0-dimensional one on the "
+        "host, where the index raises IndexError as PyTorch does, any other on the device as before (an index "
+        "out of its range raises there too)."
     ),
     before=(
         "import torch\n\nc = torch.tensor([3, 1, 3]).cuda()\ntry:\n"
         "    idx = torch.squeeze((c == 1).nonzero())[1]\nexcept IndexError:\n    idx = 0\n"
     ),
     after=(
-        "import torch\n\nc = torch.tensor([3, 1, 3]).cuda()\ntry:\n"
-        "    idx = torch.squeeze((c == 1).nonzero()).cpu()[1]\nexcept IndexError:\n    idx = 0\n"
+        "import torch\n\nc = torch.tensor([3, 1, 3]).cuda()\ntry:\n    indexed = torch.squeeze((c == 1).nonzero())\n"
+        "    idx = (indexed if indexed.dim() else indexed.cpu())[1]\nexcept IndexError:\n    idx = 0\n"
     ),
     valid=(
         # the handler catches something else; the index is of a list
@@ -65,7 +67,7 @@ _CATCHING = frozenset({"IndexError", "LookupError", "Exception", "BaseException"
 
 
 class CaughtIndexErrors(XlaCodemod):
-    DESCRIPTION = "Take an int index on the host where the program catches the IndexError it raises."
+    DESCRIPTION = "Index a 0-dim tensor on the host where the program catches the IndexError the index raises."
     RULES = (INDEX_ERROR,)
     TRIGGERS = (b"except",)
     NEEDS = ported_needs()
@@ -73,49 +75,63 @@ class CaughtIndexErrors(XlaCodemod):
     def regions(self, tree):
         return [t for t in tree.nodes((cst.Try,)) if _catching(t)]  # type: ignore[attr-defined]
 
-    def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
-        found = self._caught_index(original_node)
-        if found is None:
-            return updated_node
-        name, fallback = found
-        value = updated_node.value
-        assert isinstance(value, cst.Subscript)
-        code = cst.Module([]).code_for_node
-        if not fallback:
-            self.flag(original_node.value, INDEX_ERROR.code, f"`{code(original_node.value)}` in a `try` that catches "
-                      "IndexError: torch_xla 2.9 kills the process (SIGSEGV) for an int index of a 0-dimensional "
-                      "device tensor instead of raising; take the index on the host (`.cpu()[...]`)", fix=False)
-            return updated_node
-        if not self.flag(original_node.value, INDEX_ERROR.code, f"`{code(original_node.value)}` in a `try` that "
-                         f"catches IndexError, `{name}` a number otherwise: indexed on the host (`.cpu()`), where it "
-                         "raises as PyTorch does (torch_xla 2.9 kills the process for an int index of a "
-                         "0-dimensional device tensor)", fix=True):
-            return updated_node
-        on_host = cst.Call(func=cst.Attribute(value.value, cst.Name("cpu")))
-        return updated_node.with_changes(value=value.with_changes(value=on_host))
+    def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine,
+                                  updated_node: cst.SimpleStatementLine):
+        for k, small in enumerate(original_node.body):
+            if isinstance(small, cst.Assign) and self._caught_index(small):
+                return self._indexed_safely(original_node, updated_node, k)
+        return updated_node
 
-    def _caught_index(self, node: cst.Assign) -> Optional[tuple]:
-        """(the name, does every handler that catches IndexError bind it a
-        number) for ``name = <tensor op>[int]`` directly in the body of a
-        ``try`` that catches IndexError; None for anything else."""
+    def _indexed_safely(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine, k: int):
+        """``name = expr[i]`` -> ``indexed = expr`` / ``name = (indexed if
+        indexed.dim() else indexed.cpu())[i]``: a 0-dim tensor is indexed on
+        the host, where any int index raises IndexError as PyTorch does; any
+        other stays on the device, where an index out of range raises too."""
+        assign = original.body[k]
+        code = cst.Module([]).code_for_node
+        what = f"`{code(assign.value)}` in a `try` that catches IndexError: torch_xla 2.9 kills the process " \
+               "(SIGSEGV) for an int index of a 0-dimensional device tensor, where PyTorch raises"  # type: ignore[attr-defined]
+        if len(original.body) != 1:  # (another statement on its line)
+            self.flag(assign.value, INDEX_ERROR.code, f"{what}; index a 0-dim tensor on the host "  # type: ignore[attr-defined]
+                      "(`(t if t.dim() else t.cpu())[i]`)", fix=False)
+            return updated
+        if not self.flag(assign.value, INDEX_ERROR.code, f"{what}: a 0-dim tensor is indexed on the host "  # type: ignore[attr-defined]
+                         "instead, where it raises", fix=True):
+            return updated
+        value = updated.body[0].value  # type: ignore[attr-defined]
+        temp = self._fresh_name("indexed")
+        made = updated.with_changes(body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(temp))], value=value.value)])
+        chosen = cst.parse_expression(f"({temp} if {temp}.dim() else {temp}.cpu())")
+        indexed = updated.with_changes(body=[updated.body[0].with_changes(value=value.with_changes(value=chosen))],
+                                       leading_lines=[])
+        return cst.FlattenSentinel([made, indexed])
+
+    def _fresh_name(self, base: str) -> str:
+        taken = {n.value for n in self.tree.nodes((cst.Name,))}  # type: ignore[attr-defined]
+        name, k = base, 1
+        while name in taken:
+            name, k = f"{base}_{k}", k + 1
+        return name
+
+    def _caught_index(self, node: cst.Assign) -> bool:
+        """Is ``node`` ``name = <tensor op>[int]`` directly in the body of a
+        ``try`` that catches IndexError, the tensor not known to be on the host?"""
         if len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Name):
-            return None
+            return False
         value = node.value
         if not (isinstance(value, cst.Subscript) and isinstance(value.value, cst.Call) and len(value.slice) == 1
                 and isinstance(value.slice[0].slice, cst.Index) and value.slice[0].slice.star is None):
-            return None
+            return False
         index = value.slice[0].slice.value
         if not _int_like(index) or _is_cpu_call(value.value) or any(
                 TENSOR in values(self.tree).of(n) for n in find_all(index, cst.Name)):
-            return None
+            return False
         try_node = self._enclosing_try(node)
         if try_node is None:
-            return None
+            return False
         if not is_tensor_expr(value.value, set(), self.qualnames) or placement(self.tree, value.value) == HOST:
-            return None
-        name = node.targets[0].target.value
-        handlers = [h for h in try_node.handlers if _catches_index_error(h)]
-        return name, all(_binds_a_number(h, name) for h in handlers)
+            return False
+        return True
 
     def _enclosing_try(self, node: cst.CSTNode) -> Optional[cst.Try]:
         """The ``try`` that catches IndexError whose body holds the statement
@@ -146,17 +162,6 @@ def _catches_index_error(handler: cst.ExceptHandler) -> bool:
 
 def _catching(node: cst.Try) -> bool:
     return any(_catches_index_error(h) for h in node.handlers)
-
-
-def _binds_a_number(handler: cst.ExceptHandler, name: str) -> bool:
-    """Does the handler bind ``name`` to a number literal (``idx = 0``, ``x = -1.0``)?"""
-    for assign in find_all(handler.body, cst.Assign, stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-        if [t.target.value for t in assign.targets if isinstance(t.target, cst.Name)] == [name]:  # type: ignore[attr-defined]
-            value = assign.value  # type: ignore[attr-defined]
-            if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus):
-                value = value.expression
-            return isinstance(value, (cst.Integer, cst.Float))
-    return False
 
 
 def _int_like(index: cst.BaseExpression) -> bool:

@@ -120,7 +120,7 @@ CODEMODS = (
         ('XLA160', 'xla-negative-slice-bound', 'a slice of the last `n` of a tensor a loop grows: torch_xla raises while it is shorter (reported, with the fix)', False),
     ), ('sparse_returns',)),
     ('codemods.index_errors', 'CaughtIndexErrors', (b'except',), ('code~cuda', 'torch:accelerator'), (
-        ('XLA161', 'caught-index-error', 'an int index whose IndexError the program catches is taken on the host (torch_xla aborts instead)', True),
+        ('XLA161', 'caught-index-error', 'an int index whose IndexError the program catches takes a 0-dim tensor on the host (torch_xla aborts)', True),
     ), ()),
     ('codemods.coverage', 'CudaCatchAll', (b'cuda', b'nccl', b'pin_memory', b'map_location', b'device_ids', b'output_device', b'GradScaler', b'spawn', b'inference_mode', b'fused', b'set_float32_matmul_precision', b'DataParallel'), ('code~cuda', 'code~nccl', 'code~pin_memory', 'code~map_location', 'code~device_ids', 'code~output_device', 'code~GradScaler', 'code~spawn', 'name:inference_mode', 'name:fused', 'name:set_float32_matmul_precision', 'name:DataParallel'), (
         ('XLA199', 'cuda-left-over', 'a CUDA-specific construct no rule converted (reported, with a hint)', False),

@@ -1,5 +1,5 @@
 """XLA161 (codemods/index_errors.py): an int index whose IndexError the
-program catches is taken on the host.  torch_xla 2.9 kills the process for
+program catches takes a 0-dim tensor on the host.  torch_xla 2.9 kills the process for
 an int index of a 0-dimensional device tensor instead of raising, and
 TeaPearce's conditional-diffusion sampler relies on that IndexError: its
 conversion died (SIGSEGV) after the first sampling."""
@@ -32,10 +32,11 @@ def _xla161(findings):
     return [(f.line, f.fix) for f in findings if f.code == "XLA161"]
 
 
-def test_a_caught_index_with_a_number_for_fallback_is_taken_on_the_host():
+def test_a_caught_index_takes_a_0_dim_tensor_on_the_host():
     out, findings = convert_text(PROGRAM)
     assert _xla161(findings) == [(10, True)], findings
-    assert "            idx = torch.squeeze((c == k).nonzero()).cpu()[j]\n" in out
+    assert ("        try:\n            indexed = torch.squeeze((c == k).nonzero())\n"
+            "            idx = (indexed if indexed.dim() else indexed.cpu())[j]\n        except:\n") in out, out
     again, findings = convert_text(out)
     assert again == out and not _xla161(findings)
 
@@ -47,10 +48,15 @@ def test_each_handler_that_catches_index_error(handler):
     assert _xla161(findings) == [(10, True)], findings
 
 
-def test_a_fallback_that_is_no_number_is_reported_not_rewritten():
-    out, findings = convert_text(PROGRAM.replace("idx = 0\n", "idx = None\n"))
+def test_the_name_it_binds_is_one_the_module_does_not_use():
+    out, findings = convert_text(PROGRAM.replace("picked = []\n", "picked = []\nindexed = 1\n"))
+    assert "indexed_1 = torch.squeeze((c == k).nonzero())\n" in out and "indexed = 1\n" in out, out
+
+
+def test_on_a_line_with_other_statements_it_is_reported_not_rewritten():
+    out, findings = convert_text(PROGRAM.replace("            idx = torch.squeeze", "            n = 1; idx = torch.squeeze"))
     assert _xla161(findings) == [(10, False)], findings
-    assert ".cpu()[j]" not in out
+    assert "indexed" not in out
 
 
 @pytest.mark.parametrize("change", [
@@ -59,7 +65,7 @@ def test_a_fallback_that_is_no_number_is_reported_not_rewritten():
     ("torch.squeeze((c == k).nonzero())[j]", "[1, 2][j]"),  # no tensor
     ("torch.squeeze((c == k).nonzero())[j]", "c[c > 0]"),  # no int index
     ("torch.squeeze((c == k).nonzero())[j]", "torch.squeeze((c == k).nonzero())[c[0]]"),  # a tensor index
-    ("torch.squeeze((c == k).nonzero())[j]", "torch.squeeze((c == k).nonzero()).cpu()[j]"),  # done by hand
+    ("torch.squeeze((c == k).nonzero())[j]", "torch.squeeze((c == k).nonzero()).cpu()[j]"),  # on the host by hand
     ("            idx = torch.squeeze((c == k).nonzero())[j]\n",  # in a function the try only defines
      "            def f():\n                return torch.squeeze((c == k).nonzero())[j]\n            idx = f()\n"),
 ])
@@ -79,7 +85,8 @@ def test_a_module_not_being_ported_is_left():
 def test_an_index_in_the_handler_is_not_the_one_caught():
     src = PROGRAM.replace("            idx = 0\n", "            idx = torch.squeeze((c == k).nonzero())[0]\n")
     out, findings = convert_text(src)
-    assert _xla161(findings) == [(10, False)], findings  # (its fallback is no number)
+    assert _xla161(findings) == [(10, True)], findings  # (the try's own, not the handler's)
+    assert "            idx = torch.squeeze((c == k).nonzero())[0]\n" in out
 
 
 @pytest.mark.xla
