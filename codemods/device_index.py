@@ -18,7 +18,9 @@ over time) is part of one graph already and is left as it is.
 
 A slice of such a table by the step's int in the step itself
 (``x = X_train[i:i + batch_size]``, the TCN benchmarks' trainers) is a slice
-whose start is a constant of the graph too: it becomes the gather below.
+whose start is a constant of the graph too: it becomes the gather below.  A
+slice after whole dimensions (``data[:, i:i + seq_len]``, batch-first token
+streams) gathers along its own dimension.
 
 The same int handed to a helper of the module (``get_batch(source, i)`` in
 the step loop, the word-level language models' recipe) reaches the table in
@@ -188,6 +190,7 @@ class DeviceIndex(LoopCodemod):
         code = cst.Module([]).code_for_node
         lower, upper = _slice_parts(original)  # type: ignore[misc]
         table = code(original.value)
+        dim = len(original.slice) - 1  # (the dimension sliced: after the whole ones)
         whose = " handed to this function" if handed else ""
         if not self.flag(original, DEVICE_INDEX.code, f"`{code(original)}` slices a device table with the step's "
                          f"Python int `{counter}`{whose} (a new graph each step): sliced with it "
@@ -195,11 +198,11 @@ class DeviceIndex(LoopCodemod):
             return updated
         imports.need(self.context, "torch")
         start = code(lower)  # type: ignore[arg-type]
-        end = f"{table}.size(0)" if upper is None else f"min({code(upper)}, {table}.size(0))"
+        end = f"{table}.size({dim})" if upper is None else f"min({code(upper)}, {table}.size({dim}))"
         less = start if isinstance(lower, (cst.Name, cst.Integer, cst.Attribute)) else f"({start})"
         rows = cst.parse_expression(f"torch.arange(max({end} - {less}, 0), device={table}.device)"
                                     f" + torch.tensor([{start}], device={table}.device)")
-        return updated.with_changes(slice=[cst.SubscriptElement(cst.Index(rows))])
+        return updated.with_changes(slice=[*updated.slice[:dim], cst.SubscriptElement(cst.Index(rows))])
 
     @staticmethod
     def _index(node: cst.Subscript) -> Optional[cst.BaseExpression]:
@@ -227,12 +230,16 @@ class DeviceIndex(LoopCodemod):
 
 
 def _slice_parts(node: cst.Subscript):  # type: ignore[no-untyped-def]
-    """(lower, upper) of ``t[a:b]`` / ``t[a:]`` (no step; ``a`` a plain int
+    """(lower, upper) of ``t[a:b]`` / ``t[a:]``, or of the one bounded slice
+    after whole dimensions (``t[:, a:b]``) (no step; ``a`` a plain int
     expression of sums and products, so never counted from the end); None
     for anything else."""
-    if not isinstance(node.value, (cst.Name, cst.Attribute)) or len(node.slice) != 1:
+    if not isinstance(node.value, (cst.Name, cst.Attribute)) or not node.slice:
         return None
-    part = node.slice[0].slice
+    *whole, last = node.slice
+    if any(not _whole(e.slice) for e in whole):
+        return None
+    part = last.slice
     if not isinstance(part, cst.Slice) or part.step is not None or part.lower is None:
         return None
     if not all(isinstance(n, _PLAIN) for e in (part.lower, part.upper) if e is not None for n in walk(e)):
@@ -242,6 +249,11 @@ def _slice_parts(node: cst.Subscript):  # type: ignore[no-untyped-def]
            for n in walk(part.lower)):
         return None  # (a start that may count from the end: only sums and products of the counter)
     return part.lower, part.upper
+
+
+def _whole(part: cst.BaseSlice) -> bool:
+    """``:`` -- a whole dimension."""
+    return isinstance(part, cst.Slice) and part.lower is None and part.upper is None and part.step is None
 
 
 def _slices_by_a_parameter(fn: cst.FunctionDef) -> bool:

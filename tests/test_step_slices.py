@@ -105,3 +105,26 @@ def test_a_name_that_may_be_no_int_of_the_counter_is_no_counter(change):
     assert src != DERIVED
     out, findings = convert_text(src)
     assert not _xla411(findings) and "torch.tensor([" not in out, out
+
+
+def test_a_slice_after_whole_dimensions_gathers_on_its_own_dimension():
+    """Batch-first token streams are cut along their second dimension (`data[:, i:i + seq_len]`)."""
+    src = LOOP.replace("data[i:i + 6]", "data[:, i:i + 6]").replace(".view(20, 2)", ".view(2, 20)").replace(
+        "data.size(0), 6", "data.size(1), 6")
+    out, findings = convert_text(src)
+    assert _xla411(findings) == [(5, True)], findings
+    assert ("x = data[:, torch.arange(max(min(i + 6, data.size(1)) - i, 0), device=data.device) + "
+            "torch.tensor([i], device=data.device)]") in out, out
+    for other in ("data[0, i:i + 6]", "data[i:i + 6, :]", "data[:, i:i + 6, 0]"):  # an int, or a bound first or last
+        out, findings = convert_text(src.replace("data[:, i:i + 6]", other))
+        assert not _xla411(findings) and "torch.tensor([" not in out, other
+
+
+def test_the_gathered_columns_are_the_slices_columns():
+    import torch
+
+    source = torch.arange(60).view(3, 20)
+    for i, n in ((0, 6), (18, 6), (20, 2), (25, 3)):
+        got = source[:, torch.arange(max(min(i + n, source.size(1)) - i, 0), device=source.device)
+                     + torch.tensor([i], device=source.device)]
+        assert torch.equal(got, source[:, i:i + n]), (i, n)
