@@ -112,9 +112,9 @@ class DeviceIndex(LoopCodemod):
         index, parts = self._index(original_node), _slice_parts(original_node)
         if index is None and parts is None:
             return updated_node
-        used = {n.value for part in ([index] if index is not None else parts) if part is not None
-                for n in find_all(part, cst.Name)}
-        first = {n.value for n in find_all(index if index is not None else parts[0], cst.Name)}  # (the start's)
+        ints = [index] if index is not None else [p for p in parts if p is not None]  # (the start first)
+        used = {n.value for part in ints for n in find_all(part, cst.Name)}
+        first = {n.value for n in find_all(ints[0], cst.Name)}
         hit = sorted(used & self._step_counters(), key=lambda n: (n not in first, n))
         if not hit or used & self.tensors or is_stored(original_node, self.ancestors(original_node)) \
                 or self._in_function_below_loop(original_node):

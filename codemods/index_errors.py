@@ -28,6 +28,7 @@ from typing import Optional, Set
 
 import libcst as cst
 
+from codemods.analysis.counters import int_arithmetic
 from codemods.analysis.cuda import ported_needs
 from codemods.analysis.placement import HOST, placement
 from codemods.analysis.tensors import is_tensor_expr
@@ -123,15 +124,12 @@ class CaughtIndexErrors(XlaCodemod):
                 and isinstance(value.slice[0].slice, cst.Index) and value.slice[0].slice.star is None):
             return False
         index = value.slice[0].slice.value
-        if not _int_like(index) or _is_cpu_call(value.value) or any(
+        if not int_arithmetic(index, attributes=True) or any(
                 TENSOR in values(self.tree).of(n) for n in find_all(index, cst.Name)):
             return False
-        try_node = self._enclosing_try(node)
-        if try_node is None:
-            return False
-        if not is_tensor_expr(value.value, set(), self.qualnames) or placement(self.tree, value.value) == HOST:
-            return False
-        return True
+        # (a tensor not known to be on the host: `.cpu()`, `.numpy()` are; `.item()` is no tensor)
+        return self._enclosing_try(node) is not None and is_tensor_expr(value.value, set(), self.qualnames) \
+            and placement(self.tree, value.value) != HOST
 
     def _enclosing_try(self, node: cst.CSTNode) -> Optional[cst.Try]:
         """The ``try`` that catches IndexError whose body holds the statement
@@ -162,18 +160,3 @@ def _catches_index_error(handler: cst.ExceptHandler) -> bool:
 
 def _catching(node: cst.Try) -> bool:
     return any(_catches_index_error(h) for h in node.handlers)
-
-
-def _int_like(index: cst.BaseExpression) -> bool:
-    """An index made of names, ints and arithmetic (no slice, tensor or call)."""
-    if isinstance(index, (cst.Name, cst.Integer, cst.Attribute)):
-        return True
-    if isinstance(index, cst.UnaryOperation):
-        return _int_like(index.expression)
-    if isinstance(index, cst.BinaryOperation):
-        return _int_like(index.left) and _int_like(index.right)
-    return False
-
-
-def _is_cpu_call(node: cst.Call) -> bool:
-    return isinstance(node.func, cst.Attribute) and node.func.attr.value in ("cpu", "numpy", "tolist", "item")

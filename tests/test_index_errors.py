@@ -8,6 +8,8 @@ import pytest
 
 from tests.conftest import convert_text
 
+from test_recompile_fixes import codes
+
 from test_switches import HAVE_XLA, _original_and_conversion
 
 PROGRAM = '''\
@@ -28,24 +30,21 @@ print(picked)
 '''
 
 
-def _xla161(findings):
-    return [(f.line, f.fix) for f in findings if f.code == "XLA161"]
-
 
 def test_a_caught_index_takes_a_0_dim_tensor_on_the_host():
     out, findings = convert_text(PROGRAM)
-    assert _xla161(findings) == [(10, True)], findings
+    assert codes(findings, "XLA161") == [(10, True)], findings
     assert ("        try:\n            indexed = torch.squeeze((c == k).nonzero())\n"
             "            idx = (indexed if indexed.dim() else indexed.cpu())[j]\n        except:\n") in out, out
     again, findings = convert_text(out)
-    assert again == out and not _xla161(findings)
+    assert again == out and not codes(findings, "XLA161")
 
 
 @pytest.mark.parametrize("handler", ["except Exception:", "except (KeyError, IndexError):", "except LookupError:",
                                      "except builtins.IndexError:", "except IndexError as e:"])
 def test_each_handler_that_catches_index_error(handler):
     out, findings = convert_text(PROGRAM.replace("except:", handler))
-    assert _xla161(findings) == [(10, True)], findings
+    assert codes(findings, "XLA161") == [(10, True)], findings
 
 
 def test_the_name_it_binds_is_one_the_module_does_not_use():
@@ -55,7 +54,7 @@ def test_the_name_it_binds_is_one_the_module_does_not_use():
 
 def test_on_a_line_with_other_statements_it_is_reported_not_rewritten():
     out, findings = convert_text(PROGRAM.replace("            idx = torch.squeeze", "            n = 1; idx = torch.squeeze"))
-    assert _xla161(findings) == [(10, False)], findings
+    assert codes(findings, "XLA161") == [(10, False)], findings
     assert "indexed" not in out
 
 
@@ -73,19 +72,19 @@ def test_what_is_no_caught_int_index_of_a_device_tensor_is_left(change):
     src = PROGRAM.replace(*change)
     assert src != PROGRAM
     out, findings = convert_text(src)
-    assert not _xla161(findings), findings
+    assert not codes(findings, "XLA161"), findings
 
 
 def test_a_module_not_being_ported_is_left():
     src = PROGRAM.replace('"cuda" if torch.cuda.is_available() else "cpu"', '"cpu"')
     out, findings = convert_text(src)
-    assert not _xla161(findings) and out == src
+    assert not codes(findings, "XLA161") and out == src
 
 
 def test_an_index_in_the_handler_is_not_the_one_caught():
     src = PROGRAM.replace("            idx = 0\n", "            idx = torch.squeeze((c == k).nonzero())[0]\n")
     out, findings = convert_text(src)
-    assert _xla161(findings) == [(10, True)], findings  # (the try's own, not the handler's)
+    assert codes(findings, "XLA161") == [(10, True)], findings  # (the try's own, not the handler's)
     assert "            idx = torch.squeeze((c == k).nonzero())[0]\n" in out
 
 

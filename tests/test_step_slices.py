@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import convert_text
 
-from test_recompile_fixes import _numbers, _original_and_two_lengths
+from test_recompile_fixes import _numbers, _original_and_two_lengths, codes
 from test_runnable_ports import needs_xla
 
 LOOP = '''\
@@ -25,29 +25,26 @@ for i in range(0, data.size(0), 6):
 '''
 
 
-def _xla411(findings):
-    return [(f.line, f.fix) for f in findings if f.code == "XLA411"]
-
 
 def test_a_slice_by_the_step_int_gathers_at_device_indices():
     out, findings = convert_text(LOOP)
-    assert _xla411(findings) == [(5, True)], findings
+    assert codes(findings, "XLA411") == [(5, True)], findings
     assert ("    x = data[torch.arange(max(min(i + 6, data.size(0)) - i, 0), device=data.device) + "
             "torch.tensor([i], device=data.device)]\n") in out, out
     assert "XLA407" not in [f.code for f in findings]
     again, findings = convert_text(out)
-    assert again == out and not _xla411(findings)
+    assert again == out and not codes(findings, "XLA411")
 
 
 def test_a_function_reads_the_modules_tensors():
     src = LOOP.replace("for i in range(0, data.size(0), 6):\n", "\n\ndef train():\n    for i in range(0, data.size(0), 6):\n")
     src = src.replace("    x = data", "        x = data").replace("    loss", "        loss").replace("    opt", "        opt")
     out, findings = convert_text(src)
-    assert _xla411(findings) == [(8, True)], findings
+    assert codes(findings, "XLA411") == [(8, True)], findings
     # a function that binds the name itself reads its own (a host list here)
     own = src.replace("def train():\n", "def train():\n    data = list(range(20))\n")
     out, findings = convert_text(own)
-    assert not _xla411(findings) and "torch.tensor([" not in out, out
+    assert not codes(findings, "XLA411") and "torch.tensor([" not in out, out
 
 
 @pytest.mark.parametrize("change", [
@@ -61,16 +58,16 @@ def test_a_slice_that_is_not_a_plain_read_stays_reported(change):
     src = LOOP.replace(*change)
     assert change[1] in src
     out, findings = convert_text(src)
-    assert not _xla411(findings) and "torch.tensor([" not in out, out
+    assert not codes(findings, "XLA411") and "torch.tensor([" not in out, out
     assert "XLA407" in [f.code for f in findings]
 
 
 def test_a_slice_of_a_host_table_or_by_an_inner_counter_is_left():
     out, findings = convert_text(LOOP.replace("torch.arange(40.0).view(20, 2).cuda()", "list(range(20))"))
-    assert not _xla411(findings) and "torch.tensor([" not in out
+    assert not codes(findings, "XLA411") and "torch.tensor([" not in out
     inner = LOOP.replace("    x = data[i:i + 6]\n", "    x = 0\n    for k in range(3):\n        x = x + data[k:k + 2]\n")
     out, findings = convert_text(inner)  # a loop inside the step: one graph already
-    assert not _xla411(findings) and "data[k:k + 2]" in out
+    assert not codes(findings, "XLA411") and "data[k:k + 2]" in out
 
 
 @pytest.mark.xla
@@ -91,7 +88,7 @@ def test_ints_computed_from_the_counter_change_every_step_too():
     (103 -> 16 compiles at 10 steps, 16 at 20)."""
     assert "x = data[start:end]" in DERIVED
     out, findings = convert_text(DERIVED)
-    assert _xla411(findings) == [(7, True)], findings
+    assert codes(findings, "XLA411") == [(7, True)], findings
     assert "torch.tensor([start], device=data.device)" in out
 
 
@@ -104,7 +101,7 @@ def test_a_name_that_may_be_no_int_of_the_counter_is_no_counter(change):
     src = DERIVED.replace(*change)
     assert src != DERIVED
     out, findings = convert_text(src)
-    assert not _xla411(findings) and "torch.tensor([" not in out, out
+    assert not codes(findings, "XLA411") and "torch.tensor([" not in out, out
 
 
 def test_a_slice_after_whole_dimensions_gathers_on_its_own_dimension():
@@ -112,12 +109,12 @@ def test_a_slice_after_whole_dimensions_gathers_on_its_own_dimension():
     src = LOOP.replace("data[i:i + 6]", "data[:, i:i + 6]").replace(".view(20, 2)", ".view(2, 20)").replace(
         "data.size(0), 6", "data.size(1), 6")
     out, findings = convert_text(src)
-    assert _xla411(findings) == [(5, True)], findings
+    assert codes(findings, "XLA411") == [(5, True)], findings
     assert ("x = data[:, torch.arange(max(min(i + 6, data.size(1)) - i, 0), device=data.device) + "
             "torch.tensor([i], device=data.device)]") in out, out
     for other in ("data[0, i:i + 6]", "data[i:i + 6, :]", "data[:, i:i + 6, 0]"):  # an int, or a bound first or last
         out, findings = convert_text(src.replace("data[:, i:i + 6]", other))
-        assert not _xla411(findings) and "torch.tensor([" not in out, other
+        assert not codes(findings, "XLA411") and "torch.tensor([" not in out, other
 
 
 def test_the_gathered_columns_are_the_slices_columns():

@@ -24,10 +24,11 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Dict, FrozenSet, Iterator, Optional, Set, Tuple
+from typing import Dict, FrozenSet, Optional, Set, Tuple
 
 import libcst as cst
 
+from codemods.analysis.dataflow import dataflow
 from codemods.analysis.project import resolve
 from codemods.analysis.values import MODULE, class_kinds
 from codemods.syntax.tree import TreeCache, call_name, find_all, string_value
@@ -94,18 +95,11 @@ class ModelBuffers:
         return found
 
     def _class_of(self, node: cst.CSTNode) -> Optional[cst.ClassDef]:
-        return next((a for a in _ancestors(self.tree, node) if isinstance(a, cst.ClassDef)), None)
+        return next((a for a in dataflow(self.tree).ancestors(node) if isinstance(a, cst.ClassDef)), None)
 
 
 def model_buffers(tree: TreeCache) -> ModelBuffers:
     return tree.analysis(ModelBuffers, "buffers")
-
-
-def _ancestors(tree: TreeCache, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    cur = tree.parents.get(id(node))
-    while cur is not None:
-        yield cur
-        cur = tree.parents.get(id(cur))
 
 
 def _stored_name(statement: cst.CSTNode, name: cst.Name) -> bool:

@@ -65,20 +65,22 @@ def _derived(loop: cst.For, counters: Set[str]) -> Set[str]:
     found = set(counters)
     while True:
         more = {name for name, values in stores.items() if name not in found and all(
-            v is not None and _int_arithmetic(v) and {n.value for n in find_all(v, cst.Name)} & found for v in values)}
+            v is not None and int_arithmetic(v) and {n.value for n in find_all(v, cst.Name)} & found for v in values)}
         if not more:
             return found
         found |= more
 
 
-def _int_arithmetic(node: cst.BaseExpression) -> bool:
-    """Names, ints and ``+ - * // %`` of them (``/`` makes a float)."""
-    if isinstance(node, (cst.Name, cst.Integer)):
+def int_arithmetic(node: cst.BaseExpression, attributes: bool = False) -> bool:
+    """Names (and ``a.b`` where ``attributes``), ints and ``+ - * // %`` of
+    them (``/`` makes a float): no call, slice or subscript."""
+    if isinstance(node, (cst.Name, cst.Integer)) or (attributes and isinstance(node, cst.Attribute)):
         return True
     if isinstance(node, cst.BinaryOperation):
-        return isinstance(node.operator, _ARITHMETIC) and _int_arithmetic(node.left) and _int_arithmetic(node.right)
+        return isinstance(node.operator, _ARITHMETIC) and int_arithmetic(node.left, attributes) \
+            and int_arithmetic(node.right, attributes)
     if isinstance(node, cst.UnaryOperation):
-        return isinstance(node.operator, cst.Minus) and _int_arithmetic(node.expression)
+        return isinstance(node.operator, cst.Minus) and int_arithmetic(node.expression, attributes)
     return False
 
 
