@@ -28,7 +28,10 @@ the helper: ``source[i:i + seq_len]`` there is a ``slice`` whose start is a
 constant of the graph, one graph per chunk.  The helper's slice becomes a
 gather at ``torch.arange(n, device=...) + torch.tensor([i], device=...)``,
 ``n`` the slice's length clamped as a slice clamps it: the same rows, one
-graph per length.  Only a slice or an index of the helper's own parameter
+graph per length.  So is a top-level helper of a module that another project
+module's step loop calls (TCN's ``get_batch`` in ``utils.py``, called by
+``word_cnn_test.py``: ``codemods.step_callers``), where the caller's own
+analysis says the call hands it a counter and a tensor.  Only a slice or an index of the helper's own parameter
 (or of a device table it reaches), by plain int expressions, read and never
 written or changed in place in the helper, is rewritten; the rest stays
 reported (XLA407).  The rows are a copy, not a view: a caller that changes
@@ -42,6 +45,7 @@ from typing import Dict, Optional, Set
 import libcst as cst
 
 from codemods.loop_codemod import LoopCodemod
+from codemods.step_callers import handed_calls
 from codemods.analysis.counters import counter_through_call, loop_counters
 from codemods.analysis.placement import on_device
 from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP
@@ -95,6 +99,7 @@ class DeviceIndex(LoopCodemod):
     RULES = (DEVICE_INDEX,)
     TRIGGERS = (b"[",)
     NEEDS = (STEP_LOOP, LOADER_LOOP)
+    SIBLING_FACTS = ("step_callers",)  # (a helper another module's step loop calls: `get_batch` in utils.py)
 
     def _step_counters(self) -> Set[str]:
         """The ints that change every step: counters of the innermost step or
@@ -153,7 +158,7 @@ class DeviceIndex(LoopCodemod):
                 else None
             if name not in helpers:
                 continue
-            counters = self._counters_around(call)
+            counters = self.hot_counters_around(call)
             if not counters:
                 continue
             scope = next((a for a in self.ancestors(call) if isinstance(a, cst.FunctionDef)), None)
@@ -163,25 +168,16 @@ class DeviceIndex(LoopCodemod):
                 if _slice_parts(sub) is not None and not _changed(sub, hit.function):  # (a slice: an index read
                     # in a helper is often a number wanted on the host, `torch.full(..., alphas[t])`: XLA403)
                     found.setdefault(id(sub), param)
+        # and the module's top-level helpers that other modules' step loops call
+        # (`get_batch` of TCN's utils.py, called by word_cnn_test.py)
+        top = {fn.name.value: fn for fn in self.tree.module.body
+               if isinstance(fn, cst.FunctionDef) and fn.name.value in helpers}
+        for hit in handed_calls(self.tree, top) if top else ():
+            for sub, _, param in hit.hits:
+                if _slice_parts(sub) is not None and not _changed(sub, hit.function):
+                    found.setdefault(id(sub), param)
         self.tree.memo["device_index:through"] = found
         return found
-
-    def _counters_around(self, call: cst.Call) -> Set[str]:
-        """The counters of the loops around ``call`` up to the innermost
-        step or loader loop (as :meth:`_step_counters`, for a call met before
-        the walk reaches it); none where a function or lambda stands between."""
-        loops = []
-        for anc in self.ancestors(call):
-            if isinstance(anc, (cst.Lambda, cst.ClassDef)) or (isinstance(anc, cst.FunctionDef) and not loops):
-                break
-            if isinstance(anc, (cst.For, cst.While)):
-                loops.append(anc)
-        loops.reverse()  # outermost first
-        hot = [k for k, loop in enumerate(loops)
-               if self.is_step_loop(loop) or (isinstance(loop, cst.For) and self.loaders.is_loader_loop(loop))]
-        if not hot:
-            return set()
-        return set().union(*(loop_counters(self.tree, loop) for loop in loops[:hot[-1] + 1] if isinstance(loop, cst.For)))
 
     def _gathered(self, original: cst.Subscript, updated: cst.Subscript, counter: str,
                   handed: bool = True) -> cst.BaseExpression:

@@ -20,6 +20,7 @@ from codemods.analysis.loops import (
     module_facts,
     step_functions,
 )
+from codemods.analysis.counters import loop_counters
 from codemods.analysis.nesting import is_outer_loop
 from codemods.analysis.bindings import read_from_module
 from codemods.analysis.tensors import tensor_names
@@ -106,6 +107,24 @@ class LoopCodemod(XlaCodemod):
                         and (kind != "feedback" or loop_step_kind(self.tree, anc, self.steps) == "step"):
                     return False
         return True
+
+    def hot_counters_around(self, call: cst.CSTNode) -> Set[str]:
+        """The counters (``codemods.analysis.counters``) of the loops around
+        ``call`` up to the innermost step or loader loop, asked before (or
+        without) a walk reaching it; none where a function or lambda stands
+        between."""
+        loops = []
+        for anc in self.ancestors(call):
+            if isinstance(anc, (cst.Lambda, cst.ClassDef)) or (isinstance(anc, cst.FunctionDef) and not loops):
+                break
+            if isinstance(anc, (cst.For, cst.While)):
+                loops.append(anc)
+        loops.reverse()  # outermost first
+        hot = [k for k, loop in enumerate(loops)
+               if self.is_step_loop(loop) or (isinstance(loop, cst.For) and self.loaders.is_loader_loop(loop))]
+        if not hot:
+            return set()
+        return set().union(*(loop_counters(self.tree, loop) for loop in loops[:hot[-1] + 1] if isinstance(loop, cst.For)))
 
     def visit_For(self, node: cst.For) -> None:
         self.loop_stack.append((node, self.is_step_loop(node), self.loaders.is_loader_loop(node)))

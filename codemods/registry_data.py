@@ -78,7 +78,7 @@ CODEMODS = (
     ), ()),
     ('codemods.device_index', 'DeviceIndex', (b'[',), ('step_loop', 'loader_loop'), (
         ('XLA411', 'device-index', "a device table indexed by a step's Python int (`alphas[t]`) is indexed with the int sent to the device", True),
-    ), ()),
+    ), ('step_callers',)),
     ('codemods.host_reads', 'HostReads', (b'.item(', b'.tolist(', b'.numpy(', b'.cpu(', b'float(', b'int(', b'bool(', b'if ', b'while ', b'nonzero', b'masked_select', b'unique', b'where(', b'[', b'for '), ('step_loop', 'loader_loop', 'step_method', 'option:include_cold'), (
         ('XLA401', 'host-read-item', '`.item()` on the hot path reads a tensor on the host every step', False),
         ('XLA402', 'host-read-transfer', '`.tolist()` / `.numpy()` / `.cpu()` on the hot path copies a tensor to the host', False),

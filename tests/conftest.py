@@ -15,6 +15,32 @@ def convert_text(source: str, **settings) -> tuple:
     return out.code.decode("utf-8"), out.findings
 
 
+def convert_file(path: Path) -> tuple:
+    """The conversion of the file at ``path`` (its project's other modules
+    read from beside it) and its findings as (line, code, fix)."""
+    out = transform(path.read_bytes(), Settings(), filename=str(path))
+    return out.code.decode(), [(f.line, f.code, f.fix) for f in out.findings]
+
+
+def verify_lengths(program: Path, script: Path, report: Path) -> dict:
+    """``xlaport verify --lengths --steps=4,8`` of ``script`` from the
+    project's root: the report, once the verdict is pass and the compiles
+    are the same at every length."""
+    import json
+
+    from click.testing import CliRunner
+
+    from xlaport.cli import main
+
+    result = CliRunner().invoke(main, ["verify", "--json", str(report), "--timeout", "300", "--root", str(program),
+                                       "--lengths", "--steps=4,8", str(script)])
+    data = json.loads(report.read_text())
+    assert result.exit_code == 0 and data["verdict"] == "pass", result.output
+    lengths = data["metrics"]["lengths"]
+    assert len(lengths) >= 2 and len({r["compiles"] for r in lengths}) == 1, lengths
+    return data
+
+
 def cli(*args, cwd=None):
     """`xlaport ARGS` in process, from ``cwd`` (exceptions raised, not caught)."""
     from click.testing import CliRunner

@@ -5,7 +5,6 @@ whose schedule ``DDPM`` registers under computed names.  XLA411 indexes such
 a buffer with the step's int on the device; the sampler then compiles flat."""
 
 import importlib.util
-import json
 import shutil
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from xlaport.cli import main
-from xlaport.engine import Settings, transform
+from tests.conftest import convert_file, verify_lengths
 
 PROJECT = Path(__file__).resolve().parent.parent / "fixtures" / "projects" / "subclass_sampler"
 
@@ -25,13 +24,8 @@ def program(tmp_path):
     return dest
 
 
-def _convert(path):
-    out = transform(path.read_bytes(), Settings(), filename=str(path))
-    return out.code.decode(), [(f.line, f.code, f.fix) for f in out.findings]
-
-
 def test_a_buffer_of_a_base_in_another_module_is_indexed_on_the_device(program):
-    out, found = _convert(program / "diffusion" / "ddim.py")
+    out, found = convert_file(program / "diffusion" / "ddim.py")
     assert [(line, fix) for line, code, fix in found if code == "XLA411"] == \
         [(20, True), (20, True), (21, True), (21, True), (22, True), (24, True), (25, True), (26, True)], found
     assert "self.alphabar_t[torch.tensor([i - 1], device=self.alphabar_t.device)][0].sqrt() * x0" in out
@@ -39,7 +33,7 @@ def test_a_buffer_of_a_base_in_another_module_is_indexed_on_the_device(program):
     # idempotent: the conversion converted again is itself
     port = program / "diffusion" / "ddim.py"
     port.write_text(out)
-    again, found = _convert(port)
+    again, found = convert_file(port)
     assert again == out and "XLA411" not in [c for _, c, _ in found]
 
 
@@ -61,7 +55,7 @@ def test_an_attribute_the_base_may_not_register_is_left(program, change):
     text = path.read_text()
     assert old in text
     path.write_text(text.replace(old, new))
-    out, found = _convert(program / "diffusion" / "ddim.py")
+    out, found = convert_file(program / "diffusion" / "ddim.py")
     assert "XLA411" not in [c for _, c, _ in found], found
     assert "torch.tensor([i" not in out
 
@@ -74,7 +68,7 @@ def test_modules_whose_classes_derive_from_each_other_in_a_circle_end(program):
     ddim = program / "diffusion" / "ddim.py"
     ddim.write_text(ddim.read_text().replace("        self.eta = eta\n", "        self.eta = eta\n"
                                              "        self.register_buffer(str(eta), torch.ones(3))\n"))
-    out, found = _convert(program / "diffusion" / "ddim.py")
+    out, found = convert_file(program / "diffusion" / "ddim.py")
     assert "XLA411" not in [c for _, c, _ in found]
 
 
@@ -97,12 +91,6 @@ def test_a_cached_answer_is_not_reused_once_the_base_module_changes(program, tmp
 @pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="needs torch_xla (make setup)")
 def test_the_converted_sampler_compiles_flat_and_matches_the_original(program, tmp_path):
     """Converted before this: 4, 8, 12 compiles at 4, 8, 12 steps (verify: fail)."""
-    report = tmp_path / "report.json"
-    result = CliRunner().invoke(main, ["verify", "--json", str(report), "--timeout", "300", "--root", str(program),
-                                       "--lengths", "--steps=4,8", str(program / "sample.py")])
-    data = json.loads(report.read_text())
-    assert result.exit_code == 0 and data["verdict"] == "pass", result.output
-    lengths = data["metrics"]["lengths"]
-    assert len(lengths) >= 2 and len({r["compiles"] for r in lengths}) == 1, lengths
+    data = verify_lengths(program, program / "sample.py", tmp_path / "report.json")
     assert any(o["name"].startswith("stdout line 1: sample") and o["ok"] for o in data["outputs"]), \
         data["outputs"]

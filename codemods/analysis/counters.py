@@ -177,17 +177,25 @@ class ThroughCall(NamedTuple):
     passed: Dict[str, cst.BaseExpression]  # parameter -> the caller's argument
 
 
-def counter_through_call(tree: TreeCache, call: cst.Call, counters: Set[str],
-                         tensors: Set[str]) -> Optional[ThroughCall]:
+def counter_through_call(tree: TreeCache, call: cst.Call, counters: Set[str], tensors: Set[str],
+                         callee: Optional[Tuple[TreeCache, cst.FunctionDef]] = None) -> Optional[ThroughCall]:
     """What ``call`` hands a loop counter to, to index a device tensor with
     (XLA407 reports it on the call; XLA411 rewrites the callee's slice).  A
     subscript whose index is a tensor already (a rewritten one) is data, not
-    a counter."""
+    a counter.
+
+    ``callee``: the function called and its tree, where it is another
+    module's (``from utils import get_batch``); None: the module's own
+    function that ``call`` names.  An argument this tree cannot tell is a
+    tensor (a name bound by another module's function) counts as one there
+    where the callee uses its parameter as only a tensor is used
+    (``source.size(1)``: :func:`codemods.analysis.tensors.used_as_tensor`)."""
     from codemods.analysis.placement import DEVICE, HOST, placement
+    from codemods.analysis.tensors import used_as_tensor
 
     if not counters:
         return None
-    fn = dataflow(tree).local_function(call)
+    fn_tree, fn = callee if callee is not None else (tree, dataflow(tree).local_function(call))
     if not isinstance(fn, cst.FunctionDef):
         return None
     params = [p for p in list(fn.params.posonly_params) + list(fn.params.params)
@@ -208,9 +216,10 @@ def counter_through_call(tree: TreeCache, call: cst.Call, counters: Set[str],
         if isinstance(base, cst.Name) and base.value in passed:  # a tensor the caller passes
             tensor = passed[base.value]
             if base.value in by_counter or placement(tree, tensor) == HOST or (
-                    isinstance(tensor, cst.Name) and tensor.value not in tensors and placement(tree, tensor) is None):
+                    isinstance(tensor, cst.Name) and tensor.value not in tensors and placement(tree, tensor) is None
+                    and (callee is None or not used_as_tensor(fn, base.value))):
                 continue
-        elif placement(tree, base) == DEVICE:  # one the callee reaches itself (`self.alphas`)
+        elif placement(fn_tree, base) == DEVICE:  # one the callee reaches itself (`self.alphas`)
             tensor = base
         else:
             continue

@@ -82,6 +82,9 @@ STEP_LOOP = "step_loop"
 LOADER_LOOP = "loader_loop"
 STEP_METHOD = "step_method"
 OUTPUT_IN_LOOP = "output_in_loop"
+# a top-level function's parameter starts a slice (``source[i:i + n]``): a
+# helper another module's step loop may hand its counter to
+SLICES_BY_PARAMETER = "slices_by_parameter"
 # what a print or a log in a hot loop is called (codemods.prints reads these too)
 LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "critical", "log", "exception"})
 WRITER_METHODS = frozenset({"add_scalar", "add_scalars", "add_histogram", "add_image"})
@@ -171,6 +174,8 @@ class _Seen:
         self.attrs_of: Dict[str, Set[str]] = {}  # name -> the attributes read along chains rooted at it
         self.library_roots: Set[str] = set()  # names an import of LIBRARY binds
         self.called_chains: Set[Tuple[str, str]] = set()  # (root name, dotted chain) of every call that may make a model
+        self.slice_starts: Set[str] = set()  # names a slice's start reads
+        self.top_params: Set[str] = set()  # parameters of the top-level functions
 
     def imported(self, node: ast.AST) -> None:
         self.model_source = self.model_source or _imports_models(node)  # type: ignore[arg-type]
@@ -235,6 +240,8 @@ class _Seen:
             if any(_may_step(loop, steps, modelish) for loop in self.loops):
                 facts.add(STEP_LOOP)
         facts.update(f"name:{n}" for n in self.names)
+        if self.slice_starts & self.top_params:
+            facts.add(SLICES_BY_PARAMETER)
         if any(root in self.library_roots for root, _ in self.called_chains):
             facts.add(CALLS_LIBRARY)
         if self.torch_roots:  # (every import of torch binds at least one name)
@@ -317,8 +324,12 @@ def _walk(tree: ast.AST, seen: _Seen) -> None:
             in_loop = True
         elif kind is ast.ClassDef:
             seen.class_def(node)  # type: ignore[arg-type]
+        elif kind is ast.Slice and node.lower is not None:  # type: ignore[attr-defined]
+            seen.slice_starts.update(n.id for n in ast.walk(node.lower) if type(n) is Name)  # type: ignore[attr-defined]
         if kind in _FUNC_KINDS:
             funcs = funcs + (node.name,)  # type: ignore[attr-defined]
+            if not node.col_offset:  # type: ignore[attr-defined]
+                seen.top_params.update(a.arg for a in ast.walk(node.args) if type(a) is ast.arg)  # type: ignore[attr-defined]
         if kind is ast.ClassDef:
             for child in ast.iter_child_nodes(node):
                 stack.append((child, in_loop, funcs, in_model or (

@@ -102,7 +102,7 @@ def _resolved(here: str, module: str) -> Optional[Path]:
 
 
 _RESOLVED: Dict[Tuple[str, str], Optional[Path]] = {}  # (per process) (directory, module) -> file
-_LISTED: Dict[str, FrozenSet[str]] = {}  # (per process) directory -> the names in it
+_LISTED: Dict[str, Tuple[int, FrozenSet[str]]] = {}  # (per process) directory -> (its time, the names in it)
 
 
 def _resolve(here: str, module: str) -> Optional[str]:
@@ -146,14 +146,19 @@ def _module_file(base: str, parts: List[str]) -> Optional[str]:
 
 
 def _names(directory: str) -> FrozenSet[str]:
-    names = _LISTED.get(directory)
-    if names is None:
+    """The names in ``directory``, listed again only once its time changed."""
+    try:
+        mtime = os.stat(directory).st_mtime_ns
+    except OSError:
+        return frozenset()
+    known = _LISTED.get(directory)
+    if known is None or known[0] != mtime:
         try:
-            names = frozenset(os.listdir(directory))
+            known = (mtime, frozenset(os.listdir(directory)))
         except OSError:
-            names = frozenset()
-        _LISTED[directory] = names
-    return names
+            known = (mtime, frozenset())
+        _LISTED[directory] = known
+    return known[1]
 
 
 # ``from M import`` and ``import M`` at a line's start (after its indent): each
@@ -203,20 +208,107 @@ _LAST_IMPORTS: Tuple[Optional[str], object, Dict[str, Path]] = (None, None, {})
 def sibling_fact(filename: Optional[str], source: bytes, fact: str) -> bool:
     """Does a project module that ``source`` imports from hold ``fact``
     (``sparse_returns``: a function that returns a sparse tensor) for a name
-    that ``source`` mentions?"""
+    that ``source`` mentions, or (``step_callers``) does a project module
+    that imports ``source`` call one of its functions where it has a step or
+    loader loop (:func:`step_callers`)?"""
+    if fact == "step_callers":
+        return bool(step_callers(filename, source))
     read = {"sparse_returns": sparse_returns}[fact]
     return any(name.encode() in source for path in imported_modules(filename, source).values()
                for name in read(path))
 
 
 def stamps(paths) -> Dict[str, List[int]]:  # type: ignore[no-untyped-def]
-    """path -> [size, mtime_ns] of each file (what a cached answer is checked by)."""
+    """path -> [size, mtime_ns] of each file, and [-1, mtime_ns] of each
+    directory (a file added or removed there changes it): what a cached
+    answer is checked by."""
     out: Dict[str, List[int]] = {}
     for path in paths:
-        stamp = _stamp(Path(path))
-        if stamp is not None:
-            out[str(path)] = list(stamp)
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out[str(path)] = [st.st_size, st.st_mtime_ns]
+        elif stat.S_ISDIR(st.st_mode):
+            out[str(path)] = [-1, st.st_mtime_ns]
     return out
+
+
+# -- the modules that import a file -------------------------------------------
+
+# top-level functions of a module (a helper another module calls by name)
+_TOP_DEF = re.compile(rb"^def[ \t]+(\w+)[ \t]*\(", re.MULTILINE)
+# (per process) a file -> the other files and directories an answer about it read
+_CONSULTED: Dict[str, Set[str]] = {}
+
+
+def consulted(filename: str) -> Set[str]:
+    """The other files and directories read for answers about ``filename``
+    beyond those it imports (the results cache checks them too)."""
+    return _CONSULTED.get(os.path.abspath(filename), set())
+
+
+def step_callers(filename: Optional[str], source: bytes) -> Dict[str, List[Path]]:
+    """A top-level function of ``source`` (not a dunder; in a file where one
+    such function's parameter starts a slice, the prefilter's
+    ``SLICES_BY_PARAMETER``) -> the project modules that import
+    ``filename`` and call it by name, where the caller
+    has a step or loader loop (``codemods.analysis.prefilter``): TCN's
+    ``word_cnn_test.py`` calling ``get_batch`` of ``utils.py`` (``from
+    TCN.word_cnn.utils import *``).  An importer is a ``.py`` file in the
+    file's directory or one of the two above it (where :func:`resolve`
+    looks); which loops call it with what is the caller's own tree's to say."""
+    from codemods.analysis.prefilter import SLICES_BY_PARAMETER, facts_of
+
+    if not filename:
+        return {}
+    facts = facts_of(source)
+    if facts is None or SLICES_BY_PARAMETER not in facts:
+        return {}
+    names = {m.group(1) for m in _TOP_DEF.finditer(source) if not m.group(1).startswith(b"__")}
+    if not names:
+        return {}
+    path = os.path.abspath(filename)
+    here = os.path.dirname(path)
+    dirs = [here]
+    while len(dirs) < 3 and os.path.dirname(dirs[-1]) != dirs[-1]:
+        dirs.append(os.path.dirname(dirs[-1]))
+    seen = _CONSULTED.setdefault(path, set())
+    seen.update(dirs)
+    found: Dict[str, List[Path]] = {}
+    for directory in dirs:
+        for entry in sorted(_names(directory)):
+            other = os.path.join(directory, entry)
+            if not entry.endswith(".py") or other == path:
+                continue
+            stamp, data = _read(Path(other))
+            if stamp is None:
+                continue
+            seen.add(other)
+            called = [n for n in names if n + b"(" in data]
+            if not called:
+                continue
+            if not _has_hot_loop(other, stamp, data):
+                continue
+            if any(os.path.abspath(p) == path for p in imported_modules(other, data).values()):
+                for name in called:
+                    found.setdefault(name.decode(), []).append(Path(other))
+    return found
+
+
+_HOT: Dict[str, Tuple[Tuple[int, int], bool]] = {}  # (per process) path -> (stamp, has a step or loader loop)
+
+
+def _has_hot_loop(path: str, stamp: Tuple[int, int], data: bytes) -> bool:
+    """Does the file hold a step or loader loop (the ``ast`` prefilter's facts)?"""
+    from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP, file_facts, holds
+
+    known = _HOT.get(path)
+    if known is None or known[0] != stamp:
+        facts = file_facts(data)
+        known = _HOT[path] = (stamp, facts is not None and (holds(STEP_LOOP, facts) or holds(LOADER_LOOP, facts)))
+    return known[1]
 
 
 # -- what another module's functions return -----------------------------------

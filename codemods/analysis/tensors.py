@@ -66,6 +66,20 @@ def is_tensor_expr(node: cst.CSTNode, tensors: Set[str], qualnames: QualNames, v
     return False
 
 
+# methods a name is called with that only a tensor has: a NumPy array's
+# ``size`` is an int, not a method, and it has no ``dim``/``narrow``/``numel``
+_TENSOR_ONLY_CALLS = frozenset({"size", "dim", "narrow", "numel", "nelement", "ndimension", "unsqueeze",
+                                "contiguous", "index_select", "masked_fill"})
+
+
+def used_as_tensor(fn: cst.FunctionDef, name: str) -> bool:
+    """Does ``fn`` call a method on its ``name`` that only a tensor has
+    (``source.size(1)``, TCN's ``get_batch``)?"""
+    return any(isinstance(c.func, cst.Attribute) and c.func.attr.value in _TENSOR_ONLY_CALLS  # type: ignore[attr-defined]
+               and isinstance(c.func.value, cst.Name) and c.func.value.value == name  # type: ignore[attr-defined]
+               for c in find_all(fn.body, cst.Call, stop=_DEFS))
+
+
 def tensor_names(scope_node: cst.CSTNode, qualnames: QualNames, loader_loops: Iterable[cst.For] = (),
                  values: object = None) -> Set[str]:
     """Names that hold tensors inside a function (or module) body."""

@@ -1,0 +1,125 @@
+"""Which of a module's helpers the step loops of *other* project modules hand
+a loop counter to (read, never rewritten).
+
+TCN's ``word_cnn_test.py`` trains with ``data, targets = get_batch(train_data,
+i, args)`` in its step loop; ``get_batch`` lives in ``utils.py``, which it
+imports (``from TCN.word_cnn.utils import *``) and which has no loop of its
+own.  Whether that call stands in a step loop, and which of its arguments
+carry the loop's counter, is a fact of the caller's tree, asked by the same
+definitions the caller's own rules use (:class:`LoopCodemod`'s step loops,
+``codemods.analysis.counters``): :func:`handed_calls` parses each caller that
+:func:`codemods.analysis.project.step_callers` names (once per process while
+its size and time stay the same) and walks nothing but its module node.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Dict, List, Optional, Set, Tuple
+
+import libcst as cst
+
+from codemods.analysis.counters import ThroughCall, counter_through_call
+from codemods.analysis.dataflow import dataflow
+from codemods.analysis.project import resolve, step_callers
+from codemods.base import SOURCE_KEY, Context
+from codemods.loop_codemod import LoopCodemod
+from codemods.syntax.tree import TreeCache, find_all
+
+
+class _Callers(LoopCodemod):
+    DESCRIPTION = "Find the calls of another module's helpers in this module's step loops (reads, never rewrites)."
+
+    def __init__(self, context: Context, callee: TreeCache, helpers: Dict[str, cst.FunctionDef]) -> None:
+        super().__init__(context)
+        self.callee = callee
+        self.helpers = helpers
+        self.found: List[ThroughCall] = []
+
+    def visit_Module(self, node: cst.Module) -> bool:  # type: ignore[override]
+        super().visit_Module(node)
+        names, modules = self._bound_to_callee()
+        local = dataflow(self.tree)
+        for call in find_all(node, cst.Call):
+            func = call.func  # type: ignore[attr-defined]
+            if isinstance(func, cst.Name) and func.value in names and local.local_function(call) is None:
+                name = func.value
+            elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in modules:
+                name = func.attr.value
+            else:
+                continue
+            fn = self.helpers.get(name)
+            counters = self.hot_counters_around(call) if fn is not None else set()
+            if not counters:
+                continue
+            scope = next((a for a in self.ancestors(call) if isinstance(a, cst.FunctionDef)), None)
+            tensors = self._tensor_names(scope.body if scope is not None else node)
+            if scope is not None:
+                tensors = tensors | self._tensor_names(node)
+            hit = counter_through_call(self.tree, call, counters, tensors, callee=(self.callee, fn))  # type: ignore[arg-type]
+            if hit is not None:
+                self.found.append(hit)
+        return False  # (nothing below is walked: the questions above are all it asks)
+
+    def _bound_to_callee(self) -> Tuple[Set[str], Set[str]]:
+        """The helper names this module imports from the callee (every one,
+        for ``import *``) and the names it binds the callee module to."""
+        target = os.path.abspath(self.callee.filename or "")
+        names: Set[str] = set()
+        modules: Set[str] = set()
+        for node in find_all(self.tree.module, (cst.ImportFrom, cst.Import)):
+            if isinstance(node, cst.ImportFrom):
+                module = "." * len(node.relative) + (_dotted(node.module) if node.module is not None else "")
+                if not _is(resolve(self.context.filename, module), target):
+                    continue
+                if isinstance(node.names, cst.ImportStar):
+                    names |= set(self.helpers)
+                else:
+                    names |= {(a.asname.name.value if a.asname else _dotted(a.name))  # type: ignore[union-attr]
+                              for a in node.names if _dotted(a.name) in self.helpers}
+            else:
+                for alias in node.names:
+                    if alias.asname is not None and _is(resolve(self.context.filename, _dotted(alias.name)), target):
+                        modules.add(alias.asname.name.value)  # type: ignore[union-attr]
+        return names, modules
+
+
+def _dotted(node: cst.BaseExpression) -> str:
+    return node.value if isinstance(node, cst.Name) else \
+        f"{_dotted(node.value)}.{node.attr.value}" if isinstance(node, cst.Attribute) else ""
+
+
+def _is(path: Optional[Path], target: str) -> bool:
+    return path is not None and os.path.abspath(path) == target
+
+
+def handed_calls(tree: TreeCache, helpers: Dict[str, cst.FunctionDef]) -> List[ThroughCall]:
+    """The calls of ``helpers`` (functions of ``tree``, by name) in other
+    project modules' step or loader loops that hand them a counter, with
+    the subscripts of each helper it reaches (``ThroughCall``).  Each caller
+    is parsed once for the tree (its answer holds this tree's nodes)."""
+    if not tree.filename or not helpers:
+        return []
+    callers: Dict[Path, None] = {}
+    for name, paths in step_callers(tree.filename, tree.source).items():
+        if name in helpers:
+            callers.update(dict.fromkeys(paths))
+    return [hit for path in callers for hit in _handed(path, tree, helpers)]
+
+
+def _handed(path: Path, tree: TreeCache, helpers: Dict[str, cst.FunctionDef]) -> List[ThroughCall]:
+    try:
+        module = cst.parse_module(path.read_bytes())
+    except (OSError, cst.ParserSyntaxError, RecursionError, TypeError, ValueError):
+        return []  # (a caller that does not parse says so when it is converted itself)
+    observer = _Callers(Context(filename=str(path), scratch={SOURCE_KEY: module.code}), tree, helpers)
+    try:
+        observer.transform_module_impl(module)
+    finally:
+        if observer._tree is not None:
+            observer._tree.release()
+    return observer.found
+
+
+__all__ = ["handed_calls"]

@@ -1,0 +1,100 @@
+"""XLA411 on a helper of another module that a step loop hands its counter
+to (codemods/step_callers.py): TCN's word_cnn trains with ``get_batch(train_data,
+i, args)`` from ``utils.py``, a module with no loop of its own.  The helper's
+slices become gathers at indices sent to the device, decided by the caller's
+own analysis (its step loop, its counter).  TCN word_cnn on XLA's CPU backend:
+22 -> 98 compiles at 4 -> 17 training steps before, 19 at 17 and at 34 steps
+after, the same losses."""
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from xlaport.cli import main
+from tests.conftest import convert_file, verify_lengths
+
+PROJECT = Path(__file__).resolve().parent.parent / "fixtures" / "projects" / "helper_module"
+GATHER = ("    data = source[:, torch.arange(max(min(i + seq_len, source.size(1)) - i, 0), device=source.device)"
+          " + torch.tensor([i], device=source.device)]\n")
+
+
+@pytest.fixture
+def program(tmp_path):
+    dest = tmp_path / "helper_module"
+    shutil.copytree(PROJECT, dest)
+    return dest
+
+
+def test_a_helper_another_modules_step_loop_calls_gathers_on_the_device(program):
+    out, found = convert_file(program / "batches.py")
+    assert [(line, fix) for line, code, fix in found if code == "XLA411"] == [(16, True), (17, True)], found
+    assert GATHER in out, out
+    assert "torch.tensor([i + 1], device=source.device)]" in out
+    assert "row[0]" in out  # (a helper no step loop calls is left)
+    path = program / "batches.py"
+    path.write_text(out)
+    again, found = convert_file(path)
+    assert again == out and "XLA411" not in [c for _, c, _ in found]
+
+
+@pytest.mark.parametrize("change", [
+    # the call is in no loop: no counter reaches it
+    ("train.py", "    data, targets = get_batch(train_data, i, 4)\n", "    data, targets = ONCE\n"),
+    # the caller passes a host list
+    ("train.py", "get_batch(train_data, i, 4)", "get_batch(train_data.tolist(), i, 4)"),
+    # the caller's own get_batch
+    ("train.py", "total = 0.0\n", "total = 0.0\n\n\ndef get_batch(source, i, n):\n    return source, source\n\n\n"),
+    # the caller imports another module's get_batch
+    ("train.py", "from batches import *", "from batches import batchify\nfrom other import get_batch"),
+    # the helper shows nothing that only a tensor has (a list or an array may come)
+    ("batches.py", "source.size(1) - 1 - i", "len(source[0]) - 1 - i"),
+])
+def test_a_call_the_caller_cannot_vouch_for_leaves_the_helper(program, change):
+    name, old, new = change
+    path = program / name
+    assert old in path.read_text()
+    path.write_text(path.read_text().replace(old, new))
+    out, found = convert_file(program / "batches.py")
+    assert "XLA411" not in [c for _, c, _ in found] and "torch.tensor([" not in out, (change, out)
+
+
+def test_a_module_import_by_name_and_a_package_path_are_followed(program):
+    train = program / "train.py"
+    train.write_text(train.read_text().replace("from batches import *", "import batches as b").replace(
+        "batchify(", "b.batchify(").replace("get_batch(", "b.get_batch("))
+    out, found = convert_file(program / "batches.py")
+    assert GATHER in out
+    # run from the directory above (`from helper_module.batches import get_batch`)
+    train.write_text(PROJECT.joinpath("train.py").read_text().replace(
+        "from batches import *", "from helper_module.batches import batchify, get_batch"))
+    (program / "__init__.py").write_text("")
+    out, found = convert_file(program / "batches.py")
+    assert GATHER in out
+
+
+def test_a_cached_answer_is_not_reused_once_a_caller_changes(program, tmp_path, monkeypatch):
+    monkeypatch.setenv("XLAPORT_CACHE_DIR", str(tmp_path / "cache"))
+
+    def lint():
+        output = CliRunner().invoke(main, ["lint", str(program)]).output
+        return "".join(line for line in output.splitlines(True) if "batches.py:" in line)
+
+    assert lint().count("XLA411") == 2
+    assert lint().count("XLA411") == 2  # (answered from the cache)
+    train = program / "train.py"
+    train.write_text(train.read_text().replace("get_batch(train_data, i, 4)", "get_batch(train_data, 0, 4)"))
+    assert "XLA411" not in lint()  # batches.py itself unchanged
+    train.unlink()  # no caller at all: the directory changed
+    (program / "train2.py").write_text(PROJECT.joinpath("train.py").read_text())
+    assert lint().count("XLA411") == 2
+
+
+@pytest.mark.xla
+@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="needs torch_xla (make setup)")
+def test_the_converted_trainer_compiles_flat_and_matches_the_original(program, tmp_path):
+    """Converted before this: 4, 8, 12 compiles at 4, 8, 12 steps (verify: fail)."""
+    data = verify_lengths(program, program / "train.py", tmp_path / "report.json")
+    assert any(o["name"].startswith("stdout line 1: loss") and o["ok"] for o in data["outputs"]), data["outputs"]
