@@ -239,6 +239,11 @@ class XlaCodemod(Reports, cst.CSTTransformer):
     def enabled(self, code: str) -> bool:
         return code in self._selected
 
+    def selected(self, code: str) -> bool:
+        """Is ``code`` (any rule's) selected for this run?"""
+        sel = self.context.scratch.get(SELECT_KEY)
+        return sel is None or code_matches(code, sel)
+
     def option(self, name: str, default: object) -> object:
         return self.options.get(name, default)
 

@@ -100,19 +100,12 @@ class CaughtIndexErrors(XlaCodemod):
                          "instead, where it raises", fix=True):
             return updated
         value = updated.body[0].value  # type: ignore[attr-defined]
-        temp = self._fresh_name("indexed")
+        temp = self.tree.unused_name("indexed")
         made = updated.with_changes(body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(temp))], value=value.value)])
         chosen = cst.parse_expression(f"({temp} if {temp}.dim() else {temp}.cpu())")
         indexed = updated.with_changes(body=[updated.body[0].with_changes(value=value.with_changes(value=chosen))],
                                        leading_lines=[])
         return cst.FlattenSentinel([made, indexed])
-
-    def _fresh_name(self, base: str) -> str:
-        taken = {n.value for n in self.tree.nodes((cst.Name,))}  # type: ignore[attr-defined]
-        name, k = base, 1
-        while name in taken:
-            name, k = f"{base}_{k}", k + 1
-        return name
 
     def _caught_index(self, node: cst.Assign) -> bool:
         """Is ``node`` ``name = <tensor op>[int]`` directly in the body of a

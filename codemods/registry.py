@@ -39,6 +39,9 @@ ORDER: Tuple[Tuple[str, str], ...] = (
     ("codemods.device_index", "DeviceIndex"),  # before the host reads: what it fixes is not reported
     ("codemods.host_reads", "HostReads"),
     ("codemods.shape_traps", "ShapeTraps"),
+    # after the barriers (a sync may follow the growth) and the shape traps (its masks filled at a fixed
+    # shape first); XLA408 leaves what it rewrites to it
+    ("codemods.generation", "GenerationWindow"),
     # after the loop rules: they read the loops where the user wrote them, and on most files the
     # dedent is the last rewrite, so nothing analyses the tree again
     ("codemods.progress", "BarBlocks"),

@@ -91,6 +91,9 @@ CODEMODS = (
         ('XLA407', 'loop-counter-index', 'a device tensor iterated or indexed with the Python loop counter', False),
         ('XLA408', 'growing-concat', 'a tensor grown with `torch.cat` on every step', False),
     ), ()),
+    ('codemods.generation', 'GenerationWindow', (b'cat',), ('step_loop',), (
+        ('XLA414', 'generation-window', 'a generation loop that grows its sequence with `torch.cat` and feeds the model a window of it writes into a buffer of the final length', True),
+    ), ()),
     ('codemods.progress', 'BarBlocks', (b'tqdm', b'trange', b'progress_bar'), ('name:tqdm', 'name:trange', 'name:progress_bar'), (
         ('XLA202', 'progress-bar-block', '`with tqdm(...) as bar:` / `with self.progress_bar(...)`: drop the block, keep its body', True),
         ('XLA203', 'progress-bar-tensor-postfix', 'kept bars: `set_postfix(loss=loss.item())` and the like are dropped', True),

@@ -14,6 +14,7 @@ import libcst as cst
 from codemods.analysis import is_tensor_expr, loop_iterable
 from codemods.analysis.counters import counter_through_call, loop_counters
 from codemods.analysis.growth import grown_by
+from codemods.generation import GENERATION_WINDOW, windowed_growth
 from codemods.analysis.values import TENSOR, values
 from codemods.base import Rule, call_name, dotted, find_all
 from codemods.hot_path import HotPathCodemod, code
@@ -127,6 +128,10 @@ class ShapeTraps(HotPathCodemod):
             return
         loop = self.loop_stack[-1][0]
         grown = grown_by(node, loop, self.qualnames)
+        if grown and self.selected(GENERATION_WINDOW.code):
+            growth = windowed_growth(loop, self.qualnames, self.target.barrier_names)
+            if growth is not None and growth.grows.body[0] is node:  # type: ignore[attr-defined]
+                return  # (XLA414 writes it into a buffer)
         if grown:  # every op in the loop that reads it (its related lines) sees a new shape
             self._report(node, GROWING_CAT, f"`{sorted(grown)[0]}` grows with `torch.cat` every iteration: "
                                             "a new shape and a new graph per step; preallocate it and write into it",

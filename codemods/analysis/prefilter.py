@@ -174,8 +174,8 @@ class _Seen:
         self.attrs_of: Dict[str, Set[str]] = {}  # name -> the attributes read along chains rooted at it
         self.library_roots: Set[str] = set()  # names an import of LIBRARY binds
         self.called_chains: Set[Tuple[str, str]] = set()  # (root name, dotted chain) of every call that may make a model
-        self.slice_starts: Set[str] = set()  # names a slice's start reads
-        self.top_params: Set[str] = set()  # parameters of the top-level functions
+        self.slice_starts: Dict[str, Set[str]] = {}  # outermost function -> the names its slices' starts read
+        self.top_params: Dict[str, Set[str]] = {}  # top-level function -> its parameters
 
     def imported(self, node: ast.AST) -> None:
         self.model_source = self.model_source or _imports_models(node)  # type: ignore[arg-type]
@@ -240,7 +240,7 @@ class _Seen:
             if any(_may_step(loop, steps, modelish) for loop in self.loops):
                 facts.add(STEP_LOOP)
         facts.update(f"name:{n}" for n in self.names)
-        if self.slice_starts & self.top_params:
+        if any(self.slice_starts.get(fn, set()) & params for fn, params in self.top_params.items()):
             facts.add(SLICES_BY_PARAMETER)
         if any(root in self.library_roots for root, _ in self.called_chains):
             facts.add(CALLS_LIBRARY)
@@ -324,12 +324,13 @@ def _walk(tree: ast.AST, seen: _Seen) -> None:
             in_loop = True
         elif kind is ast.ClassDef:
             seen.class_def(node)  # type: ignore[arg-type]
-        elif kind is ast.Slice and node.lower is not None:  # type: ignore[attr-defined]
-            seen.slice_starts.update(n.id for n in ast.walk(node.lower) if type(n) is Name)  # type: ignore[attr-defined]
+        elif kind is ast.Slice and node.lower is not None and funcs:  # type: ignore[attr-defined]
+            seen.slice_starts.setdefault(funcs[0], set()).update(
+                n.id for n in ast.walk(node.lower) if type(n) is Name)  # type: ignore[attr-defined]
         if kind in _FUNC_KINDS:
             funcs = funcs + (node.name,)  # type: ignore[attr-defined]
             if not node.col_offset:  # type: ignore[attr-defined]
-                seen.top_params.update(a.arg for a in ast.walk(node.args) if type(a) is ast.arg)  # type: ignore[attr-defined]
+                seen.top_params[node.name] = {a.arg for a in ast.walk(node.args) if type(a) is ast.arg}  # type: ignore[attr-defined]
         if kind is ast.ClassDef:
             for child in ast.iter_child_nodes(node):
                 stack.append((child, in_loop, funcs, in_model or (

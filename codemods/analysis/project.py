@@ -289,9 +289,8 @@ def step_callers(filename: Optional[str], source: bytes) -> Dict[str, List[Path]
             called = [n for n in names if n + b"(" in data]
             if not called:
                 continue
-            if not _has_hot_loop(other, stamp, data):
-                continue
-            if any(os.path.abspath(p) == path for p in imported_modules(other, data).values()):
+            if any(os.path.abspath(p) == path for p in imported_modules(other, data).values()) \
+                    and _has_hot_loop(other, stamp, data):
                 for name in called:
                     found.setdefault(name.decode(), []).append(Path(other))
     return found

@@ -154,6 +154,15 @@ class NodeIndex:
         self.parents  # builds the index
         return [n for kind in kinds for n in self._by_type.get(kind, ())]
 
+    def unused_name(self, base: str) -> str:
+        """``base``, or ``base_1``, ``base_2`` ...: the first that no name in
+        the module is (a name a rewrite binds)."""
+        taken = {n.value for n in self.nodes((cst.Name,))}  # type: ignore[attr-defined]
+        name, k = base, 1
+        while name in taken:
+            name, k = f"{base}_{k}", k + 1
+        return name
+
     def statements_where(self, pred: Callable[[cst.CSTNode], bool], kinds: Tuple[type, ...]) -> List[cst.CSTNode]:
         """The innermost statements holding a node of ``kinds`` for which
         ``pred`` is true (each once): the usual ``regions`` of a codemod."""

@@ -1,0 +1,120 @@
+"""XLA414: a generation loop that grows its sequence by one token a step and
+feeds the model a window of it writes into a buffer of the final length
+(codemods/generation.py; fixtures/generation_window is its golden test).
+minGPT's chargpt (block 32, 500 sampled tokens) on XLA's CPU backend: the
+process died compiling (LLVM out of memory, about one compile per token)
+before; converted now, its ``generate`` compiles 21 graphs."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import convert_text
+
+from test_recompile_fixes import FIXTURES, codes
+from test_runnable_ports import needs_xla, run_on_xla
+
+LOOP = '''\
+import torch
+
+
+@torch.no_grad()
+def generate(model, idx, max_new_tokens, block_size):
+    for _ in range(max_new_tokens):
+        idx_cond = idx[:, -block_size:]
+        logits = model(idx_cond)
+        logits = logits[:, -1, :]
+        probas = torch.softmax(logits, dim=-1)
+        idx_next = torch.argmax(probas, dim=-1, keepdim=True)
+        idx = torch.cat((idx, idx_next), dim=1)
+    return idx
+
+
+model = torch.nn.Linear(4, 4).cuda()
+'''
+
+
+def test_a_windowed_generation_writes_into_a_buffer():
+    out, findings = convert_text(LOOP)
+    assert codes(findings, "XLA414") == [(12, True)], findings
+    assert "XLA408" not in [f.code for f in findings]
+    assert "    idx_buffer = torch.cat((idx, idx.new_zeros((idx.size(0), max_new_tokens, *idx.shape[2:]))), dim=1)\n" \
+        in out, out
+    assert ("idx_cond = idx_buffer[:, torch.arange(min(idx_length, block_size), device=idx_buffer.device) + "
+            "torch.tensor([max(idx_length - block_size, 0)], device=idx_buffer.device)]") in out
+    assert "        idx_buffer.index_copy_(1, torch.tensor([idx_length], device=idx_buffer.device), idx_next)\n" \
+           "        idx_length += 1\n" in out
+    assert "    idx = idx_buffer\n    return idx\n" in out
+    again, findings = convert_text(out)
+    assert again == out and not codes(findings, "XLA414")
+
+
+@pytest.mark.parametrize("change", [
+    ("idx_cond = idx[:, -block_size:]", "idx_cond = idx"),  # the whole sequence: exact padding needs a causal model
+    ("idx_cond = idx[:, -block_size:]", "idx_cond = idx[:, -block_size:]\n        if idx[0, -1] == 0:\n"
+                                        "            continue"),  # an iteration may end early
+    ("torch.argmax(probas, dim=-1, keepdim=True)", "torch.multinomial(probas, num_samples=2)"),  # two tokens a step
+    ("torch.argmax(probas, dim=-1, keepdim=True)", "torch.argmax(probas, dim=-1)"),  # no column
+    ("logits = logits[:, -1, :]", "logits = logits[:, -2:, :].mean(1)"),  # not the last position's row
+    ("idx_cond = idx[:, -block_size:]", "idx_cond = idx[:, -block_size:]\n        last = lambda: idx"),  # read later
+    ("range(max_new_tokens)", "range(1, max_new_tokens)"),  # a count the buffer cannot take as it is
+    ("        idx = torch.cat((idx, idx_next), dim=1)\n",
+     "        idx = torch.cat((idx, idx_next), dim=1)\n        print(idx_next)\n"),  # the growth is not last
+    ("torch.cat((idx, idx_next), dim=1)", "torch.cat((idx_next, idx), dim=1)"),  # prepended
+])
+def test_a_growth_the_buffer_cannot_take_stays_reported(change):
+    src = LOOP.replace(*change)
+    assert src != LOOP
+    out, findings = convert_text(src)
+    assert not codes(findings, "XLA414") and "idx_buffer" not in out, (change, out)
+
+
+def test_other_reads_read_the_filled_part():
+    out, findings = convert_text(LOOP.replace("        logits = model(idx_cond)\n",
+                                              "        logits = model(idx_cond)\n        last = idx[:, -1]\n"))
+    assert codes(findings, "XLA414") == [(13, True)]
+    assert "        last = idx_buffer[:, :idx_length][:, -1]\n" in out
+
+
+def test_the_token_may_be_sampled_or_the_top_index():
+    for draw in ("torch.multinomial(probas, num_samples=1)", "probas.multinomial(1)"):
+        out, findings = convert_text(LOOP.replace("torch.argmax(probas, dim=-1, keepdim=True)", draw))
+        assert codes(findings, "XLA414") == [(12, True)], draw
+    top = LOOP.replace("idx_next = torch.argmax(probas, dim=-1, keepdim=True)", "_, idx_next = torch.topk(probas, k=1)")
+    out, findings = convert_text(top)
+    assert codes(findings, "XLA414") == [(12, True)], out
+
+
+def test_xla408_still_reports_what_xla414_leaves_or_is_not_selected():
+    _, findings = convert_text(LOOP.replace("idx_cond = idx[:, -block_size:]", "idx_cond = idx"))
+    assert codes(findings, "XLA408") == [(12, False)]
+    out, findings = convert_text(LOOP, select=("XLA408", "XLA101"))
+    assert codes(findings, "XLA408") == [(12, False)] and "idx_buffer" not in out
+
+
+@pytest.mark.xla
+@needs_xla
+def test_the_converted_generation_compiles_flat_past_the_window_with_the_originals_tokens(tmp_path):
+    """8 and 16 tokens after a prompt of 2, window 6: the same compiles, the CPU original's tokens."""
+    original = subprocess.run([sys.executable, str(FIXTURES / "generation_window" / "input.py"), "--steps", "16"],
+                              capture_output=True, text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert original.returncode == 0, original.stderr
+    short, _, _, _ = run_on_xla("generation_window", tmp_path / "a", "--steps", "8")
+    long, out16, _, _ = run_on_xla("generation_window", tmp_path / "b", "--steps", "16")
+    assert short["metrics"]["compiles"] == long["metrics"]["compiles"], (short, long)
+    assert out16 == original.stdout
+
+
+@pytest.mark.xla
+@needs_xla
+def test_left_as_it_was_the_generation_compiles_once_per_token(tmp_path, monkeypatch):
+    """What the rewrite is worth, and that the test above can fail."""
+    import test_runnable_ports
+    from xlaport.engine import Settings
+
+    monkeypatch.setattr(test_runnable_ports, "Settings", lambda: Settings(ignore=("XLA414",)))
+    short, _, _, _ = run_on_xla("generation_window", tmp_path / "a", "--steps", "8")
+    long, _, _, _ = run_on_xla("generation_window", tmp_path / "b", "--steps", "16")
+    assert long["metrics"]["compiles"] >= short["metrics"]["compiles"] + 8, (short, long)
