@@ -15,8 +15,9 @@ growing once the sequence is longer than the window.  The tokens, the
 model's inputs and the result are the same as before.
 
 Rewritten only where that is exact (``codemods.analysis.growth.token_growth``):
-``for _ in range(n)`` with nothing that ends an iteration early, the growth
-its last statement (barriers may follow), one token drawn as one column
+``for _ in range(n)`` (a ``break`` or ``continue`` may skip the growth: the
+sequence after the loop is the buffer's filled part), the growth its last
+statement (barriers may follow), one token drawn as one column
 (``multinomial(p, num_samples=1)``, ``argmax(..., keepdim=True)`` or ``topk(...,
 k=1)`` of the last position's row), and the sequence read in the loop only
 as a whole, as ``.size(1)``/``.shape[1]`` or as its last ``n`` columns
@@ -63,16 +64,16 @@ GENERATION_WINDOW = Rule(
         "torch.tensor([max(idx_length - block_size, 0)], device=idx_buffer.device)])\n"
         "    idx_next = torch.multinomial(torch.softmax(logits[:, -1, :], dim=-1), num_samples=1)\n"
         "    idx_buffer.index_copy_(1, torch.tensor([idx_length], device=idx_buffer.device), idx_next)\n"
-        "    idx_length += 1\nidx = idx_buffer\n"
+        "    idx_length += 1\nidx = idx_buffer[:, :idx_length]\n"
     ),
     valid=(
         # the whole sequence goes to the model: padding it is exact only for a causal model (XLA408)
         "import torch\n\nfor _ in range(n):\n    logits = model(idx)\n"
         "    nxt = logits[:, -1, :].argmax(dim=-1, keepdim=True)\n    idx = torch.cat((idx, nxt), dim=1)\n",
-        # an iteration may end early: the buffer's tail would stay zeros
+        # two tokens a step: the buffer holds one a step
         "import torch\n\nfor _ in range(n):\n    logits = model(idx[:, -8:])\n"
-        "    nxt = torch.multinomial(torch.softmax(logits[:, -1, :], dim=-1), num_samples=1)\n"
-        "    if nxt.item() == 0:\n        break\n    idx = torch.cat((idx, nxt), dim=1)\n",
+        "    nxt = torch.multinomial(torch.softmax(logits[:, -1, :], dim=-1), num_samples=2)\n"
+        "    idx = torch.cat((idx, nxt), dim=1)\n",
     ),
 )
 
@@ -116,7 +117,7 @@ class GenerationWindow(LoopCodemod):
                   cst.parse_statement(f"{buf} = torch.cat(({seq}, {seq}.new_zeros(({seq}.size(0), {steps}, "
                                       f"*{seq}.shape[2:]))), dim=1)\n")]
         loop = updated.with_changes(body=body, leading_lines=[])
-        return cst.FlattenSentinel([*before, loop, cst.parse_statement(f"{seq} = {buf}\n")])
+        return cst.FlattenSentinel([*before, loop, cst.parse_statement(f"{seq} = {buf}[:, :{cur}]\n")])
 
 
 def windowed_growth(loop: cst.CSTNode, qualnames: Callable[[cst.CSTNode], Set[str]],

@@ -46,7 +46,6 @@ def grown_in(loop: cst.CSTNode, qualnames: Callable[[cst.CSTNode], Set[str]]) ->
 # -- a sequence grown one token a step (generation) ----------------------------
 
 _SOFTMAX = ("softmax", "log_softmax")
-_LOOP_EXITS = (cst.Break, cst.Continue, cst.Return, cst.Yield)
 _SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
 
@@ -63,9 +62,9 @@ class TokenGrowth(NamedTuple):
 
 def token_growth(loop: cst.CSTNode, qualnames: Callable[[cst.CSTNode], Set[str]],
                  barrier: Callable[[cst.BaseStatement], bool]) -> Optional[TokenGrowth]:
-    """The sequence ``loop`` lengthens by exactly one token every iteration
-    of ``for _ in range(n)`` (no ``break``/``continue``/``return`` cuts an
-    iteration short): grown by the last statement of the body (barriers,
+    """The sequence ``loop`` lengthens by one token an iteration of ``for _
+    in range(n)`` at most (a ``break``/``continue`` may skip the growth; no
+    ``yield`` hands it out midway): grown by the last statement of the body (barriers,
     ``barrier``, may follow it), along dimension 1, by a token drawn as one
     column -- ``torch.multinomial(p, num_samples=1)``, or ``argmax(...,
     keepdim=True)`` / the indices of ``topk(..., k=1)`` of the last
@@ -91,17 +90,9 @@ def token_growth(loop: cst.CSTNode, qualnames: Callable[[cst.CSTNode], Set[str]]
     if not (isinstance(seq, cst.Name) and isinstance(token, cst.Name) and len(assign.targets) == 1
             and isinstance(assign.targets[0].target, cst.Name) and assign.targets[0].target.value == seq.value):
         return None
-    exits = [n for n in find_all(loop.body, _LOOP_EXITS, stop=_SCOPES)
-             if isinstance(n, (cst.Return, cst.Yield)) or not _in_inner_loop(n, loop)]
-    if exits or not _one_token(body, token.value, qualnames):
+    if find_all(loop.body, cst.Yield, stop=_SCOPES) or not _one_token(body, token.value, qualnames):
         return None
     return TokenGrowth(seq.value, token.value, grows, loop.iter.args[0].value)
-
-
-def _in_inner_loop(node: cst.CSTNode, loop: cst.For) -> bool:
-    """Is ``node`` (a ``break``/``continue``) inside a loop nested in ``loop``?"""
-    return any(any(n is node for n in find_all(inner.body, (cst.Break, cst.Continue), stop=_SCOPES))
-               for inner in find_all(loop.body, (cst.For, cst.While), stop=_SCOPES))
 
 
 def _one_token(body: List[cst.BaseStatement], token: str, qualnames: Callable[[cst.CSTNode], Set[str]]) -> bool:
