@@ -282,18 +282,40 @@ def step_callers(filename: Optional[str], source: bytes) -> Dict[str, List[Path]
             other = os.path.join(directory, entry)
             if not entry.endswith(".py") or other == path:
                 continue
-            stamp, data = _read(Path(other))
+            stamp, calls = _calls_in(other)
             if stamp is None:
                 continue
             seen.add(other)
-            called = [n for n in names if n + b"(" in data]
+            called = [n for n in names if n in calls]
             if not called:
+                continue
+            try:
+                data = Path(other).read_bytes()
+            except OSError:
                 continue
             if any(os.path.abspath(p) == path for p in imported_modules(other, data).values()) \
                     and _has_hot_loop(other, stamp, data):
                 for name in called:
                     found.setdefault(name.decode(), []).append(Path(other))
     return found
+
+
+_CALL_NAME = re.compile(rb"(\w+)\(")
+# (per process) path -> (stamp, the names it calls): a directory's files are
+# many, so what is kept of each is the names, not its bytes
+_CALLS: Dict[str, Tuple[Optional[Tuple[int, int]], FrozenSet[bytes]]] = {}
+
+
+def _calls_in(path: str) -> Tuple[Optional[Tuple[int, int]], FrozenSet[bytes]]:
+    stamp = _stamp(Path(path))
+    known = _CALLS.get(path)
+    if known is None or known[0] != stamp:
+        try:
+            names = frozenset(_CALL_NAME.findall(Path(path).read_bytes())) if stamp is not None else frozenset()
+        except OSError:
+            names = frozenset()
+        known = _CALLS[path] = (stamp, names)
+    return known
 
 
 _HOT: Dict[str, Tuple[Tuple[int, int], bool]] = {}  # (per process) path -> (stamp, has a step or loader loop)
