@@ -58,7 +58,7 @@ GENERATION_WINDOW = Rule(
     ),
     after=(
         "import torch\n\nidx_length = idx.size(1)\n"
-        "idx_buffer = torch.cat((idx, idx.new_zeros((idx.size(0), max_new_tokens, *idx.shape[2:]))), dim=1)\n"
+        "idx_buffer = torch.cat((idx, idx.new_zeros((idx.size(0), max(max_new_tokens, 0), *idx.shape[2:]))), dim=1)\n"
         "for _ in range(max_new_tokens):\n"
         "    logits = model(idx_buffer[:, torch.arange(min(idx_length, block_size), device=idx_buffer.device) + "
         "torch.tensor([max(idx_length - block_size, 0)], device=idx_buffer.device)])\n"
@@ -114,7 +114,7 @@ class GenerationWindow(LoopCodemod):
         body = original.body.visit(_Replace(new, replaced))
         steps = code(growth.steps)
         before = [cst.parse_statement(f"{cur} = {seq}.size(1)\n").with_changes(leading_lines=original.leading_lines),
-                  cst.parse_statement(f"{buf} = torch.cat(({seq}, {seq}.new_zeros(({seq}.size(0), {steps}, "
+                  cst.parse_statement(f"{buf} = torch.cat(({seq}, {seq}.new_zeros(({seq}.size(0), max({steps}, 0), "
                                       f"*{seq}.shape[2:]))), dim=1)\n")]
         loop = updated.with_changes(body=body, leading_lines=[])
         return cst.FlattenSentinel([*before, loop, cst.parse_statement(f"{seq} = {buf}[:, :{cur}]\n")])

@@ -40,7 +40,7 @@ def test_a_windowed_generation_writes_into_a_buffer():
     out, findings = convert_text(LOOP)
     assert codes(findings, "XLA414") == [(12, True)], findings
     assert "XLA408" not in [f.code for f in findings]
-    assert "    idx_buffer = torch.cat((idx, idx.new_zeros((idx.size(0), max_new_tokens, *idx.shape[2:]))), dim=1)\n" \
+    assert "    idx_buffer = torch.cat((idx, idx.new_zeros((idx.size(0), max(max_new_tokens, 0), *idx.shape[2:]))), dim=1)\n" \
         in out, out
     assert ("idx_cond = idx_buffer[:, torch.arange(min(idx_length, block_size), device=idx_buffer.device) + "
             "torch.tensor([max(idx_length - block_size, 0)], device=idx_buffer.device)]") in out
@@ -126,3 +126,31 @@ def test_left_as_it_was_the_generation_compiles_once_per_token(tmp_path, monkeyp
     short, _, _, _ = run_on_xla("generation_window", tmp_path / "a", "--steps", "8")
     long, _, _, _ = run_on_xla("generation_window", tmp_path / "b", "--steps", "16")
     assert long["metrics"]["compiles"] >= short["metrics"]["compiles"] + 8, (short, long)
+
+
+def test_the_buffer_gives_the_originals_sequence_for_any_count():
+    """Run on the CPU, original and rewrite: the same tokens for counts
+    below, at and past the window, a count of 0 and a negative one, and a
+    loop that stops at an end token."""
+    import torch
+
+    src = LOOP.replace("model = torch.nn.Linear(4, 4).cuda()\n", "").replace(
+        "        idx = torch.cat(", "        if eos is not None and bool((idx_next == eos).all()):\n            break\n"
+                                   "        idx = torch.cat(").replace("block_size):", "block_size, eos=None):")
+    out, findings = convert_text(src, select=["XLA414"])
+    assert codes(findings, "XLA414") == [(14, True)], out
+    torch.manual_seed(0)
+    table = torch.randn(12, 12)
+
+    def model(idx):  # each position sees the ones before it, so a longer window changes the answer
+        emb = table[idx]
+        return emb.cumsum(dim=1) / torch.arange(1, idx.size(1) + 1).view(1, -1, 1)
+
+    for count in (-1, 0, 2, 9):
+        for eos in (None, 3):
+            prompt = torch.tensor([[1, 5, 7], [2, 2, 9]])
+            want, got = {}, {}
+            exec(src, want)
+            exec(out, got)
+            expected = want["generate"](model, prompt, count, 4, eos)
+            assert torch.equal(got["generate"](model, prompt, count, 4, eos), expected), (count, eos)
