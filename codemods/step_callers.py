@@ -25,6 +25,7 @@ from codemods.analysis.dataflow import dataflow
 from codemods.analysis.project import resolve, step_callers
 from codemods.base import SOURCE_KEY, Context
 from codemods.loop_codemod import LoopCodemod
+from codemods.syntax.nodes import dotted
 from codemods.syntax.tree import TreeCache, find_all
 
 
@@ -70,24 +71,23 @@ class _Callers(LoopCodemod):
         modules: Set[str] = set()
         for node in find_all(self.tree.module, (cst.ImportFrom, cst.Import)):
             if isinstance(node, cst.ImportFrom):
-                module = "." * len(node.relative) + (_dotted(node.module) if node.module is not None else "")
+                module = "." * len(node.relative) + (_name(node.module) if node.module is not None else "")
                 if not _is(resolve(self.context.filename, module), target):
                     continue
                 if isinstance(node.names, cst.ImportStar):
                     names |= set(self.helpers)
                 else:
-                    names |= {(a.asname.name.value if a.asname else _dotted(a.name))  # type: ignore[union-attr]
-                              for a in node.names if _dotted(a.name) in self.helpers}
+                    names |= {(a.asname.name.value if a.asname else _name(a.name))  # type: ignore[union-attr]
+                              for a in node.names if _name(a.name) in self.helpers}
             else:
                 for alias in node.names:
-                    if alias.asname is not None and _is(resolve(self.context.filename, _dotted(alias.name)), target):
+                    if alias.asname is not None and _is(resolve(self.context.filename, _name(alias.name)), target):
                         modules.add(alias.asname.name.value)  # type: ignore[union-attr]
         return names, modules
 
 
-def _dotted(node: cst.BaseExpression) -> str:
-    return node.value if isinstance(node, cst.Name) else \
-        f"{_dotted(node.value)}.{node.attr.value}" if isinstance(node, cst.Attribute) else ""
+def _name(node: cst.BaseExpression) -> str:
+    return dotted(node) or ""
 
 
 def _is(path: Optional[Path], target: str) -> bool:

@@ -32,13 +32,15 @@ _STOP = (cst.FunctionDef, cst.Lambda, cst.ClassDef) + _COMPS
 _SCOPE_KINDS = node_types(_STOP)
 
 
-def _target_names(target: cst.CSTNode) -> List[cst.Name]:
+def target_names(target: cst.CSTNode) -> List[cst.Name]:
+    """The names an assignment target binds (``a, *b`` -> a, b; none of a
+    subscript or an attribute it writes)."""
     if isinstance(target, cst.Name):
         return [target]
     if isinstance(target, (cst.Tuple, cst.List)):
-        return [n for e in target.elements for n in _target_names(e.value)]
+        return [n for e in target.elements for n in target_names(e.value)]
     if isinstance(target, cst.StarredElement):
-        return _target_names(target.value)
+        return target_names(target.value)
     return []  # attributes and subscripts bind nothing
 
 
@@ -81,21 +83,21 @@ def _index(tree: TreeCache) -> Dict[int, _Scope]:
             continue
         if kind is cst.Assign:
             for t in n.targets:  # type: ignore[attr-defined]
-                for name in _target_names(t.target):
+                for name in target_names(t.target):
                     scope.bind(name.value, name)
         elif kind is cst.AnnAssign or kind is cst.AugAssign or kind is cst.For:
-            for name in _target_names(n.target):  # type: ignore[attr-defined]
+            for name in target_names(n.target):  # type: ignore[attr-defined]
                 scope.bind(name.value, name)
         elif kind is cst.WithItem:
             if n.asname is not None:  # type: ignore[attr-defined]
-                for name in _target_names(n.asname.name):  # type: ignore[attr-defined]
+                for name in target_names(n.asname.name):  # type: ignore[attr-defined]
                     scope.bind(name.value, name)
         elif kind is cst.ExceptHandler:
             if n.name is not None:  # type: ignore[attr-defined]
-                for name in _target_names(n.name.name):  # type: ignore[attr-defined]
+                for name in target_names(n.name.name):  # type: ignore[attr-defined]
                     scope.bind(name.value, name)
         elif kind is cst.NamedExpr:
-            for name in _target_names(n.target):  # type: ignore[attr-defined]
+            for name in target_names(n.target):  # type: ignore[attr-defined]
                 _walrus_scope(scope).bind(name.value, name)
         elif kind is cst.Import or kind is cst.ImportFrom:
             if not isinstance(n.names, cst.ImportStar):  # type: ignore[attr-defined]
@@ -165,7 +167,7 @@ class _Placer:
             elif isinstance(node, _COMPS):
                 for_in = node.for_in  # type: ignore[attr-defined]
                 while for_in is not None:
-                    for t in _target_names(for_in.target):
+                    for t in target_names(for_in.target):
                         scope.bind(t.value, t)
                     for_in = for_in.inner_for_in
         return scope

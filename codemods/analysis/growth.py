@@ -11,6 +11,7 @@ from typing import Callable, List, NamedTuple, Optional, Set, Tuple
 
 import libcst as cst
 
+from codemods.analysis.bindings import target_names
 from codemods.syntax.tree import call_name, find_all
 
 _CATS = ("cat", "concat", "concatenate")
@@ -112,17 +113,7 @@ def _one_token(body: List[cst.BaseStatement], token: str, qualnames: Callable[[c
 def _bound(node: cst.CSTNode) -> Set[str]:
     """The names a binding statement binds (not those of a subscript or an
     attribute it writes: ``logits[mask] = 0`` binds nothing)."""
-    names: Set[str] = set()
-    stack = _targets(node)
-    while stack:
-        target = stack.pop()
-        if isinstance(target, cst.Name):
-            names.add(target.value)
-        elif isinstance(target, (cst.Tuple, cst.List)):
-            stack.extend(e.value for e in target.elements)
-        elif isinstance(target, cst.StarredElement):
-            stack.append(target.value)
-    return names
+    return {n.value for t in _targets(node) for n in target_names(t)}
 
 
 def _targets(node: cst.CSTNode) -> List[cst.CSTNode]:
