@@ -35,11 +35,13 @@ ITEM = Rule(
 TRANSFER = Rule(
     code="XLA402",
     name="host-read-transfer",
-    summary="`.tolist()` / `.numpy()` / `.cpu()` on the hot path copies a tensor to the host",
+    summary="`.tolist()` / `.numpy()` / `.cpu()` / `.to(\"cpu\")` on the hot path copies a tensor to the host",
     why=(
         "Each of these executes the pending graph and waits for a device-to-host copy "
         "(`TransferFromDeviceTime`). `.numpy()` fails outright on XLA tensors without "
-        "`.cpu()`. Keep values on the device inside the loop; copy once after it."
+        "`.cpu()`. Keep values on the device inside the loop; copy once after it. Where each step's result "
+        "must reach the host (a sampler keeping every step on the CPU), the step barrier goes right before "
+        "the first copy (XLA302): the copies then find the step computed instead of each running its part."
     ),
     before="for x in loader:\n    preds = model(x).argmax(-1).cpu().tolist()\n",
     after=None,
@@ -83,8 +85,9 @@ class HostReads(HotPathCodemod):
         read = host_read(self.tree, node, self.tensors, self.qualnames)
         if read == "item":
             self._report(node, ITEM, "`.item()` reads a tensor on the host: accumulate on the device, read once")
-        elif read in TO_HOST:
-            self._report(node, TRANSFER, f"`.{name}()` copies a tensor to the host: keep it on the device in the loop")
+        elif read in TO_HOST or read == "to":
+            call = f'.{name}("cpu")' if read == "to" else f".{name}()"
+            self._report(node, TRANSFER, f"`{call}` copies a tensor to the host: keep it on the device in the loop")
         elif read is not None:
             self._report(node, SCALAR, f"`{name}()` of a tensor is a host read")
         elif name in ("full", "full_like", "new_full") and self._tensor_fill(node, self.qualnames(node.func)):

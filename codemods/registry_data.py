@@ -81,7 +81,7 @@ CODEMODS = (
     ), ('step_callers',)),
     ('codemods.host_reads', 'HostReads', (b'.item(', b'.tolist(', b'.numpy(', b'.cpu(', b'float(', b'int(', b'bool(', b'if ', b'while ', b'nonzero', b'masked_select', b'unique', b'where(', b'[', b'for '), ('step_loop', 'loader_loop', 'step_method', 'option:include_cold'), (
         ('XLA401', 'host-read-item', '`.item()` on the hot path reads a tensor on the host every step', False),
-        ('XLA402', 'host-read-transfer', '`.tolist()` / `.numpy()` / `.cpu()` on the hot path copies a tensor to the host', False),
+        ('XLA402', 'host-read-transfer', '`.tolist()` / `.numpy()` / `.cpu()` / `.to("cpu")` on the hot path copies a tensor to the host', False),
         ('XLA403', 'host-read-scalar', "`float(t)` / `int(t)` / `bool(t)` of a tensor, or a tensor as `torch.full`'s fill value, on the hot path", False),
         ('XLA404', 'tensor-condition', 'a tensor in an `if`/`while`/`assert` condition on the hot path', False),
     ), ()),

@@ -285,7 +285,8 @@ def test_reads_of_host_tensors_are_no_host_reads_and_joins_are_placed_by_their_i
            "        losses.append(torch.tensor(row).float().mean().item())\n    return losses\n\n\n"
            "device = torch.device('cuda')\n")
     _, findings = convert_text(src, select=["XLA401", "XLA402"], options={"include_cold": True})
-    assert sorted((f.code, f.line) for f in findings) == [("XLA401", 10), ("XLA402", 10)]
+    # (line 11: the move itself, `idx.to('cpu')`, is the one read, as `.cpu()` is)
+    assert sorted((f.code, f.line) for f in findings) == [("XLA401", 10), ("XLA402", 10), ("XLA402", 11)]
 
 
 def test_a_loader_loop_whose_batches_stay_on_the_host_is_host_code():
@@ -358,3 +359,59 @@ def test_a_loader_whose_batches_meet_host_tensors_in_a_helper_stays_as_it_is():
     assert "MpDeviceLoader" not in out
     said = [f for f in findings if f.code == "XLA301"]
     assert said and not said[0].fix and "the `cat` at line 14" in said[0].message
+
+
+LIST_SAMPLER = (
+    "import torch\n\n\ndef steps(x, seq, model):\n    xs = [x]\n    for i in seq:\n"
+    "        xt = xs[-1].to(x.device)\n        et = model(xt, i)\n        x0 = xt - et\n"
+    "        xs.append(x0.to('cpu'))\n    return xs\n"
+)
+
+
+def test_state_carried_through_a_list_it_appends_to_is_a_step_loop_synced_before_its_first_read():
+    """ermongroup/ddim's samplers: the state goes back to the device from
+    ``xs[-1]`` and each step appends its host copy.  The loop was not seen
+    (no assignment carries the state); its random draws then grew one graph
+    per step (the RNG seed is a chain of ops until a barrier)."""
+    out, findings = convert_text(LIST_SAMPLER)
+    assert "        x0 = xt - et\n        torch_xla.sync()\n        xs.append(x0.to('cpu'))\n" in out, out
+    assert [f for f in findings if f.code == "XLA302" and f.fix and "first host read" in f.message]
+    assert [f for f in findings if f.code == "XLA402" and '`.to("cpu")`' in f.message]
+    assert convert_text(out)[0] == out
+
+
+@pytest.mark.parametrize("source", [
+    # collecting outputs carries no state: nothing reads the list before the append
+    "import torch\n\n\ndef run(batches, model):\n    outs = []\n    for x in batches:\n"
+    "        outs.append(model(x))\n    return outs\n",
+    # a branch that raises writes nothing the rest of the iteration reads (kandinsky's prior interpolate)
+    "import torch\n\n\ndef mix(conds, model):\n    embs = []\n    for cond in conds:\n        if isinstance(cond, str):\n"
+    "            emb = model(cond)\n        else:\n            raise ValueError(cond)\n        embs.append(emb * 2)\n"
+    "    return embs\n",
+])
+def test_appends_that_carry_nothing_make_no_step_loop(source):
+    assert "sync" not in convert_text(source)[0]
+
+
+@pytest.mark.xla
+@needs_xla
+def test_list_sampler_compiles_flat_with_the_cpu_originals_values(tmp_path):
+    """fixtures/list_sampler at 4 and 8 steps: the same compiles (5 -> 9
+    before, one per step), two graph executions a step, and the sum the
+    unconverted program prints on the CPU."""
+    from test_runnable_ports import run_on_xla
+
+    def printed(text):
+        return float(text.split("sample sum")[1])
+
+    runs = []
+    for steps in ("4", "8"):
+        original = subprocess.run([sys.executable, str(FIXTURES / "list_sampler" / "input.py"), "--steps", steps],
+                                  capture_output=True, text=True, timeout=300,
+                                  env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        assert original.returncode == 0, original.stderr
+        result, stdout, _, _ = run_on_xla("list_sampler", tmp_path / steps, "--steps", steps)
+        assert printed(stdout) == pytest.approx(printed(original.stdout), rel=1e-5, abs=1e-4)
+        runs.append(result["metrics"])
+    assert runs[0]["compiles"] == runs[1]["compiles"], runs
+    assert runs[1]["executions"] == 2 * runs[0]["executions"], runs

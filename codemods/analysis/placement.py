@@ -70,7 +70,8 @@ def host_read(tree: TreeCache, call: cst.Call, tensors: Set[str],
     read rules (XLA401-403) and the barrier's placement read."""
     name = call_name(call)
     func = call.func
-    if isinstance(func, cst.Attribute) and (name == "item" and not call.args or name in TO_HOST):
+    if isinstance(func, cst.Attribute) and (name == "item" and not call.args or name in TO_HOST
+                                            or to_cpu(call)):
         return None if placement(tree, func.value) == HOST else name
     if isinstance(func, cst.Name) and name in {"float", "int", "bool"} and len(call.args) == 1:
         arg = call.args[0].value
@@ -272,6 +273,16 @@ def _unmoved(expr: cst.CSTNode, names: Set[str]) -> bool:
     """``expr`` reads one of ``names`` and moves nothing to a device."""
     return any(isinstance(n, cst.Name) and n.value in names for n in find_all(expr, cst.Name)) and not any(
         call_name(c) in MOVES for c in find_all(expr, cst.Call))  # type: ignore[arg-type]
+
+
+def to_cpu(call: cst.Call) -> bool:
+    """``x.to("cpu")`` / ``x.to(device="cpu")``: a copy to the host, as
+    ``x.cpu()`` is."""
+    if call_name(call) != "to" or not call.args:
+        return False
+    first = call.args[0]
+    where = first.value if first.keyword is None or first.keyword.value == "device" else None
+    return where is not None and string_value(where) == "cpu"
 
 
 def _device_argument(call: cst.Call) -> Optional[str]:

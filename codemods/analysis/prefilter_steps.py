@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 from typing import List, Optional, Set, Tuple
 
-from codemods.analysis.steps import called_like_a_model
+from codemods.analysis.steps import APPEND_METHODS, called_like_a_model
 
 _OWN_STOP = (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
@@ -85,14 +85,16 @@ def may_step(loop: ast.AST, steps: Set[str], modelish) -> bool:  # type: ignore[
         for stmt in stmts:
             if isinstance(stmt, _OWN_STOP):
                 continue
-            if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
-                value = stmt.value
+            added = _added(stmt)
+            if added is not None or isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                # `xs.append(v)` writes `xs` from `v` as `xs += [v]` does
+                targets, value = added or ((stmt.targets if isinstance(stmt, ast.Assign)  # type: ignore[attr-defined]
+                                            else [stmt.target]), stmt.value)  # type: ignore[attr-defined]
                 if value is None:
                     continue
-                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
                 reads = {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}
-                if isinstance(stmt, ast.AugAssign):
-                    reads |= {n.id for n in ast.walk(stmt.target) if isinstance(n, ast.Name)}
+                if isinstance(stmt, ast.AugAssign):  # (`xs.append(v)` reads nothing of xs)
+                    reads |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
                 read_first.update(reads - written)
                 model = any(isinstance(c, ast.Call) and model_call(c) for c in ast.walk(value))
                 roots = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
@@ -132,6 +134,16 @@ def may_step(loop: ast.AST, steps: Set[str], modelish) -> bool:  # type: ignore[
                 driven |= roots
                 changed = True
     return bool(read_first & driven)
+
+
+def _added(stmt: ast.stmt) -> Optional[Tuple[List[ast.expr], ast.expr]]:
+    """``xs.append(v)`` as a statement: ([xs], v) -- the container and what
+    it takes (``steps.APPEND_METHODS``); None for anything else."""
+    call = stmt.value if isinstance(stmt, ast.Expr) else None
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.args
+            and call.func.attr in APPEND_METHODS and not isinstance(call.args[-1], ast.Starred)):
+        return None
+    return [call.func.value], call.args[-1]
 
 
 def _blocks(stmt: ast.stmt) -> List[List[ast.stmt]]:

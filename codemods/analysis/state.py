@@ -18,7 +18,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 import libcst as cst
 
-from codemods.analysis.steps import called_like_a_model
+from codemods.analysis.steps import APPEND_METHODS, called_like_a_model
 from codemods.analysis.dataflow import dataflow
 from codemods.analysis.values import (
     LOADED,
@@ -205,6 +205,8 @@ class _IterationFlow:
                 for small in stmt.body:
                     if isinstance(small, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
                         self.assign(small, written)
+                    elif isinstance(small, cst.Expr) and _added(small.value) is not None:
+                        self.assign(_added(small.value), written)  # type: ignore[arg-type]
             elif isinstance(stmt, cst.If):
                 written = self.branches(stmt, written)
             elif isinstance(stmt, cst.With):
@@ -234,9 +236,11 @@ class _IterationFlow:
             other = self.branches(node.orelse, set(written))
         elif isinstance(node.orelse, cst.Else):
             other = self.scan(_block(node.orelse.body), set(written))
+            if _leaves(node.orelse.body):
+                return then  # `else: raise ...`: what runs on comes from the other branches
         else:
             other = set(written)
-        return then & other
+        return other if _leaves(node.body) else then & other
 
     def carried(self) -> Optional[str]:
         """"feedback" (a model call's input comes from state this loop itself
@@ -263,6 +267,20 @@ class _Lazy:
         if self.compute is not None:
             self.answer, self.compute = self.compute(), None
         return self.answer
+
+
+def _added(value: cst.BaseExpression) -> Optional[cst.Assign]:
+    """``xs.append(v)`` read as the write of ``xs`` from ``v`` it is (the
+    container and what it takes, ``steps.APPEND_METHODS``) -- a write that
+    reads nothing of ``xs``: collecting outputs carries no state, reading
+    ``xs[-1]`` before it does; None for anything else."""
+    if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.args
+            and value.func.attr.value in APPEND_METHODS and not value.args[-1].star):
+        return None
+    target = value.func.value
+    if not isinstance(target, (cst.Name, cst.Attribute, cst.Subscript)):
+        return None
+    return cst.Assign(targets=[cst.AssignTarget(target=target)], value=value.args[-1].value)
 
 
 def _state_keys(target: cst.CSTNode) -> Set[str]:
@@ -357,3 +375,12 @@ def _block(suite: cst.BaseSuite) -> List[cst.CSTNode]:
     if isinstance(suite, cst.IndentedBlock):
         return list(suite.body)
     return [cst.SimpleStatementLine(body=suite.body)] if isinstance(suite, cst.SimpleStatementSuite) else []
+
+
+def _leaves(suite: cst.BaseSuite) -> bool:
+    """A block that ends in ``raise``/``return``/``break``/``continue``: the
+    iteration does not go on from it to the statements after."""
+    stmts = _block(suite)
+    last = stmts[-1] if stmts else None
+    return isinstance(last, cst.SimpleStatementLine) and any(
+        isinstance(s, (cst.Raise, cst.Return, cst.Break, cst.Continue)) for s in last.body)

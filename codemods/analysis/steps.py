@@ -40,6 +40,10 @@ _NOT_RUN_RE = re.compile(
     r"^_*(unwrap|wrap|get|load|build|make|create|prepare|init|setup|save|copy|compile|convert|register|to)_",
     re.IGNORECASE,
 )
+# methods that add to the container they are called on (``xs.append(x)``):
+# a write of the container by the value handed in, as ``xs += [x]`` is --
+# state a loop carries when it reads ``xs[-1]`` before (ddim's samplers)
+APPEND_METHODS = frozenset({"append", "extend", "insert", "appendleft"})
 # methods of containers and strings, whatever the receiver is called
 _CONTAINER_METHODS = frozenset({"pop", "get", "setdefault", "items", "keys", "values", "copy", "update", "append",
                                 "extend", "index", "count", "join", "format", "split", "strip", "replace"})
