@@ -40,7 +40,8 @@ DEVICE_STRING = Rule(
         "`device_type = ...` for autocast). Replacing the string with a `torch.device` crashes those "
         "tests; leaving \"cuda\" crashes on a TPU host. The string becomes \"xla\" (valid wherever a "
         "device is expected once torch_xla is imported), comparisons of that name with \"cuda\" compare "
-        "with \"xla\", and a `--device` option's CUDA default and choices become \"xla\"; a CUDA device the user "
+        "with \"xla\", a configuration dict's device entry (`{\"device\": \"cuda:0\"}`, `cfg[\"device\"]`) is such a "
+        "string too, and a `--device` option's CUDA default and choices become \"xla\"; a CUDA device the user "
         "types for such an option (`--device cuda:1`) is read as \"xla\", and a CPU choice stays the CPU."
     ),
     before=(
@@ -98,6 +99,8 @@ class DeviceStrings(XlaCodemod):
                 if f.name.value in used or DEVICE_NAME_RE.search(f.name.value)}  # type: ignore[attr-defined]
 
     def _is_device_name(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.Subscript):  # `config["device"]`: the entry a config keeps its device in
+            return _device_key(node) is not None
         text = dotted(node)
         if text is None:
             return False
@@ -134,6 +137,14 @@ class DeviceStrings(XlaCodemod):
         if node.value is not None:
             self._bound(node.target, node.value)
 
+    def visit_DictElement(self, node: cst.DictElement) -> None:
+        """``{"device": "cuda:0", ...}``: a configuration dict's device entry
+        (zoubohao's DDPM hands ``modelConfig["device"]`` to ``torch.device``
+        in another module)."""
+        key = string_value(node.key)
+        if key is not None and _names_a_device(key) and is_device_string_choice(node.value):
+            self._device_value(node.value)
+
     def visit_Param(self, node: cst.Param) -> None:
         """``def __init__(self, device="cuda")``: the default is the device
         the function works on when its caller names none."""
@@ -141,8 +152,12 @@ class DeviceStrings(XlaCodemod):
             self._bound(node.name, node.default)  # type: ignore[arg-type]
 
     def _bound(self, target: cst.CSTNode, value: cst.CSTNode) -> None:
-        if not (self._is_device_name(target) and is_device_string_choice(value)):
-            return
+        if self._is_device_name(target) and is_device_string_choice(value):
+            self._device_value(value)
+
+    def _device_value(self, value: cst.CSTNode) -> None:
+        """Rewrite the device string(s) ``value`` holds (a CUDA string, or a
+        choice between device strings)."""
         if isinstance(value, cst.IfExp) and self._by_availability(value.test):
             self._rewrite.add(id(value))  # the whole availability choice is the accelerator
         else:
@@ -247,6 +262,20 @@ class _Renamed(cst.CSTTransformer):
     def leave_FormattedStringText(self, original_node: cst.FormattedStringText,
                                   updated_node: cst.FormattedStringText) -> cst.FormattedStringText:
         return updated_node.with_changes(value=updated_node.value.replace("cuda", self.device))
+
+
+def _names_a_device(key: str) -> bool:
+    """A dict key or config entry that names a device (``"device"``,
+    ``"train_device"``), as a variable's name does."""
+    return DEVICE_NAME_RE.search(key) is not None and key.isidentifier()
+
+
+def _device_key(node: cst.Subscript) -> Optional[str]:
+    """The string key of ``config["device"]`` when it names a device."""
+    if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
+        return None
+    key = string_value(node.slice[0].slice.value)
+    return key if key is not None and _names_a_device(key) else None
 
 
 def _cuda_parts(value: cst.BaseExpression) -> list:

@@ -1,6 +1,11 @@
 """What a name holds, from dataflow (codemods/analysis/values.py), and the
 loop decisions that read it instead of names (issue 11)."""
 
+import importlib.util
+import os
+import subprocess
+import sys
+
 import libcst as cst
 import pytest
 
@@ -341,6 +346,40 @@ def test_a_device_string_under_any_name_is_known_by_where_it_goes():
     # a name that says "device" still counts where the module never uses it (a caller does)
     out, _ = convert_text("import torch\n\ndevice = 'cuda'\n")
     assert "device = 'xla'" in out, out
+
+
+CONFIG_DEVICE = (
+    "import torch\n\n\ndef run(cfg):\n    device = torch.device(cfg['device'])\n"
+    "    if cfg['device'] == 'cuda:0':\n        print('on the accelerator')\n"
+    "    return torch.ones(2, device=device) * 2\n\n\n"
+    "config = {'epochs': 1, 'device': 'cuda:0', 'name': 'cuda'}\nprint(run(config).sum().item())\n"
+)
+
+
+def test_a_config_dicts_device_entry_is_a_device_string():
+    """zoubohao's DDPM keeps ``"device": "cuda:0"`` in a dict that another
+    module hands to ``torch.device``: left as it was, the port needed a GPU
+    (XLA199 only).  Entries and subscripts whose key names a device are
+    device strings; other entries stay."""
+    out, findings = convert_text(CONFIG_DEVICE)
+    assert "config = {'epochs': 1, 'device': 'xla', 'name': 'cuda'}" in out, out
+    assert "if cfg['device'] == 'xla':" in out, out
+    assert [f.line for f in findings if f.code == "XLA109"] == [6, 11]
+    # (the "name" entry's "cuda" is left to the catch-all's report)
+    left = [f for f in findings if f.code == "XLA199"]
+    assert [f.line for f in left] == [11] and left[0].col > CONFIG_DEVICE.splitlines()[10].index("'name'"), left
+    assert convert_text(out)[0] == out
+
+
+@pytest.mark.xla
+@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla not installed")
+def test_a_config_dicts_device_runs_on_xla(tmp_path):
+    out, _ = convert_text(CONFIG_DEVICE)
+    (tmp_path / "main.py").write_text(out)
+    done = subprocess.run([sys.executable, "main.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PJRT_DEVICE": "CPU"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["on", "the", "accelerator", "4.0"], done.stdout
 
 
 def test_a_model_loaded_to_the_device_the_program_chose_goes_there():
