@@ -12,7 +12,7 @@ diffusers >= 0.31) gets no new barrier: its other step loops are reported.
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple, Union
+from typing import List, Optional, Set, Tuple, Union
 
 import libcst as cst
 
@@ -23,12 +23,19 @@ from codemods.analysis import (
     is_barrier_call,
     module_facts,
 )
-from codemods.analysis.loops import body_statements, last_optimizer_step, loop_step_kind, syncing_functions
-from codemods.analysis.placement import host_read
+from codemods.analysis.loops import (
+    body_statements,
+    in_model_code,
+    last_optimizer_step,
+    loop_step_kind,
+    model_functions,
+    syncing_functions,
+)
+from codemods.analysis.placement import host_read, reads_truth
 from codemods.analysis.values import values as values_of
 from codemods.analysis.kinds import model_source_triggers
-from codemods.analysis.steps import trigger_words
-from codemods.base import Rule, call_name, find_all, statement
+from codemods.analysis.steps import called_like_a_model, trigger_words
+from codemods.base import Rule, call_name, dotted, find_all, statement
 from codemods.loop_codemod import LoopCodemod
 
 STEP_BARRIER = Rule(
@@ -51,7 +58,10 @@ STEP_BARRIER = Rule(
         "the read then finds the step computed instead of running the pending step as a graph of its own. "
         "Likewise in a loop that is not a training step (a sampler, a decoder fed its own output) and reads a "
         "value it computed on every pass (`out.append(tok.item())`): the barrier goes right before that read, "
-        "one graph execution per pass instead of the read's and then the barrier's."
+        "one graph execution per pass instead of the read's and then the barrier's. A loop inside a model's "
+        "`forward` (a layer loop, an RNN unrolled in the step) gets no barrier, except one that feeds its state "
+        "back to a model and reads it on the host every pass (a sampler written as a module, asserting on its "
+        "state): the read already runs a graph every pass, of every pass so far, so the barrier goes right before it."
     ),
     before=(
         "for x, y in batches:\n    loss = loss_fn(model(x), y)\n    loss.backward()\n"
@@ -160,10 +170,8 @@ class StepBarrier(LoopCodemod):
         if self.target.sync is None or not self.enabled(STEP_BARRIER.code):
             return updated
         if not self.is_step_loop(original):
-            return updated
-        syncing = self._memo("syncing", self.tree.module, lambda: syncing_functions(
-            self.tree.module, self.target.barrier_names, self.qualnames))
-        if has_barrier(original, self.target.barrier_names, self.qualnames, syncing):
+            return self._model_loop_read(original, updated)
+        if self._synced(original):
             return updated
         body = updated.body
         if not isinstance(body, cst.IndentedBlock) or not body.body:
@@ -180,8 +188,8 @@ class StepBarrier(LoopCodemod):
                     original, STEP_BARRIER.code, "`torch_xla.sync()` before break/return: the step's deferred "
                     "prints run", fix=True):
                 self.add_imports(self.target.sync_imports)
-                return updated.with_changes(body=body.with_changes(body=self._before_exits(list(body.body),
-                                                                                           exits[1:])))
+                return updated.with_changes(body=body.with_changes(body=_before_exits(list(body.body),
+                                                                                      exits[1:], self._barrier())))
             return updated
         if self._syncs_by_hand():
             # ported by hand already (diffusers >= 0.31): its authors chose where
@@ -203,7 +211,7 @@ class StepBarrier(LoopCodemod):
         stmts = list(body.body)
         if after is not None:
             stmts.insert(after, self._barrier())
-        new_body = self._before_exits(stmts, exits)
+        new_body = _before_exits(stmts, exits, self._barrier())
         last = new_body[-1]
         if after is not None or _is_exit(last, exits):
             pass  # the barrier follows the optimizer step, or the one before the exit is there
@@ -212,6 +220,37 @@ class StepBarrier(LoopCodemod):
         else:
             new_body.append(self._barrier())
         return updated.with_changes(body=body.with_changes(body=new_body))
+
+    def _synced(self, loop: Loop) -> bool:
+        syncing = self._memo("syncing", self.tree.module, lambda: syncing_functions(
+            self.tree.module, self.target.barrier_names, self.qualnames))
+        return has_barrier(loop, self.target.barrier_names, self.qualnames, syncing)
+
+    def _model_loop_read(self, original: Loop, updated: Loop) -> Loop:
+        """A loop inside a model's ``forward`` (no step loop: a layer loop or
+        an RNN unrolled there gets no barrier) that feeds its state back to a
+        model and reads a value on the host on every pass -- a sampler
+        written as a module (``assert torch.isnan(x_t).int().sum() == 0``
+        after each denoising step).  The read already runs a graph every
+        pass, but of every pass so far (the state is never materialized), so
+        it compiles again every pass; the barrier right before the read makes
+        it run this pass only, once for all passes."""
+        called = self._memo("model_functions", self.tree.module, lambda: model_functions(self.tree))
+        if not in_model_code(original, self.tree.parents, called) or \
+                loop_step_kind(self.tree, original, self.steps) != "feedback":
+            return updated
+        k = _pass_read(self.tree, original, self.tensors, self.qualnames)
+        body = updated.body
+        if k is None or not isinstance(body, cst.IndentedBlock) or self._synced(original) or self._syncs_by_hand():
+            return updated
+        if not self.flag(original, STEP_BARRIER.code, "loop in a model's forward that reads a value every pass: "
+                         "`torch_xla.sync()` added right before the read (it runs this pass, not every pass so far)",
+                         fix=True):
+            return updated
+        self.add_imports(self.target.sync_imports)
+        stmts = list(body.body)
+        stmts.insert(k, self._barrier())
+        return updated.with_changes(body=body.with_changes(body=stmts))
 
     def _after_optimizer_step(self, loop: Loop, exits: Tuple[type, ...]) -> Optional[int]:
         """Where the barrier goes when the loop reads a tensor on the host
@@ -292,43 +331,6 @@ class StepBarrier(LoopCodemod):
         """The loop's own body hands work to step closures (deferred prints)."""
         return any(self.is_step_closure(c) for c in find_all(loop.body, cst.Call, stop=(cst.For, cst.While)))  # type: ignore[arg-type]
 
-    def _before_exits(self, stmts: List[cst.BaseStatement], exits: Tuple[type, ...]) -> List[cst.BaseStatement]:
-        """Put a barrier before every ``continue`` (and, given, ``break`` and
-        ``return``) of this loop's own level."""
-        barrier = self._barrier()
-
-        class _Continue(cst.CSTTransformer):
-            def visit_For(self, node: cst.For) -> bool:
-                return False
-
-            def visit_While(self, node: cst.While) -> bool:
-                return False
-
-            def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-                return False
-
-            def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-                return False
-
-            def leave_IndentedBlock(self, original_node, updated_node):
-                out: List[cst.BaseStatement] = []
-                for s in updated_node.body:
-                    if _is_exit(s, exits) and not (out and out[-1].deep_equals(barrier)):
-                        out.append(barrier)
-                    out.append(s)
-                return updated_node.with_changes(body=out)
-
-        fixed: List[cst.BaseStatement] = []
-        for s in stmts:
-            if _is_exit(s, exits):
-                fixed.append(barrier)
-                fixed.append(s)
-            elif isinstance(s, cst.SimpleStatementLine):
-                fixed.append(s)
-            else:
-                fixed.append(s.visit(_Continue()))  # type: ignore[arg-type]
-        return fixed
-
 
 def _host_step(stmt: cst.CSTNode) -> bool:
     """``lr_scheduler.step()`` / ``optimizer.zero_grad(set_to_none=True)``:
@@ -362,3 +364,67 @@ def _ends_flow(stmt: cst.CSTNode) -> bool:
     return isinstance(stmt, cst.SimpleStatementLine) and any(
         isinstance(s, (cst.Continue, cst.Break, cst.Return, cst.Raise)) for s in stmt.body
     )
+
+
+def _pass_read(tree, loop: Loop, tensors: Set[str], qualnames) -> Optional[int]:
+    """The first statement of the loop's own level that reads a tensor on
+    the host (a read call, or an ``assert``/``if`` on a tensor) and runs
+    no model itself, after something computed in the pass; None where
+    there is none or the body can end or skip early."""
+    stmts = body_statements(loop)
+    if _has_exit(stmts, (cst.Break, cst.Return, cst.Continue)):
+        return None
+    stop = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+    for k, stmt in enumerate(stmts):
+        if isinstance(stmt, cst.If):
+            tests, calls = [stmt.test], find_all(stmt.test, cst.Call, stop=stop)
+        elif isinstance(stmt, cst.SimpleStatementLine):
+            tests = [s.test for s in stmt.body if isinstance(s, cst.Assert)]
+            calls = find_all(stmt, cst.Call, stop=stop)
+        else:
+            continue
+        if not (any(reads_truth(t, tensors, qualnames) for t in tests)
+                or any(host_read(tree, c, tensors, qualnames) for c in calls)):  # type: ignore[arg-type]
+            continue
+        if k == 0 or any(called_like_a_model(dotted(c.func) or "") for c in calls):  # type: ignore[attr-defined]
+            return None
+        return k
+    return None
+
+
+def _before_exits(stmts: List[cst.BaseStatement], exits: Tuple[type, ...],
+                  barrier: cst.SimpleStatementLine) -> List[cst.BaseStatement]:
+    """Put a barrier before every ``continue`` (and, given, ``break`` and
+    ``return``) of this loop's own level."""
+
+    class _Continue(cst.CSTTransformer):
+        def visit_For(self, node: cst.For) -> bool:
+            return False
+
+        def visit_While(self, node: cst.While) -> bool:
+            return False
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+            return False
+
+        def leave_IndentedBlock(self, original_node, updated_node):
+            out: List[cst.BaseStatement] = []
+            for s in updated_node.body:
+                if _is_exit(s, exits) and not (out and out[-1].deep_equals(barrier)):
+                    out.append(barrier)
+                out.append(s)
+            return updated_node.with_changes(body=out)
+
+    fixed: List[cst.BaseStatement] = []
+    for s in stmts:
+        if _is_exit(s, exits):
+            fixed.append(barrier)
+            fixed.append(s)
+        elif isinstance(s, cst.SimpleStatementLine):
+            fixed.append(s)
+        else:
+            fixed.append(s.visit(_Continue()))  # type: ignore[arg-type]
+    return fixed

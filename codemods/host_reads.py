@@ -9,13 +9,12 @@ do instead.  Where "hot" is: :mod:`codemods.hot_path`.
 
 from __future__ import annotations
 
-from typing import List, Set
+from typing import Set
 
 import libcst as cst
 
 from codemods.analysis import is_tensor_expr
-from codemods.analysis.placement import TO_HOST, host_read
-from codemods.analysis.syncs import false_on_xla
+from codemods.analysis.placement import TO_HOST, host_read, reads_truth
 from codemods.base import Rule, call_name
 from codemods.hot_path import HotPathCodemod
 
@@ -121,39 +120,6 @@ class HostReads(HotPathCodemod):
         self._condition(node.test)
 
     def _condition(self, test: cst.BaseExpression) -> None:
-        for part in _truth_operands(test):
-            inner = part.expression if isinstance(part, cst.UnaryOperation) else part
-            if isinstance(inner, cst.Comparison) and all(
-                    isinstance(c.operator, (cst.Is, cst.IsNot)) for c in inner.comparisons):
-                # `x is not None`: identity reads no value -- but what it compares may have read
-                # one to make a Python bool (`torch.allclose(a, b) is False`)
-                operands = [o for o in [inner.left] + [c.comparator for c in inner.comparisons]
-                            if isinstance(o, cst.Call) and call_name(o) in _BOOL_OF_TENSORS]
-            elif isinstance(inner, cst.Comparison):
-                operands = [inner.left] + [c.comparator for c in inner.comparisons]
-            else:
-                operands = [inner]
-            for op in operands:
-                if isinstance(op, cst.Call) and call_name(op) in {"item", "len", "isinstance"}:
-                    continue
-                if (isinstance(op, cst.Call) and call_name(op) in {"any", "all"} and isinstance(op.func, cst.Attribute)) \
-                        or is_tensor_expr(op, self.tensors, self.qualnames):
-                    self._report(test, CONDITION, "tensor-valued condition: a host read and a graph split every time; "
-                                                  "use `torch.where` or test outside the loop")
-                    return
-
-
-# tensor ops that give a Python bool: each reads its tensors on the host
-_BOOL_OF_TENSORS = frozenset({"allclose", "equal", "is_nonzero"})
-
-
-def _truth_operands(test: cst.BaseExpression) -> List[cst.BaseExpression]:
-    """The operands of ``test`` that Python reads as truth values on XLA, left
-    to right: each side of ``and``/``or``, but none after a side of an ``and``
-    that is false on XLA (``... and not is_torch_xla_available() and
-    torch.isnan(loss)``: transformers' Trainer keeps that read off XLA)."""
-    if not isinstance(test, cst.BooleanOperation):
-        return [test]
-    if isinstance(test.operator, cst.And) and false_on_xla(test.left):
-        return _truth_operands(test.left)
-    return _truth_operands(test.left) + _truth_operands(test.right)
+        if reads_truth(test, self.tensors, self.qualnames):
+            self._report(test, CONDITION, "tensor-valued condition: a host read and a graph split every time; "
+                                          "use `torch.where` or test outside the loop")

@@ -415,3 +415,51 @@ def test_list_sampler_compiles_flat_with_the_cpu_originals_values(tmp_path):
         runs.append(result["metrics"])
     assert runs[0]["compiles"] == runs[1]["compiles"], runs
     assert runs[1]["executions"] == 2 * runs[0]["executions"], runs
+
+
+FORWARD_LOOP = (
+    "import torch\nimport torch.nn as nn\n\n\nclass Sampler(nn.Module):\n    def forward(self, x):\n"
+    "        for step in reversed(range(self.steps)):\n            eps = self.model(x, step)\n"
+    "            x = x - eps + torch.randn_like(x)\n            assert torch.isnan(x).int().sum() == 0\n"
+    "        return x\n\n\nmodel = Sampler().cuda()\n"
+)
+
+
+def test_a_loop_in_a_forward_that_reads_every_pass_is_synced_before_the_read():
+    """zoubohao's DDPM samples in an ``nn.Module``'s ``forward`` and asserts
+    on the state every pass: each read ran all passes so far (one compile
+    per pass).  A forward's loops get no barrier otherwise."""
+    out, findings = convert_text(FORWARD_LOOP)
+    assert ("            x = x - eps + torch.randn_like(x)\n            torch_xla.sync()\n"
+            "            assert torch.isnan(x).int().sum() == 0\n") in out, out
+    assert [f for f in findings if f.code == "XLA302" and f.fix and "model's forward" in f.message]
+    assert convert_text(out)[0] == out
+
+
+@pytest.mark.parametrize("change", [
+    # no read: an RNN or decoder unrolled in forward keeps one graph (no barrier inside a training step)
+    ("            assert torch.isnan(x).int().sum() == 0\n", ""),
+    # a pass that can end early reads on some passes only
+    ("            assert torch.isnan(x).int().sum() == 0\n", "            if step == 3:\n                break\n"
+                                                              "            assert torch.isnan(x).int().sum() == 0\n"),
+    # a read of what the model computes in the same statement: nothing to compute before it
+    ("            eps = self.model(x, step)\n            x = x - eps + torch.randn_like(x)\n"
+     "            assert torch.isnan(x).int().sum() == 0\n",
+     "            x = x - self.model(x, step)\n            print(self.model(x, step).sum().item())\n"),
+])
+def test_a_forward_loop_gets_no_barrier_without_a_read_every_pass_of_its_state(change):
+    out, _ = convert_text(FORWARD_LOOP.replace(*change))
+    assert "sync" not in out, out
+
+
+@pytest.mark.xla
+@needs_xla
+def test_module_sampler_compiles_flat_and_verifies():
+    """fixtures/module_sampler: 5 -> 9 compiles at 4 -> 8 steps before."""
+    from xlaport.verify.verification import verify
+
+    report = verify(FIXTURES / "module_sampler" / "input.py", lengths="--steps=4,8", timeout=300,
+                    root=FIXTURES / "module_sampler")
+    assert report.verdict == "pass", report.failures
+    runs = report.metrics["lengths"]
+    assert len(runs) == 3 and len({r["compiles"] for r in runs}) == 1, runs

@@ -33,6 +33,8 @@ from codemods.analysis.buffers import model_buffers
 from codemods.analysis.loops import loop_iterable
 from codemods.analysis.tensors import is_tensor_expr
 from codemods.analysis.dataflow import dataflow
+from codemods.analysis.steps import TO_HOST
+from codemods.analysis.syncs import false_on_xla
 from codemods.analysis.values import DEVICE as DEVICE_KIND
 from codemods.analysis.values import DEVICE_LOADER, DEVICE_STR, LOADER, MODULE, Values
 from codemods.analysis.values import values as values_of
@@ -45,7 +47,6 @@ FACTORIES = frozenset({"zeros", "ones", "empty", "full", "rand", "randn", "randi
 # made where their input is (unless given a device=)
 _LIKE = {"zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like", "randint_like"}
 _JOINS = {"cat", "concat", "concatenate", "stack", "hstack", "vstack"}
-TO_HOST = frozenset({"cpu", "numpy", "tolist"})  # methods that copy a tensor to the host
 
 
 def placement(tree: TreeCache, node: cst.CSTNode) -> Optional[str]:
@@ -78,6 +79,50 @@ def host_read(tree: TreeCache, call: cst.Call, tensors: Set[str],
         if is_tensor_expr(arg, tensors, qualnames) and placement(tree, arg) != HOST:  # type: ignore[arg-type]
             return name
     return None
+
+
+def reads_truth(test: cst.BaseExpression, tensors: Set[str],
+                qualnames: Callable[[cst.CSTNode], Iterable[str]]) -> bool:
+    """A condition (``if``/``while``/``assert``) Python can only decide by
+    reading a tensor on the host: a tensor operand (``torch.isnan(x).any()``,
+    ``loss > 0``), or a tensor op that gives a Python bool
+    (``torch.allclose``).  The one definition XLA404 and the barrier's
+    placement read."""
+    for part in _truth_operands(test):
+        inner = part.expression if isinstance(part, cst.UnaryOperation) else part
+        if isinstance(inner, cst.Comparison) and all(
+                isinstance(c.operator, (cst.Is, cst.IsNot)) for c in inner.comparisons):
+            # `x is not None`: identity reads no value -- but what it compares may have read
+            # one to make a Python bool (`torch.allclose(a, b) is False`)
+            operands = [o for o in [inner.left] + [c.comparator for c in inner.comparisons]
+                        if isinstance(o, cst.Call) and call_name(o) in _BOOL_OF_TENSORS]
+        elif isinstance(inner, cst.Comparison):
+            operands = [inner.left] + [c.comparator for c in inner.comparisons]
+        else:
+            operands = [inner]
+        for op in operands:
+            if isinstance(op, cst.Call) and call_name(op) in {"item", "len", "isinstance"}:
+                continue
+            if (isinstance(op, cst.Call) and call_name(op) in {"any", "all"} and isinstance(op.func, cst.Attribute)) \
+                    or is_tensor_expr(op, tensors, qualnames):
+                return True
+    return False
+
+
+# tensor ops that give a Python bool: each reads its tensors on the host
+_BOOL_OF_TENSORS = frozenset({"allclose", "equal", "is_nonzero"})
+
+
+def _truth_operands(test: cst.BaseExpression) -> List[cst.BaseExpression]:
+    """The operands of ``test`` that Python reads as truth values on XLA, left
+    to right: each side of ``and``/``or``, but none after a side of an ``and``
+    that is false on XLA (``... and not is_torch_xla_available() and
+    torch.isnan(loss)``: transformers' Trainer keeps that read off XLA)."""
+    if not isinstance(test, cst.BooleanOperation):
+        return [test]
+    if isinstance(test.operator, cst.And) and false_on_xla(test.left):
+        return _truth_operands(test.left)
+    return _truth_operands(test.left) + _truth_operands(test.right)
 
 
 class _Placement:

@@ -57,6 +57,7 @@ from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 from codemods.analysis.steps import (
     LOADER_NAME_RE,
+    READ_CALLS,
     STEP_CALLS,
     called_like_a_model,
     callers_closure,
@@ -259,6 +260,20 @@ class _Seen:
         return frozenset(facts)
 
 
+def _reads_every_pass(loop: ast.AST) -> bool:
+    """A loop whose own level may read a tensor on the host on every pass
+    (an ``assert``, or a call ``steps.READ_CALLS`` names): the loose side of
+    what the barrier asks of a loop inside a model's forward."""
+    for stmt in loop.body:  # type: ignore[attr-defined]
+        if isinstance(stmt, ast.Assert):
+            return True
+        if isinstance(stmt, (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.If)) and any(
+                isinstance(n, ast.Call) and _last_name(n.func) in READ_CALLS
+                for n in ast.walk(stmt.test if isinstance(stmt, ast.If) else stmt)):
+            return True
+    return False
+
+
 def _walk(tree: ast.AST, seen: _Seen) -> None:
     """One pass over every node (the hot loop of the prefilter: the common
     kinds are handled inline, the rare ones by ``seen``'s methods)."""
@@ -320,6 +335,8 @@ def _walk(tree: ast.AST, seen: _Seen) -> None:
         elif kind is ast.Import or kind is ast.ImportFrom:
             seen.imported(node)
         elif kind in _LOOP_KINDS:
+            if in_model and _reads_every_pass(node):
+                in_model = False  # a loop in a forward that reads every pass (barriers.StepBarrier): read as others
             seen.loop(node, in_model)
             in_loop = True
         elif kind is ast.ClassDef:

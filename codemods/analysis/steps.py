@@ -40,6 +40,12 @@ _NOT_RUN_RE = re.compile(
     r"^_*(unwrap|wrap|get|load|build|make|create|prepare|init|setup|save|copy|compile|convert|register|to)_",
     re.IGNORECASE,
 )
+# methods that copy a tensor to the host (``analysis.placement.host_read``
+# reads them with ``.item()``, ``float(t)`` and ``.to("cpu")``)
+TO_HOST = frozenset({"cpu", "numpy", "tolist"})
+# what reads a tensor's value on the host by the called name alone, as the
+# ``ast`` pre-check sees it (a superset: it cannot tell tensors)
+READ_CALLS = TO_HOST | {"item", "float", "int", "bool", "to"}
 # methods that add to the container they are called on (``xs.append(x)``):
 # a write of the container by the value handed in, as ``xs += [x]`` is --
 # state a loop carries when it reads ``xs[-1]`` before (ddim's samplers)
