@@ -61,6 +61,8 @@ def test_converted_fixture_runs_on_xla(name, tmp_path):
     result, stdout, _, _ = run_on_xla(name, tmp_path)
     if name in ("int_devices", "device_kinds"):
         assert "xla" in stdout  # the tensors are on the XLA device, not on the CPU
+    if name == "int_devices":
+        assert "head on xla" in stdout  # `head.to(gpu_ids[0])`: an element of a list of ordinals
     if name == "cuda_guards":
         assert "flash=False" in stdout  # the CUDA-only side (device capability) went
 

@@ -14,6 +14,8 @@ integer -- whatever it is called:
   module's call sites, or the first parameter of a function the module starts
   with ``mp.spawn``/``torch_xla.launch`` (the process index);
 * ``args.gpu`` where the module's argparse declares ``--gpu`` with ``type=int``;
+* an element of a list of ordinals (``gpu_ids[0]``: a literal or comprehension
+  of them, or a list named for the GPUs' indices);
 * ``self.gpu_id`` where every value the class stores in it is an ordinal.
 
 Where an expression is used as a device is ``device_calls.device_arguments``.
@@ -38,6 +40,7 @@ _INDEX_CALLS = {"torch.distributed.get_rank", "torch.distributed.get_local_rank"
                 "torch_xla.runtime.global_ordinal", "torch_xla.core.xla_model.get_local_ordinal",
                 "torch_xla.core.xla_model.get_ordinal", "torch.distributed.distributed_c10d.get_rank"}
 _ORDINAL_NAME = re.compile(r"^(local_rank|local_gpu|gpu|gpu_id|gpu_index|device_id|device_index|cuda_id)$")
+_ORDINALS_NAME = re.compile(r"^(gpu_ids|gpus|gpu_list|device_ids|cuda_ids|local_gpus)$")
 _ARITHMETIC = (cst.Modulo, cst.FloorDivide, cst.Add, cst.Subtract, cst.Multiply)
 
 
@@ -84,6 +87,8 @@ class Ordinals:
                 node.right, (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString, cst.Float))
         if isinstance(node, cst.IfExp):
             return self.is_ordinal(node.body) and self.is_ordinal(node.orelse)
+        if isinstance(node, cst.Subscript) and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
+            return self._ordinals(node.value)  # `gpu_ids[0]`
         if isinstance(node, cst.Attribute):
             if isinstance(node.value, cst.Name) and node.value.value != "self":
                 return node.attr.value in self.int_options()  # args.gpu
@@ -92,6 +97,18 @@ class Ordinals:
                 return bool(stores) and all(self.is_ordinal(v) for v in stores)
             return False
         return False
+
+    def _ordinals(self, node: cst.CSTNode) -> bool:
+        """A list of device ordinals: a literal or comprehension of them, or a
+        name or attribute that says it holds the GPUs' indices
+        (``opt.gpu_ids``, which pix2pix parses from ``--gpu_ids 0,1`` and
+        hands to ``net.to(gpu_ids[0])``)."""
+        if isinstance(node, (cst.List, cst.Tuple)):
+            return bool(node.elements) and all(self.is_ordinal(e.value) for e in node.elements)
+        if isinstance(node, cst.ListComp):
+            return self.is_ordinal(node.elt)
+        last = node.attr.value if isinstance(node, cst.Attribute) else node.value if isinstance(node, cst.Name) else ""
+        return bool(_ORDINALS_NAME.match(last))
 
     def _binding(self, binding: cst.CSTNode) -> bool:
         if isinstance(binding, cst.Param):
@@ -174,7 +191,7 @@ def ordinal_uses(tree: TreeCache, qualnames) -> Dict[int, cst.CSTNode]:  # type:
     facts = ordinals(tree)
     for call in tree.nodes((cst.Call,)):
         for arg in device_arguments(call, qualnames):  # type: ignore[arg-type]
-            if isinstance(arg, (cst.Integer, cst.Name, cst.Attribute, cst.Call, cst.BinaryOperation)) \
+            if isinstance(arg, (cst.Integer, cst.Name, cst.Attribute, cst.Call, cst.BinaryOperation, cst.Subscript)) \
                     and facts.is_ordinal(arg):
                 out[id(arg)] = arg
     tree.memo["ordinal_uses"] = out
