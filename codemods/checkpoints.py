@@ -19,6 +19,7 @@ from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.values import MODULE, values
 from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all, string_value
 from codemods.syntax.edits import DropsStatements
+from codemods.syntax.nodes import keyword_arg
 
 MAP_LOCATION = Rule(
     code="XLA131",
@@ -28,17 +29,21 @@ MAP_LOCATION = Rule(
         "torch.load cannot restore tensors onto an XLA device, and a CUDA `map_location` (a "
         "string, a device, or a lambda calling `.cuda()`) fails on a TPU host. Loading to the CPU "
         "always works; `load_state_dict` then copies each tensor to its parameter's device. A "
-        "function's `loc = \"cuda:{}\".format(gpu)` made only for that `map_location` goes with it."
+        "function's `loc = \"cuda:{}\".format(gpu)` made only for that `map_location` goes with it. A "
+        "`torch.load` with no `map_location` gets `map_location=\"cpu\"`: a checkpoint the original saved on its GPU "
+        "holds CUDA tensors, which cannot be loaded where there is no CUDA; one saved from the CPU loads as before."
     ),
     before=(
         "import torch\n\nckpt = torch.load(path, map_location=device)\nmodel.load_state_dict(ckpt[\"model\"])\n"
         "opt_state = torch.load(path, map_location=lambda storage, loc: storage.cuda())\n\n\n"
         "def resume(path, gpu):\n    loc = \"cuda:{}\".format(gpu)\n    return torch.load(path, map_location=loc)\n"
+        "\n\nstate = torch.load(\"last.pt\")\n"
     ),
     after=(
         "import torch\n\nckpt = torch.load(path, map_location=\"cpu\")\nmodel.load_state_dict(ckpt[\"model\"])\n"
         "opt_state = torch.load(path, map_location=\"cpu\")\n\n\n"
         "def resume(path, gpu):\n    return torch.load(path, map_location=\"cpu\")\n"
+        "\n\nstate = torch.load(\"last.pt\", map_location=\"cpu\")\n"
     ),
     valid=("import torch\n\nckpt = torch.load(path, map_location=\"cpu\")\n",),
 )
@@ -89,6 +94,17 @@ class Checkpoints(DropsStatements, XlaCodemod):
         return updated_node
 
     def _load(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        if _without_location(original):
+            # a checkpoint the original saved on its GPU holds CUDA tensors: loaded
+            # as it is, it fails on a host without CUDA; to the CPU it loads
+            # wherever the original's did (a CPU checkpoint is loaded as before)
+            if not self.flag(original, MAP_LOCATION.code, 'map_location="cpu" added (a checkpoint saved on the '
+                             'GPU holds CUDA tensors)', fix=True):
+                return updated
+            last = updated.args[-1]
+            space = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+            return updated.with_changes(args=[*updated.args[:-1], last.with_changes(comma=space),
+                                              keyword_arg("map_location", cst.SimpleString('"cpu"'))])
         for i, a in enumerate(original.args):
             is_location = (a.keyword is not None and a.keyword.value == "map_location") or (
                 a.keyword is None and not a.star and i == 1)
@@ -220,3 +236,11 @@ def _text_only(node: cst.CSTNode) -> bool:
 
 def _has_state_dict(node: cst.CSTNode) -> bool:
     return any(call_name(c) == "state_dict" for c in find_all(node, cst.Call))
+
+
+def _without_location(call: cst.Call) -> bool:
+    """``torch.load(path)``: a file and no ``map_location`` (nor a second
+    positional argument, nor ``**kwargs`` that may hold one)."""
+    positional = [a for a in call.args if a.keyword is None]
+    return len(positional) == 1 and not positional[0].star and not any(
+        a.keyword is not None and a.keyword.value == "map_location" for a in call.args)

@@ -146,6 +146,35 @@ def test_a_location_read_elsewhere_or_suppressed_stays():
     assert "    loc = " in convert_text(suppressed)[0]
 
 
+LOADS = ("import torch\n\nmodel = torch.nn.Linear(2, 1).cuda()\nstate = torch.load('ckpt.pt')\n"
+         "model.load_state_dict(state)\nprint(model(torch.ones(1, 2).cuda()).item())\n")
+
+
+def test_a_load_with_no_location_loads_to_the_cpu():
+    out, findings = convert_text(LOADS)
+    assert "state = torch.load('ckpt.pt', map_location=\"cpu\")\n" in out, out
+    assert [f.line for f in findings if f.code == "XLA131" and f.fix] == [4]
+    assert convert_text(out)[0] == out
+    # a location given, a second positional argument or keywords that may hold one: as before
+    for call in ("torch.load('ckpt.pt', map_location='cpu')", "torch.load('ckpt.pt', 'cpu')",
+                 "torch.load('ckpt.pt', **opts)"):
+        assert call in convert_text(LOADS.replace("torch.load('ckpt.pt')", call))[0]
+
+
+def _saved_on_a_gpu(path, state):
+    """A checkpoint whose tensors say they were saved on ``cuda:0`` (as the
+    original's are on its GPU), made on this host without one."""
+    import torch
+    import torch.serialization as serialization
+
+    tag = serialization.location_tag
+    serialization.location_tag = lambda storage: "cuda:0"
+    try:
+        torch.save(state, path)
+    finally:
+        serialization.location_tag = tag
+
+
 # ------------------------------------------------------------------ on XLA
 
 needs_xla = pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla not installed")
@@ -274,3 +303,25 @@ def test_a_device_count_before_a_spawn_in_the_main_block_is_not_at_import_time()
     library = "import torch\n\nN_GPUS = torch.cuda.device_count()\n"
     found = [f.message for f in transform(library.encode(), Settings()).findings if f.code == "XLA114"]
     assert len(found) == 1 and "at import time" in found[0], found
+
+
+@pytest.mark.xla
+@needs_xla
+def test_a_checkpoint_the_gpu_saved_loads_in_the_conversion(tmp_path):
+    """Loaded as it was (no map_location), the GPU's checkpoint fails where
+    there is no CUDA; the conversion loads it to the CPU and runs."""
+    import torch
+
+    torch.manual_seed(0)
+    _saved_on_a_gpu(tmp_path / "ckpt.pt", torch.nn.Linear(2, 1).state_dict())
+    (tmp_path / "main.py").write_text(convert_text(LOADS)[0])
+    done = subprocess.run([sys.executable, "main.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PJRT_DEVICE": "CPU"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    expected = torch.nn.Linear(2, 1)
+    expected.load_state_dict(torch.load(tmp_path / "ckpt.pt", map_location="cpu"))
+    assert float(done.stdout) == pytest.approx(expected(torch.ones(1, 2)).item(), rel=1e-6)
+    (tmp_path / "main.py").write_text(LOADS.replace(".cuda()", ""))  # the original's load, on this host
+    left = subprocess.run([sys.executable, "main.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert left.returncode != 0 and "CUDA" in left.stderr
