@@ -113,11 +113,17 @@ def may_step(loop: ast.AST, steps: Set[str], modelish) -> bool:  # type: ignore[
                 scan(last, written if isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar" else set(written))
         return written
 
+    layers = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)} \
+        if isinstance(loop, (ast.For, ast.AsyncFor)) else set()
+
     def model_call(call: ast.Call) -> bool:
         """What ``state._is_model_call`` can accept: ``obj.m(...)`` (not on
         ``self``) by its name alone; a name or ``self.m`` also by what the
-        file binds or defines under it."""
+        file binds or defines under it; never what the loop itself binds
+        (``for layer in self.layers: h = layer(h)``)."""
         func = call.func
+        if dotted_name(func).split(".")[0] in layers:
+            return False
         if isinstance(func, ast.Attribute) and not (isinstance(func.value, ast.Name) and func.value.id == "self"):
             return called_like_a_model(dotted_name(func))
         return modelish(last_name(func) or "")
