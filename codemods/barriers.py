@@ -32,6 +32,7 @@ from codemods.analysis.loops import (
     syncing_functions,
 )
 from codemods.analysis.placement import host_read, reads_truth
+from codemods.analysis.state import ends_flow
 from codemods.analysis.values import values as values_of
 from codemods.analysis.kinds import model_source_triggers
 from codemods.analysis.steps import called_like_a_model, trigger_words
@@ -215,7 +216,7 @@ class StepBarrier(LoopCodemod):
         last = new_body[-1]
         if after is not None or _is_exit(last, exits):
             pass  # the barrier follows the optimizer step, or the one before the exit is there
-        elif _ends_flow(last):
+        elif ends_flow(last):
             new_body.insert(len(new_body) - 1, self._barrier())
         else:
             new_body.append(self._barrier())
@@ -359,11 +360,6 @@ def _has_exit(stmts, kinds: Tuple[type, ...]) -> bool:
     return any(find_all(s, kinds, stop=(cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda))
                for s in stmts)
 
-
-def _ends_flow(stmt: cst.CSTNode) -> bool:
-    return isinstance(stmt, cst.SimpleStatementLine) and any(
-        isinstance(s, (cst.Continue, cst.Break, cst.Return, cst.Raise)) for s in stmt.body
-    )
 
 
 def _pass_read(tree, loop: Loop, tensors: Set[str], qualnames) -> Optional[int]:

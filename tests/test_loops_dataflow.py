@@ -58,10 +58,15 @@ def test_broken_off_loop_prints_every_line_the_cpu_run_prints():
 @pytest.mark.xla
 @needs_xla
 def test_compvis_sampler_compiles_the_same_at_two_lengths():
+    _verified_flat("compvis_sampler")
+
+
+def _verified_flat(name):
+    """verify of fixtures/<name> at --steps 4, 8 (and the 12 it adds): pass,
+    the same compiles at every length."""
     from xlaport.verify.verification import verify
 
-    report = verify(FIXTURES / "compvis_sampler" / "input.py", lengths="--steps=4,8", timeout=300,
-                    root=FIXTURES / "compvis_sampler")
+    report = verify(FIXTURES / name / "input.py", lengths="--steps=4,8", timeout=300, root=FIXTURES / name)
     assert report.verdict == "pass", report.failures
     runs = report.metrics["lengths"]
     assert len(runs) == 3 and len({r["compiles"] for r in runs}) == 1, runs
@@ -456,10 +461,4 @@ def test_a_forward_loop_gets_no_barrier_without_a_read_every_pass_of_its_state(c
 @needs_xla
 def test_module_sampler_compiles_flat_and_verifies():
     """fixtures/module_sampler: 5 -> 9 compiles at 4 -> 8 steps before."""
-    from xlaport.verify.verification import verify
-
-    report = verify(FIXTURES / "module_sampler" / "input.py", lengths="--steps=4,8", timeout=300,
-                    root=FIXTURES / "module_sampler")
-    assert report.verdict == "pass", report.failures
-    runs = report.metrics["lengths"]
-    assert len(runs) == 3 and len({r["compiles"] for r in runs}) == 1, runs
+    _verified_flat("module_sampler")

@@ -205,8 +205,8 @@ class _IterationFlow:
                 for small in stmt.body:
                     if isinstance(small, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
                         self.assign(small, written)
-                    elif isinstance(small, cst.Expr) and _added(small.value) is not None:
-                        self.assign(_added(small.value), written)  # type: ignore[arg-type]
+                    elif isinstance(small, cst.Expr) and (added := _added(small.value)) is not None:
+                        self.assign(added, written)
             elif isinstance(stmt, cst.If):
                 written = self.branches(stmt, written)
             elif isinstance(stmt, cst.With):
@@ -381,6 +381,10 @@ def _leaves(suite: cst.BaseSuite) -> bool:
     """A block that ends in ``raise``/``return``/``break``/``continue``: the
     iteration does not go on from it to the statements after."""
     stmts = _block(suite)
-    last = stmts[-1] if stmts else None
-    return isinstance(last, cst.SimpleStatementLine) and any(
-        isinstance(s, (cst.Raise, cst.Return, cst.Break, cst.Continue)) for s in last.body)
+    return bool(stmts) and ends_flow(stmts[-1])
+
+
+def ends_flow(stmt: cst.CSTNode) -> bool:
+    """A statement line that holds ``continue``/``break``/``return``/``raise``."""
+    return isinstance(stmt, cst.SimpleStatementLine) and any(
+        isinstance(s, (cst.Continue, cst.Break, cst.Return, cst.Raise)) for s in stmt.body)
