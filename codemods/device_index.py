@@ -36,6 +36,18 @@ analysis says the call hands it a counter and a tensor.  Only a slice or an inde
 written or changed in place in the helper, is rewritten; the rest stays
 reported (XLA407).  The rows are a copy, not a view: a caller that changes
 the chunk in place no longer changes the table.
+
+An index, too, where a step loop of another module hands a function or
+method its counter (the module's own helper's index stays XLA407):
+DDPM-Pytorch's ``tools/sample_ddpm.py`` calls its scheduler's
+``sample_prev_timestep(xt, noise_pred, torch.as_tensor(i).to(device))``,
+which reads ``self.betas.to(xt.device)[t]``.  torch reads a 0-dim int index
+on the host and selects with it as a constant, as it does an int: one graph
+per step (23 -> 39 compiles at 8 -> 16 steps).  ``table[torch.as_tensor(t)[None]][0]``
+is the same element for an int, and the same elements for an int tensor of
+any shape, as data: 9 -> 9.  The method is found by its name in a module
+that imports its class (``codemods.step_callers``), and only where it is the
+module's one function of that name.
 """
 
 from __future__ import annotations
@@ -51,7 +63,7 @@ from codemods.analysis.placement import on_device
 from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP
 from codemods.base import Rule, find_all
 from codemods.syntax import imports
-from codemods.syntax.nodes import is_stored, walk
+from codemods.syntax.nodes import dotted, is_stored, walk
 
 DEVICE_INDEX = Rule(
     code="XLA411",
@@ -67,7 +79,11 @@ DEVICE_INDEX = Rule(
         "is a slice start baked into the graph: the helper gathers the rows at "
         "`torch.arange(n, device=...) + torch.tensor([i], device=...)` instead, one graph per chunk length "
         "(4 -> 8 compiles at 4 -> 8 chunks left as it is, 3 -> 3 rewritten); so does a slice taken in the step "
-        "itself (`x = X_train[i:i + batch_size]`). Only reads of a table on the "
+        "itself (`x = X_train[i:i + batch_size]`). A method that a step loop in another module hands its counter "
+        "(a DDPM scheduler's `sample_prev_timestep(xt, eps, torch.as_tensor(i).to(device))`) indexes its tables "
+        "with `table[torch.as_tensor(t)[None]][0]`: torch reads a 0-dim int index on the host, a constant of the "
+        "graph as an int is; this is the same element for either, as data (a sampler: 23 -> 39 compiles at 8 -> 16 "
+        "steps before, 9 -> 9 after). Only reads of a table on the "
         "device, indexed by an int of the step loop (or a loop around it), are rewritten; the rest of XLA407 "
         "stays reported."
     ),
@@ -112,6 +128,8 @@ class DeviceIndex(LoopCodemod):
 
     def leave_Subscript(self, original_node: cst.Subscript, updated_node: cst.Subscript) -> cst.BaseExpression:
         through = self._through_calls().get(id(original_node))
+        if through is not None and _slice_parts(original_node) is None:
+            return self._sent(original_node, updated_node, through)
         if through is not None:
             return self._gathered(original_node, updated_node, through)
         index, parts = self._index(original_node), _slice_parts(original_node)
@@ -138,9 +156,7 @@ class DeviceIndex(LoopCodemod):
                          "device, one graph for every step", fix=True):
             return updated_node
         imports.need(self.context, "torch")
-        sent = cst.parse_expression(f"torch.tensor([{code(index)}], device={code(table)}.device)")
-        gathered = updated_node.with_changes(slice=[cst.SubscriptElement(cst.Index(sent))])
-        return cst.Subscript(value=gathered, slice=[cst.SubscriptElement(cst.Index(cst.Integer("0")))])
+        return _first(updated_node, cst.parse_expression(f"torch.tensor([{code(index)}], device={code(table)}.device)"))
 
     # -- the counter handed to a helper ---------------------------------------
     def _through_calls(self) -> Dict[int, str]:
@@ -151,7 +167,7 @@ class DeviceIndex(LoopCodemod):
             return memo  # type: ignore[return-value]
         found: Dict[int, str] = {}
         helpers = {fn.name.value for fn in find_all(self.tree.module, cst.FunctionDef)  # type: ignore[attr-defined]
-                   if _slices_by_a_parameter(fn)}  # (a cheap look first: few modules have one)
+                   if _slices_by_a_parameter(fn) or _indexes_by_a_parameter(fn)}  # (a cheap look first)
         for call in find_all(self.tree.module, cst.Call) if helpers else ():
             func = call.func  # type: ignore[attr-defined]
             name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) \
@@ -165,16 +181,20 @@ class DeviceIndex(LoopCodemod):
             hit = counter_through_call(self.tree, call, counters,
                                        self._tensor_names(scope.body if scope is not None else self.tree.module))
             for sub, _, param in hit.hits if hit is not None else ():
-                if _slice_parts(sub) is not None and not _changed(sub, hit.function):  # (a slice: an index read
-                    # in a helper is often a number wanted on the host, `torch.full(..., alphas[t])`: XLA403)
+                # (a slice: an index read in the module's own helper stays reported, XLA407
+                # on the call: it is often a number wanted on the host, `torch.full(...,
+                # alphas[t])`, where XLA403 says to keep the table on the host)
+                if _slice_parts(sub) is not None and _rewritable(sub, hit, param):
                     found.setdefault(id(sub), param)
-        # and the module's top-level helpers that other modules' step loops call
-        # (`get_batch` of TCN's utils.py, called by word_cnn_test.py)
+        # and the module's top-level helpers and methods that other modules' step
+        # loops call (`get_batch` of TCN's utils.py, called by word_cnn_test.py;
+        # a scheduler's `sample_prev_timestep`, called by tools/sample_ddpm.py)
         top = {fn.name.value: fn for fn in self.tree.module.body
                if isinstance(fn, cst.FunctionDef) and fn.name.value in helpers}
-        for hit in handed_calls(self.tree, top) if top else ():
+        methods = _methods(self.tree.module, helpers)
+        for hit in handed_calls(self.tree, top, methods) if top or methods else ():
             for sub, _, param in hit.hits:
-                if _slice_parts(sub) is not None and not _changed(sub, hit.function):
+                if _rewritable(sub, hit, param):
                     found.setdefault(id(sub), param)
         self.tree.memo["device_index:through"] = found
         return found
@@ -199,6 +219,21 @@ class DeviceIndex(LoopCodemod):
         rows = cst.parse_expression(f"torch.arange(max({end} - {less}, 0), device={table}.device)"
                                     f" + torch.tensor([{start}], device={table}.device)")
         return updated.with_changes(slice=[*updated.slice[:dim], cst.SubscriptElement(cst.Index(rows))])
+
+    def _sent(self, original: cst.Subscript, updated: cst.Subscript, param: str) -> cst.BaseExpression:
+        """``t[i]`` -> ``t[torch.as_tensor(i)[None]][0]``: the same element for
+        an int and the same elements for an int tensor of any shape (a 0-dim
+        one is read on the host, a constant of the graph, as an int is), and
+        one graph for every value of either."""
+        code = cst.Module([]).code_for_node
+        shown = code(original.with_changes(lpar=[], rpar=[]))
+        if not self.flag(original, DEVICE_INDEX.code, f"`{shown}` indexes a device table with `{param}`, which "
+                         "carries the counter of a step loop that calls this function (a new graph each step): "
+                         "indexed with it as a device index, one graph for every step", fix=True):
+            return updated
+        imports.need(self.context, "torch")
+        index = updated.slice[0].slice.value  # type: ignore[attr-defined]
+        return _first(updated, cst.parse_expression(f"torch.as_tensor({code(index)})[None]"))
 
     @staticmethod
     def _index(node: cst.Subscript) -> Optional[cst.BaseExpression]:
@@ -257,6 +292,78 @@ def _slices_by_a_parameter(fn: cst.FunctionDef) -> bool:
     params = {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)}
     return any(part.lower is not None and any(isinstance(n, cst.Name) and n.value in params for n in walk(part.lower))
                for part in find_all(fn.body, cst.Slice))  # type: ignore[attr-defined]
+
+
+def _first(sub: cst.Subscript, index: cst.BaseExpression) -> cst.Subscript:
+    """``t[i]`` -> ``t[index][0]`` (``index`` a one-element tensor; the
+    parentheses around ``t[i]`` go around the whole)."""
+    gathered = sub.with_changes(slice=[cst.SubscriptElement(cst.Index(index))], lpar=[], rpar=[])
+    return cst.Subscript(value=gathered, slice=[cst.SubscriptElement(cst.Index(cst.Integer("0")))],
+                         lpar=sub.lpar, rpar=sub.rpar)
+
+
+def _indexes_by_a_parameter(fn: cst.FunctionDef) -> bool:
+    """Does ``fn`` index something with a plain expression of one of its
+    parameters (``self.alphas[t]``, ``self.betas.to(x.device)[t - 1]``)?"""
+    params = {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)}
+    return any(_plain_index(sub) is not None and any(isinstance(n, cst.Name) and n.value in params
+                                                     for n in walk(sub.slice[0].slice))
+               for sub in find_all(fn.body, cst.Subscript))  # type: ignore[attr-defined]
+
+
+def _plain_index(sub: cst.Subscript) -> Optional[cst.BaseExpression]:
+    """The one plain int expression of names and numbers ``sub`` indexes
+    with (``t``, ``t - 1``), whatever names the table."""
+    if len(sub.slice) != 1 or not isinstance(sub.slice[0].slice, cst.Index) or sub.slice[0].slice.star is not None:
+        return None
+    index = sub.slice[0].slice.value
+    return index if all(isinstance(n, _PLAIN) and not isinstance(n, cst.Attribute) for n in walk(index)) else None
+
+
+def _rewritable(sub: cst.Subscript, hit, param: str) -> bool:  # type: ignore[no-untyped-def]
+    """A slice, or a plain index, of a table a step's counter reaches
+    through a call (``hit``: ``counters.ThroughCall``), read and never
+    written or changed in place in the callee (the rows become a copy).  An
+    index only where the caller hands ``param`` an int expression of the
+    counter or a tensor made of one (``torch.as_tensor(i).to(device)``):
+    never a tuple, a list or a slice, which index otherwise."""
+    if _changed(sub, hit.function):
+        return False
+    if _slice_parts(sub) is not None:
+        return True
+    arg = hit.passed.get(param)
+    return _plain_index(sub) is not None and arg is not None and (
+        all(isinstance(n, _PLAIN) for n in walk(arg)) or _made_tensor(arg))
+
+
+def _made_tensor(node: cst.BaseExpression) -> bool:
+    """``torch.as_tensor(i)``, ``torch.full((n,), i)``, and those moved,
+    cast or reshaped (``.to(device)``, ``.long()``, ``.unsqueeze(0)``)."""
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+            node.func.attr.value in _TENSOR_METHODS:
+        node = node.func.value
+    return isinstance(node, cst.Call) and (dotted(node.func) or "") in _TENSOR_MAKERS
+
+
+_TENSOR_METHODS = frozenset({"to", "cuda", "long", "int", "unsqueeze", "reshape", "view", "expand", "repeat"})
+_TENSOR_MAKERS = frozenset({"torch.as_tensor", "torch.tensor", "torch.full", "torch.LongTensor", "torch.IntTensor"})
+
+
+def _methods(module: cst.Module, helpers: Set[str]) -> Dict[str, tuple]:
+    """Methods of the module's top-level classes named in ``helpers`` (and
+    by no other method or function of the module) -> (class name, method)."""
+    seen: Dict[str, list] = {}
+    for node in find_all(module, cst.FunctionDef):
+        seen.setdefault(node.name.value, []).append(node)  # type: ignore[attr-defined]
+    found: Dict[str, tuple] = {}
+    for cls in module.body:
+        if not isinstance(cls, cst.ClassDef) or not isinstance(cls.body, cst.IndentedBlock):
+            continue
+        for fn in cls.body.body:
+            if isinstance(fn, cst.FunctionDef) and fn.name.value in helpers and len(seen[fn.name.value]) == 1 \
+                    and not fn.decorators:
+                found[fn.name.value] = (cls.name.value, fn)
+    return found
 
 
 def _changed(sub: cst.Subscript, fn: cst.FunctionDef) -> bool:

@@ -159,6 +159,8 @@ def _from_siblings(info: CodemodInfo, source: bytes, filename: Optional[str]) ->
     """Is ``info`` triggered by a project module the file imports from?"""
     if not info.sibling_facts or not filename:
         return False
+    from codemods.analysis.importers import step_callers
     from codemods.analysis.project import sibling_fact
 
-    return any(sibling_fact(filename, source, fact) for fact in info.sibling_facts)
+    return any(bool(step_callers(filename, source)) if fact == "step_callers" else sibling_fact(filename, source, fact)
+               for fact in info.sibling_facts)

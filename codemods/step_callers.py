@@ -8,7 +8,7 @@ own.  Whether that call stands in a step loop, and which of its arguments
 carry the loop's counter, is a fact of the caller's tree, asked by the same
 definitions the caller's own rules use (:class:`LoopCodemod`'s step loops,
 ``codemods.analysis.counters``): :func:`handed_calls` parses each caller that
-:func:`codemods.analysis.project.step_callers` names (once per process while
+:func:`codemods.analysis.importers.step_callers` names (once per process while
 its size and time stay the same) and walks nothing but its module node.
 """
 
@@ -22,7 +22,8 @@ import libcst as cst
 
 from codemods.analysis.counters import ThroughCall, counter_through_call
 from codemods.analysis.dataflow import dataflow
-from codemods.analysis.project import resolve, step_callers
+from codemods.analysis.importers import step_callers
+from codemods.analysis.project import resolve
 from codemods.base import SOURCE_KEY, Context
 from codemods.loop_codemod import LoopCodemod
 from codemods.syntax.nodes import dotted
@@ -32,25 +33,32 @@ from codemods.syntax.tree import TreeCache, find_all
 class _Callers(LoopCodemod):
     DESCRIPTION = "Find the calls of another module's helpers in this module's step loops (reads, never rewrites)."
 
-    def __init__(self, context: Context, callee: TreeCache, helpers: Dict[str, cst.FunctionDef]) -> None:
+    def __init__(self, context: Context, callee: TreeCache, helpers: Dict[str, cst.FunctionDef],
+                 methods: Dict[str, Tuple[str, cst.FunctionDef]]) -> None:
         super().__init__(context)
         self.callee = callee
         self.helpers = helpers
+        self.methods = methods  # method name -> (its class, the method)
         self.found: List[ThroughCall] = []
 
     def visit_Module(self, node: cst.Module) -> bool:  # type: ignore[override]
         super().visit_Module(node)
         names, modules = self._bound_to_callee()
         local = dataflow(self.tree)
+        own = {f.name.value for f in find_all(node, cst.FunctionDef)}  # type: ignore[attr-defined]
         for call in find_all(node, cst.Call):
             func = call.func  # type: ignore[attr-defined]
+            fn = None
             if isinstance(func, cst.Name) and func.value in names and local.local_function(call) is None:
-                name = func.value
+                fn = self.helpers.get(func.value)
             elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in modules:
-                name = func.attr.value
-            else:
-                continue
-            fn = self.helpers.get(name)
+                fn = self.helpers.get(func.attr.value)
+            elif isinstance(func, cst.Attribute) and func.attr.value not in own:
+                # `scheduler.step(...)`: a method of a class this module imports from
+                # the callee, named by no function of this module
+                owner, fn = self.methods.get(func.attr.value, (None, None))
+                if owner is None or not (owner in names or modules):
+                    fn = None
             counters = self.hot_counters_around(call) if fn is not None else set()
             if not counters:
                 continue
@@ -74,11 +82,12 @@ class _Callers(LoopCodemod):
                 module = "." * len(node.relative) + (_name(node.module) if node.module is not None else "")
                 if not _is(resolve(self.context.filename, module), target):
                     continue
+                known = set(self.helpers) | {owner for owner, _ in self.methods.values()}
                 if isinstance(node.names, cst.ImportStar):
-                    names |= set(self.helpers)
+                    names |= known
                 else:
                     names |= {(a.asname.name.value if a.asname else _name(a.name))  # type: ignore[union-attr]
-                              for a in node.names if _name(a.name) in self.helpers}
+                              for a in node.names if _name(a.name) in known}
             else:
                 for alias in node.names:
                     if alias.asname is not None and _is(resolve(self.context.filename, _name(alias.name)), target):
@@ -94,26 +103,31 @@ def _is(path: Optional[Path], target: str) -> bool:
     return path is not None and os.path.abspath(path) == target
 
 
-def handed_calls(tree: TreeCache, helpers: Dict[str, cst.FunctionDef]) -> List[ThroughCall]:
-    """The calls of ``helpers`` (functions of ``tree``, by name) in other
-    project modules' step or loader loops that hand them a counter, with
-    the subscripts of each helper it reaches (``ThroughCall``).  Each caller
-    is parsed once for the tree (its answer holds this tree's nodes)."""
-    if not tree.filename or not helpers:
+def handed_calls(tree: TreeCache, helpers: Dict[str, cst.FunctionDef],
+                 methods: Optional[Dict[str, Tuple[str, cst.FunctionDef]]] = None) -> List[ThroughCall]:
+    """The calls of ``helpers`` (top-level functions of ``tree``, by name)
+    and of ``methods`` (name -> its class and the method: called on any
+    object, by a module that imports the class) in other project modules'
+    step or loader loops that hand them a counter, with the subscripts of
+    each it reaches (``ThroughCall``).  Each caller is parsed once for the
+    tree (its answer holds this tree's nodes)."""
+    methods = methods or {}
+    if not tree.filename or not (helpers or methods):
         return []
     callers: Dict[Path, None] = {}
     for name, paths in step_callers(tree.filename, tree.source).items():
-        if name in helpers:
+        if name in helpers or name in methods:
             callers.update(dict.fromkeys(paths))
-    return [hit for path in callers for hit in _handed(path, tree, helpers)]
+    return [hit for path in callers for hit in _handed(path, tree, helpers, methods)]
 
 
-def _handed(path: Path, tree: TreeCache, helpers: Dict[str, cst.FunctionDef]) -> List[ThroughCall]:
+def _handed(path: Path, tree: TreeCache, helpers: Dict[str, cst.FunctionDef],
+            methods: Dict[str, Tuple[str, cst.FunctionDef]]) -> List[ThroughCall]:
     try:
         module = cst.parse_module(path.read_bytes())
     except (OSError, cst.ParserSyntaxError, RecursionError, TypeError, ValueError):
         return []  # (a caller that does not parse says so when it is converted itself)
-    observer = _Callers(Context(filename=str(path), scratch={SOURCE_KEY: module.code}), tree, helpers)
+    observer = _Callers(Context(filename=str(path), scratch={SOURCE_KEY: module.code}), tree, helpers, methods)
     try:
         observer.transform_module_impl(module)
     finally:

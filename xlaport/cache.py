@@ -148,9 +148,10 @@ class Cache:
 def depends_on(path: str, data: bytes) -> Dict[str, List[int]]:
     """The other files an answer about ``path`` may have read (the project
     modules it imports from, and the modules that import it where it was
-    asked who calls its functions: ``codemods.analysis.project``), with their
+    asked who calls its functions: ``codemods.analysis.importers``), with their
     sizes and times (a directory's time), for :meth:`Cache.get` to check."""
-    from codemods.analysis.project import consulted, imported_modules, stamps
+    from codemods.analysis.importers import consulted
+    from codemods.analysis.project import imported_modules, stamps
 
     return stamps([*imported_modules(path, data).values(), *sorted(consulted(path))])
 

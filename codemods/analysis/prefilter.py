@@ -74,6 +74,8 @@ _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
 # the walk tests exact node types (ast nodes have no subclasses)
 _LOOP_KINDS = frozenset(_LOOPS)
 _FUNC_KINDS = frozenset(_FUNCS)
+_TABLES = (ast.Attribute, ast.Call)  # what an indexed table is named by (INDEXES_BY_PARAMETER): `self.x`, `x.to(d)`
+_PLAIN_INDEX = (ast.Name, ast.BinOp)  # an index of a parameter: `t`, `t - 1`
 _ASSIGNS = frozenset({ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr})
 # fields that hold no node the facts read: expression contexts, operators
 _LEAF_FIELDS = frozenset({"ctx", "op", "ops"})
@@ -86,6 +88,11 @@ OUTPUT_IN_LOOP = "output_in_loop"
 # a top-level function's parameter starts a slice (``source[i:i + n]``): a
 # helper another module's step loop may hand its counter to
 SLICES_BY_PARAMETER = "slices_by_parameter"
+# a function's parameter indexes an attribute or a moved tensor (``self.alphas[t]``,
+# ``self.betas.to(x.device)[t - 1]``): a method another module's step loop may
+# hand its counter to (a scheduler's ``step``)
+INDEXES_BY_PARAMETER = "indexes_by_parameter"
+INDEXER = "indexer:"  # + the name of each such function
 # what a print or a log in a hot loop is called (codemods.prints reads these too)
 LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "critical", "log", "exception"})
 WRITER_METHODS = frozenset({"add_scalar", "add_scalars", "add_histogram", "add_image"})
@@ -177,6 +184,8 @@ class _Seen:
         self.called_chains: Set[Tuple[str, str]] = set()  # (root name, dotted chain) of every call that may make a model
         self.slice_starts: Dict[str, Set[str]] = {}  # outermost function -> the names its slices' starts read
         self.top_params: Dict[str, Set[str]] = {}  # top-level function -> its parameters
+        self.index_names: Dict[str, Set[str]] = {}  # innermost function -> the names its table indexes read
+        self.params: Dict[str, Set[str]] = {}  # function (any level) -> its parameters
 
     def imported(self, node: ast.AST) -> None:
         self.model_source = self.model_source or _imports_models(node)  # type: ignore[arg-type]
@@ -243,6 +252,10 @@ class _Seen:
         facts.update(f"name:{n}" for n in self.names)
         if any(self.slice_starts.get(fn, set()) & params for fn, params in self.top_params.items()):
             facts.add(SLICES_BY_PARAMETER)
+        indexers = [fn for fn, read in self.index_names.items() if self.params.get(fn, set()) & read]
+        if indexers:
+            facts.add(INDEXES_BY_PARAMETER)
+            facts.update(INDEXER + fn for fn in indexers)
         if any(root in self.library_roots for root, _ in self.called_chains):
             facts.add(CALLS_LIBRARY)
         if self.torch_roots:  # (every import of torch binds at least one name)
@@ -258,6 +271,12 @@ class _Seen:
         code = "\x00".join(self.strings) + "\x00" + "\x00".join(self.names)
         facts.update(f"code~{w}" for w in CODE_WORDS if w in code)
         return frozenset(facts)
+
+
+def _named_table(node: ast.AST) -> bool:
+    """``self.alphas`` or ``<...>.to(...)``: what a table indexed with a
+    parameter is named by (``INDEXES_BY_PARAMETER``)."""
+    return type(node) is ast.Attribute or _last_name(node.func) == "to"  # type: ignore[attr-defined]
 
 
 def _reads_every_pass(loop: ast.AST) -> bool:
@@ -344,7 +363,14 @@ def _walk(tree: ast.AST, seen: _Seen) -> None:
         elif kind is ast.Slice and node.lower is not None and funcs:  # type: ignore[attr-defined]
             seen.slice_starts.setdefault(funcs[0], set()).update(
                 n.id for n in ast.walk(node.lower) if type(n) is Name)  # type: ignore[attr-defined]
+        elif kind is ast.Subscript and funcs and type(node.value) in _TABLES \
+                and type(node.slice) in _PLAIN_INDEX and _named_table(node.value):  # type: ignore[attr-defined]
+            seen.index_names.setdefault(funcs[-1], set()).update(
+                n.id for n in ast.walk(node.slice) if type(n) is Name)  # type: ignore[attr-defined]
         if kind in _FUNC_KINDS:
+            args = node.args  # type: ignore[attr-defined]
+            seen.params.setdefault(node.name, set()).update(  # type: ignore[attr-defined]
+                a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs))
             funcs = funcs + (node.name,)  # type: ignore[attr-defined]
             if not node.col_offset:  # type: ignore[attr-defined]
                 seen.top_params[node.name] = {a.arg for a in ast.walk(node.args) if type(a) is ast.arg}  # type: ignore[attr-defined]

@@ -54,7 +54,7 @@ _BYTES: Dict[str, Tuple[Tuple[int, int], bytes]] = {}  # (per process) path -> (
 _FACTS: Dict[str, Tuple[Tuple[int, int], Dict[str, FrozenSet[Optional[int]]]]] = {}
 
 
-def _stamp(path: Path) -> Optional[Tuple[int, int]]:
+def file_stamp(path: Path) -> Optional[Tuple[int, int]]:
     """(size, mtime_ns) of a regular file; None for anything else."""
     try:
         st = os.stat(path)
@@ -66,7 +66,7 @@ def _stamp(path: Path) -> Optional[Tuple[int, int]]:
 def _read(path: Path) -> Tuple[Optional[Tuple[int, int]], bytes]:
     """(its stamp, its bytes) of a file, read again only once it changed."""
     key = str(path)
-    stamp = _stamp(path)
+    stamp = file_stamp(path)
     if stamp is None:
         return None, b""
     known = _BYTES.get(key)
@@ -133,19 +133,19 @@ def _module_file(base: str, parts: List[str]) -> Optional[str]:
     the package's ``__init__.py`` for none); each directory is listed once
     per process, and a file is looked at only where its name is listed."""
     directory = os.path.join(base, *parts[:-1])
-    names = _names(directory)
+    names = listed(directory)
     candidates = []
     if parts:
         if parts[-1] + ".py" in names:
             candidates.append(os.path.join(directory, parts[-1] + ".py"))
-        if parts[-1] in names and "__init__.py" in _names(os.path.join(directory, parts[-1])):
+        if parts[-1] in names and "__init__.py" in listed(os.path.join(directory, parts[-1])):
             candidates.append(os.path.join(directory, parts[-1], "__init__.py"))
     elif "__init__.py" in names:
         candidates.append(os.path.join(directory, "__init__.py"))
-    return next((c for c in candidates if _stamp(c) is not None), None)  # type: ignore[arg-type]
+    return next((c for c in candidates if file_stamp(c) is not None), None)  # type: ignore[arg-type]
 
 
-def _names(directory: str) -> FrozenSet[str]:
+def listed(directory: str) -> FrozenSet[str]:
     """The names in ``directory``, listed again only once its time changed."""
     try:
         mtime = os.stat(directory).st_mtime_ns
@@ -208,11 +208,8 @@ _LAST_IMPORTS: Tuple[Optional[str], object, Dict[str, Path]] = (None, None, {})
 def sibling_fact(filename: Optional[str], source: bytes, fact: str) -> bool:
     """Does a project module that ``source`` imports from hold ``fact``
     (``sparse_returns``: a function that returns a sparse tensor) for a name
-    that ``source`` mentions, or (``step_callers``) does a project module
-    that imports ``source`` call one of its functions where it has a step or
-    loader loop (:func:`step_callers`)?"""
-    if fact == "step_callers":
-        return bool(step_callers(filename, source))
+    that ``source`` mentions?  (What the modules that import ``source`` do
+    with it: ``codemods.analysis.importers``.)"""
     read = {"sparse_returns": sparse_returns}[fact]
     return any(name.encode() in source for path in imported_modules(filename, source).values()
                for name in read(path))
@@ -233,103 +230,6 @@ def stamps(paths) -> Dict[str, List[int]]:  # type: ignore[no-untyped-def]
         elif stat.S_ISDIR(st.st_mode):
             out[str(path)] = [-1, st.st_mtime_ns]
     return out
-
-
-# -- the modules that import a file -------------------------------------------
-
-# top-level functions of a module (a helper another module calls by name)
-_TOP_DEF = re.compile(rb"^def[ \t]+(\w+)[ \t]*\(", re.MULTILINE)
-# (per process) a file -> the other files and directories an answer about it read
-_CONSULTED: Dict[str, Set[str]] = {}
-
-
-def consulted(filename: str) -> Set[str]:
-    """The other files and directories read for answers about ``filename``
-    beyond those it imports (the results cache checks them too)."""
-    return _CONSULTED.get(os.path.abspath(filename), set())
-
-
-def step_callers(filename: Optional[str], source: bytes) -> Dict[str, List[Path]]:
-    """A top-level function of ``source`` (not a dunder; in a file where one
-    such function's parameter starts a slice, the prefilter's
-    ``SLICES_BY_PARAMETER``) -> the project modules that import
-    ``filename`` and call it by name, where the caller
-    has a step or loader loop (``codemods.analysis.prefilter``): TCN's
-    ``word_cnn_test.py`` calling ``get_batch`` of ``utils.py`` (``from
-    TCN.word_cnn.utils import *``).  An importer is a ``.py`` file in the
-    file's directory or one of the two above it (where :func:`resolve`
-    looks); which loops call it with what is the caller's own tree's to say."""
-    from codemods.analysis.prefilter import SLICES_BY_PARAMETER, facts_of
-
-    if not filename:
-        return {}
-    facts = facts_of(source)
-    if facts is None or SLICES_BY_PARAMETER not in facts:
-        return {}
-    names = {m.group(1) for m in _TOP_DEF.finditer(source) if not m.group(1).startswith(b"__")}
-    if not names:
-        return {}
-    path = os.path.abspath(filename)
-    here = os.path.dirname(path)
-    dirs = [here]
-    while len(dirs) < 3 and os.path.dirname(dirs[-1]) != dirs[-1]:
-        dirs.append(os.path.dirname(dirs[-1]))
-    seen = _CONSULTED.setdefault(path, set())
-    seen.update(dirs)
-    found: Dict[str, List[Path]] = {}
-    for directory in dirs:
-        for entry in sorted(_names(directory)):
-            other = os.path.join(directory, entry)
-            if not entry.endswith(".py") or other == path:
-                continue
-            stamp, calls = _calls_in(other)
-            if stamp is None:
-                continue
-            seen.add(other)
-            called = [n for n in names if n in calls]
-            if not called:
-                continue
-            try:
-                data = Path(other).read_bytes()
-            except OSError:
-                continue
-            if any(os.path.abspath(p) == path for p in imported_modules(other, data).values()) \
-                    and _has_hot_loop(other, stamp, data):
-                for name in called:
-                    found.setdefault(name.decode(), []).append(Path(other))
-    return found
-
-
-_CALL_NAME = re.compile(rb"(\w+)\(")
-# (per process) path -> (stamp, the names it calls): a directory's files are
-# many, so what is kept of each is the names, not its bytes
-_CALLS: Dict[str, Tuple[Optional[Tuple[int, int]], FrozenSet[bytes]]] = {}
-
-
-def _calls_in(path: str) -> Tuple[Optional[Tuple[int, int]], FrozenSet[bytes]]:
-    stamp = _stamp(Path(path))
-    known = _CALLS.get(path)
-    if known is None or known[0] != stamp:
-        try:
-            names = frozenset(_CALL_NAME.findall(Path(path).read_bytes())) if stamp is not None else frozenset()
-        except OSError:
-            names = frozenset()
-        known = _CALLS[path] = (stamp, names)
-    return known
-
-
-_HOT: Dict[str, Tuple[Tuple[int, int], bool]] = {}  # (per process) path -> (stamp, has a step or loader loop)
-
-
-def _has_hot_loop(path: str, stamp: Tuple[int, int], data: bytes) -> bool:
-    """Does the file hold a step or loader loop (the ``ast`` prefilter's facts)?"""
-    from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP, file_facts, holds
-
-    known = _HOT.get(path)
-    if known is None or known[0] != stamp:
-        facts = file_facts(data)
-        known = _HOT[path] = (stamp, facts is not None and (holds(STEP_LOOP, facts) or holds(LOADER_LOOP, facts)))
-    return known[1]
 
 
 # -- what another module's functions return -----------------------------------

@@ -1,0 +1,134 @@
+"""Which project modules import a file and call its functions where they
+have a step or loader loop (read, never rewritten).
+
+A rule reads one file; the question "who calls this helper, with what?" is
+asked of the modules that import it.  :func:`step_callers` names them by
+the calls their text shows (a regular expression, once per file and
+process) and the ``ast`` prefilter's facts; which loops hand which
+arguments is then the callers' own trees' to say (``codemods.step_callers``).
+:func:`consulted` lists what such an answer read: the results cache checks
+it (``xlaport.cache``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Dict, FrozenSet, List, Optional, Set, Tuple
+
+from codemods.analysis.project import file_stamp, imported_modules, listed
+
+# top-level functions of a module (a helper another module calls by name)
+_TOP_DEF = re.compile(rb"^def[ \t]+(\w+)[ \t]*\(", re.MULTILINE)
+# (per process) a file -> the other files and directories an answer about it read
+_CONSULTED: Dict[str, Set[str]] = {}
+
+
+def consulted(filename: str) -> Set[str]:
+    """The other files and directories read for answers about ``filename``
+    beyond those it imports (the results cache checks them too)."""
+    return _CONSULTED.get(os.path.abspath(filename), set())
+
+
+def step_callers(filename: Optional[str], source: bytes) -> Dict[str, List[Path]]:
+    """A function of ``source`` (not a dunder) -> the project modules that
+    import ``filename`` and call it by name where they have a step or loader
+    loop (``codemods.analysis.prefilter``): TCN's ``word_cnn_test.py``
+    calling ``get_batch`` of ``utils.py``.  Top-level functions where one
+    starts a slice with a parameter (``SLICES_BY_PARAMETER``); methods too
+    where one indexes a table with a parameter (``INDEXES_BY_PARAMETER``:
+    ``tools/sample_ddpm.py`` calling ``scheduler.sample_prev_timestep``).
+    An importer is a ``.py`` file in the file's directory, one of the two
+    above it (where :func:`resolve` looks), or a few folders beside its own
+    (:func:`_script_dirs`); which loops call it with what is the caller's
+    own tree's to say."""
+    from codemods.analysis.prefilter import INDEXER, SLICES_BY_PARAMETER, facts_of
+
+    if not filename:
+        return {}
+    facts = facts_of(source) or frozenset()
+    names = {m.group(1) for m in _TOP_DEF.finditer(source)} if SLICES_BY_PARAMETER in facts else set()
+    names |= {f[len(INDEXER):].encode() for f in facts if f.startswith(INDEXER)}
+    names = {n for n in names if not n.startswith(b"__")}
+    if not names:
+        return {}
+    path = os.path.abspath(filename)
+    here = os.path.dirname(path)
+    dirs = [here]
+    while len(dirs) < 3 and os.path.dirname(dirs[-1]) != dirs[-1]:
+        dirs.append(os.path.dirname(dirs[-1]))
+    dirs += [d for d in _script_dirs(dirs[1]) if d != here] if len(dirs) > 1 else []
+    seen = _CONSULTED.setdefault(path, set())
+    seen.update(dirs)
+    found: Dict[str, List[Path]] = {}
+    for directory in dirs:
+        for entry in sorted(listed(directory)):
+            other = os.path.join(directory, entry)
+            if not entry.endswith(".py") or other == path:
+                continue
+            stamp, calls = _calls_in(other)
+            if stamp is None:
+                continue
+            seen.add(other)
+            called = [n for n in names if n in calls]
+            if not called:
+                continue
+            try:
+                data = Path(other).read_bytes()
+            except OSError:
+                continue
+            if any(os.path.abspath(p) == path for p in imported_modules(other, data).values()) \
+                    and _has_hot_loop(other, stamp, data):
+                for name in called:
+                    found.setdefault(name.decode(), []).append(Path(other))
+    return found
+
+
+def _script_dirs(root: str) -> List[str]:
+    """The other folders beside a module's own, where a project keeps its
+    scripts (``tools/sample_ddpm.py`` importing ``scheduler/...``): only in
+    a project's root (no package: a library's ``models/`` is one), and only
+    where they are few."""
+    names = listed(root)
+    if "__init__.py" in names:
+        return []
+    found = [os.path.join(root, n) for n in sorted(names) if "." not in n and not n.startswith("_")]
+    found = [d for d in found if os.path.isdir(d)]
+    return found if len(found) <= _FEW_DIRS else []
+
+
+_FEW_DIRS = 16
+_CALL_NAME = re.compile(rb"(\w+)\(")
+# (per process) path -> (stamp, the names it calls): a directory's files are
+# many, so what is kept of each is the names, not its bytes
+_CALLS: Dict[str, Tuple[Optional[Tuple[int, int]], FrozenSet[bytes]]] = {}
+
+
+def _calls_in(path: str) -> Tuple[Optional[Tuple[int, int]], FrozenSet[bytes]]:
+    stamp = file_stamp(Path(path))
+    known = _CALLS.get(path)
+    if known is None or known[0] != stamp:
+        try:
+            names = frozenset(_CALL_NAME.findall(Path(path).read_bytes())) if stamp is not None else frozenset()
+        except OSError:
+            names = frozenset()
+        known = _CALLS[path] = (stamp, names)
+    return known
+
+
+_HOT: Dict[str, Tuple[Tuple[int, int], bool]] = {}  # (per process) path -> (stamp, has a step or loader loop)
+
+
+def _has_hot_loop(path: str, stamp: Tuple[int, int], data: bytes) -> bool:
+    """Does the file hold a step or loader loop (the ``ast`` prefilter's facts)?"""
+    from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP, file_facts, holds
+
+    known = _HOT.get(path)
+    if known is None or known[0] != stamp:
+        facts = file_facts(data)
+        known = _HOT[path] = (stamp, facts is not None and (holds(STEP_LOOP, facts) or holds(LOADER_LOOP, facts)))
+    return known[1]
+
+
+__all__ = ["consulted", "step_callers"]
