@@ -177,3 +177,17 @@ def test_the_converted_sampler_compiles_flat_and_matches_the_original(sampler, t
         path.write_text(path.read_text().replace("xt, noise_pred, torch.as_tensor(i).to(device)", "xt, noise_pred, i"))
     data = verify_lengths(sampler, sampler / "tools" / "sample.py", tmp_path / "report.json")
     assert any(o["name"].startswith("stdout line 1: sample") and o["ok"] for o in data["outputs"]), data["outputs"]
+
+
+def test_a_cached_answer_is_not_reused_once_a_script_beside_the_package_changes(sampler, tmp_path, monkeypatch):
+    monkeypatch.setenv("XLAPORT_CACHE_DIR", str(tmp_path / "cache"))
+
+    def lint():
+        output = CliRunner().invoke(main, ["lint", str(sampler)]).output
+        return "".join(line for line in output.splitlines(True) if "linear.py:" in line)
+
+    assert lint().count("XLA411") == 6
+    assert lint().count("XLA411") == 6  # (answered from the cache)
+    script = sampler / "tools" / "sample.py"
+    script.write_text(script.read_text().replace("torch.as_tensor(i).to(device)", "torch.as_tensor(0).to(device)"))
+    assert "XLA411" not in lint()  # linear.py itself unchanged
