@@ -21,6 +21,7 @@ import libcst as cst
 from codemods.analysis import hot_methods, loop_iterable, module_facts
 from codemods.analysis.loops import per_step_functions, step_functions
 from codemods.analysis.placement import DEVICE, HOST, on_device, placement
+from codemods.analysis.values import values
 from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP, STEP_METHOD
 from codemods.base import Rule, TreeCache
 from codemods.loop_codemod import LoopCodemod
@@ -140,13 +141,15 @@ class HotPathCodemod(LoopCodemod):
     @staticmethod
     def element_loops(tree: TreeCache) -> List[cst.For]:
         """The module's loops over a device tensor, by name or attribute
-        (``for y_i in y``, ``enumerate(self.table)``), once per tree."""
+        (``for y_i in y``, ``enumerate(self.table)``), once per tree: not
+        over a module moved there (``nn.ModuleList([...]).to(device)``)."""
         found = tree.memo.get("element_loops")
         if found is None:
             found = tree.memo["element_loops"] = [
                 lp for lp in tree.nodes((cst.For,))
                 if isinstance(loop_iterable(lp), (cst.Name, cst.Attribute))  # type: ignore[arg-type]
-                and placement(tree, loop_iterable(lp)) == DEVICE]  # type: ignore[arg-type]
+                and placement(tree, loop_iterable(lp)) == DEVICE  # type: ignore[arg-type]
+                and "module" not in values(tree).of(loop_iterable(lp))]  # type: ignore[arg-type]
         return found  # type: ignore[return-value]
 
     def _report(self, node: cst.CSTNode, rule: Rule, what: str, related: Sequence[cst.CSTNode] = ()) -> None:

@@ -326,6 +326,19 @@ def test_a_loop_over_a_device_tensor_is_hot_where_it_runs():
     assert not [c for c, _ in lint_codes(host) if c.startswith("XLA4")]
 
 
+def test_a_loop_over_a_module_moved_to_the_device_walks_no_tensor():
+    """pytorch/xla's test_grad_checkpoint.py: `for n_l, layer in
+    enumerate(model)` over `nn.ModuleList([...]).to(device)` runs its layers;
+    it was reported as iterating a device tensor."""
+    src = ("import torch\nimport torch_xla\n\ndef run():\n    device = torch_xla.device()\n"
+           "    model = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(2)]).to(device)\n"
+           "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    for step in range(20):\n"
+           "        x = torch.zeros(2, 4, device=device)\n        for n_l, layer in enumerate(model):\n"
+           "            x = layer(x)\n        x.sum().backward()\n        opt.step()\n")
+    assert "XLA407" not in [c for c, _ in lint_codes(src)]
+    # (a loop over a device tensor still is: test_a_loop_over_a_device_tensor_is_hot_where_it_runs)
+
+
 @pytest.mark.xla
 @needs_xla
 def test_a_loop_over_a_device_tensor_compiles_per_element_on_xla(tmp_path):
