@@ -37,17 +37,20 @@ written or changed in place in the helper, is rewritten; the rest stays
 reported (XLA407).  The rows are a copy, not a view: a caller that changes
 the chunk in place no longer changes the table.
 
-An index, too, where a step loop of another module hands a function or
-method its counter (the module's own helper's index stays XLA407):
+An index, too, where a step loop (of the module, or of another module)
+hands a function or method its counter:
 DDPM-Pytorch's ``tools/sample_ddpm.py`` calls its scheduler's
 ``sample_prev_timestep(xt, noise_pred, torch.as_tensor(i).to(device))``,
 which reads ``self.betas.to(xt.device)[t]``.  torch reads a 0-dim int index
 on the host and selects with it as a constant, as it does an int: one graph
 per step (23 -> 39 compiles at 8 -> 16 steps).  ``table[torch.as_tensor(t)[None]][0]``
 is the same element for an int, and the same elements for an int tensor of
-any shape, as data: 9 -> 9.  The method is found by its name in a module
-that imports its class (``codemods.step_callers``), and only where it is the
-module's one function of that name.
+any shape, as data: 9 -> 9.  Another module's method is found by its name
+in a module that imports its class (``codemods.step_callers``), and only
+where it is the module's one function of that name.  An entry wanted as a
+number (``torch.full(shape, alphas[t])``, ``float(alphas[t])``,
+``alphas[t].item()``) is left: the table is better kept on the host there
+(XLA403), and the call stays reported (XLA407).
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ from codemods.step_callers import handed_calls
 from codemods.analysis.counters import counter_through_call, loop_counters
 from codemods.analysis.placement import on_device
 from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP
-from codemods.base import Rule, find_all
+from codemods.base import Rule, call_name, find_all
 from codemods.syntax import imports
 from codemods.syntax.nodes import dotted, is_stored, walk
 
@@ -83,7 +86,8 @@ DEVICE_INDEX = Rule(
         "(a DDPM scheduler's `sample_prev_timestep(xt, eps, torch.as_tensor(i).to(device))`) indexes its tables "
         "with `table[torch.as_tensor(t)[None]][0]`: torch reads a 0-dim int index on the host, a constant of the "
         "graph as an int is; this is the same element for either, as data (a sampler: 23 -> 39 compiles at 8 -> 16 "
-        "steps before, 9 -> 9 after). Only reads of a table on the "
+        "steps before, 9 -> 9 after); so does the module's own method (an entry wanted as a number, "
+        "`torch.full(shape, alphas[t])`, is left: XLA403). Only reads of a table on the "
         "device, indexed by an int of the step loop (or a loop around it), are rewritten; the rest of XLA407 "
         "stays reported."
     ),
@@ -181,10 +185,7 @@ class DeviceIndex(LoopCodemod):
             hit = counter_through_call(self.tree, call, counters,
                                        self._tensor_names(scope.body if scope is not None else self.tree.module))
             for sub, _, param in hit.hits if hit is not None else ():
-                # (a slice: an index read in the module's own helper stays reported, XLA407
-                # on the call: it is often a number wanted on the host, `torch.full(...,
-                # alphas[t])`, where XLA403 says to keep the table on the host)
-                if _slice_parts(sub) is not None and _rewritable(sub, hit, param):
+                if _rewritable(sub, hit, param) and not self._read_on_host(sub):
                     found.setdefault(id(sub), param)
         # and the module's top-level helpers and methods that other modules' step
         # loops call (`get_batch` of TCN's utils.py, called by word_cnn_test.py;
@@ -194,7 +195,7 @@ class DeviceIndex(LoopCodemod):
         methods = _methods(self.tree.module, helpers)
         for hit in handed_calls(self.tree, top, methods) if top or methods else ():
             for sub, _, param in hit.hits:
-                if _rewritable(sub, hit, param):
+                if _rewritable(sub, hit, param) and not self._read_on_host(sub):
                     found.setdefault(id(sub), param)
         self.tree.memo["device_index:through"] = found
         return found
@@ -219,6 +220,25 @@ class DeviceIndex(LoopCodemod):
         rows = cst.parse_expression(f"torch.arange(max({end} - {less}, 0), device={table}.device)"
                                     f" + torch.tensor([{start}], device={table}.device)")
         return updated.with_changes(slice=[*updated.slice[:dim], cst.SubscriptElement(cst.Index(rows))])
+
+    def _read_on_host(self, sub: cst.Subscript) -> bool:
+        """An entry wanted as a number (``torch.full(shape, alphas[t])``,
+        ``float(alphas[t])``, ``alphas[t].item()``): left as it is, where
+        XLA403/XLA401 say to keep the table on the host."""
+        parents = self.tree.parents
+        parent = parents.get(id(sub))
+        if isinstance(parent, cst.Attribute) and parent.attr.value in ("item", "tolist"):
+            return True
+        call = parents.get(id(parent)) if isinstance(parent, cst.Arg) else None
+        if not isinstance(call, cst.Call):
+            return False
+        name = call_name(call)
+        if name in ("float", "int", "bool") and isinstance(call.func, cst.Name):
+            return True
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        return name in ("full", "full_like", "new_full") and (
+            parent.keyword is not None and parent.keyword.value == "fill_value"  # type: ignore[union-attr]
+            or len(positional) > 1 and positional[1] is parent)
 
     def _sent(self, original: cst.Subscript, updated: cst.Subscript, param: str) -> cst.BaseExpression:
         """``t[i]`` -> ``t[torch.as_tensor(i)[None]][0]``: the same element for

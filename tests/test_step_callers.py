@@ -191,3 +191,39 @@ def test_a_cached_answer_is_not_reused_once_a_script_beside_the_package_changes(
     script = sampler / "tools" / "sample.py"
     script.write_text(script.read_text().replace("torch.as_tensor(i).to(device)", "torch.as_tensor(0).to(device)"))
     assert "XLA411" not in lint()  # linear.py itself unchanged
+
+
+# -- the module's own method --------------------------------------------------
+
+TRAPS = PROJECT.parent.parent / "sampler_traps" / "input.py"
+FILL = "        return torch.full((x.shape[0], 1), self.alphas[index], device=x.device)\n"
+SCALED = "        return x * self.alphas[index]\n"
+
+
+def test_the_modules_own_method_indexes_on_the_device_unless_the_entry_is_wanted_as_a_number(tmp_path):
+    def convert_source(text):
+        path = tmp_path / "sampler.py"
+        path.write_text(text)
+        return convert_file(path)
+
+    src = TRAPS.read_text()
+    assert FILL in src
+    out, found = convert_source(src.replace(FILL, SCALED))
+    assert "        return x * self.alphas[torch.as_tensor(index)[None]][0]\n" in out, out
+    assert "XLA407" not in [c for _, c, _ in found]
+    # torch.full's fill value, float() and .item() want a number: the table is better kept on the
+    # host (XLA403 says so); the call stays reported (XLA407)
+    for kept in (FILL, "        return float(self.alphas[index]) * x\n", "        return self.alphas[index].item() * x\n"):
+        out, found = convert_source(src.replace(FILL, kept))
+        assert kept in out and "XLA407" in [c for _, c, _ in found], kept
+
+
+@pytest.mark.xla
+@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="needs torch_xla (make setup)")
+def test_the_modules_own_method_compiles_flat_and_matches_the_original(tmp_path):
+    """Converted before this: the index in `noise_level` a new graph each step."""
+    program = tmp_path / "traps"
+    program.mkdir()
+    (program / "sampler.py").write_text(TRAPS.read_text().replace(FILL, SCALED))
+    data = verify_lengths(program, program / "sampler.py", tmp_path / "report.json")
+    assert any(o["name"].startswith("stdout line 1: sample") and o["ok"] for o in data["outputs"]), data["outputs"]
