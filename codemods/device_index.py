@@ -62,7 +62,8 @@ import libcst as cst
 from codemods.loop_codemod import LoopCodemod
 from codemods.step_callers import handed_calls
 from codemods.analysis.counters import counter_through_call, loop_counters
-from codemods.analysis.placement import on_device
+from codemods.analysis.placement import fill_argument, on_device
+from codemods.analysis.steps import SCALAR_READS
 from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP
 from codemods.base import Rule, call_name, find_all
 from codemods.syntax import imports
@@ -232,13 +233,7 @@ class DeviceIndex(LoopCodemod):
         call = parents.get(id(parent)) if isinstance(parent, cst.Arg) else None
         if not isinstance(call, cst.Call):
             return False
-        name = call_name(call)
-        if name in ("float", "int", "bool") and isinstance(call.func, cst.Name):
-            return True
-        positional = [a for a in call.args if a.keyword is None and not a.star]
-        return name in ("full", "full_like", "new_full") and (
-            parent.keyword is not None and parent.keyword.value == "fill_value"  # type: ignore[union-attr]
-            or len(positional) > 1 and positional[1] is parent)
+        return (call_name(call) in SCALAR_READS and isinstance(call.func, cst.Name)) or fill_argument(call) is parent
 
     def _sent(self, original: cst.Subscript, updated: cst.Subscript, param: str) -> cst.BaseExpression:
         """``t[i]`` -> ``t[torch.as_tensor(i)[None]][0]``: the same element for

@@ -14,7 +14,7 @@ from typing import Set
 import libcst as cst
 
 from codemods.analysis import is_tensor_expr
-from codemods.analysis.placement import TO_HOST, host_read, reads_truth
+from codemods.analysis.placement import FILL_CALLS, TO_HOST, fill_argument, host_read, reads_truth
 from codemods.base import Rule, call_name
 from codemods.hot_path import HotPathCodemod
 
@@ -89,7 +89,7 @@ class HostReads(HotPathCodemod):
             self._report(node, TRANSFER, f"`{call}` copies a tensor to the host: keep it on the device in the loop")
         elif read is not None:
             self._report(node, SCALAR, f"`{name}()` of a tensor is a host read")
-        elif name in ("full", "full_like", "new_full") and self._tensor_fill(node, self.qualnames(node.func)):
+        elif name in FILL_CALLS and self._tensor_fill(node, self.qualnames(node.func)):
             self._report(node, SCALAR, f"`{name}` with a tensor as its fill value reads it on the host (an implicit "
                                        "`.item()`), and the value becomes a constant of the graph: "
                                        "broadcast the tensor instead (`value.expand(shape)`)")
@@ -99,11 +99,10 @@ class HostReads(HotPathCodemod):
         if isinstance(call.func, cst.Attribute) and call_name(call) != "new_full" and \
                 not any(n.startswith("torch.") for n in quals):
             return False
-        positional = [a.value for a in call.args if a.keyword is None and not a.star]
-        fill = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "fill_value"),
-                    positional[1] if len(positional) > 1 else None)
-        if fill is None:
+        arg = fill_argument(call)
+        if arg is None:
             return False
+        fill = arg.value
         base = fill.value if isinstance(fill, cst.Subscript) else fill
         return self._on_device(base) or (not isinstance(fill, cst.Subscript)
                                          and is_tensor_expr(fill, self.tensors, self.qualnames)

@@ -40,6 +40,14 @@ def test_a_helper_another_modules_step_loop_calls_gathers_on_the_device(program)
     assert again == out and "XLA411" not in [c for _, c, _ in found]
 
 
+def _edit(root, change):
+    """Replace ``old`` by ``new`` in ``root / name`` (``change``), which holds it."""
+    name, old, new = change
+    path = root / name
+    assert old in path.read_text()
+    path.write_text(path.read_text().replace(old, new))
+
+
 @pytest.mark.parametrize("change", [
     # the call is in no loop: no counter reaches it
     ("train.py", "    data, targets = get_batch(train_data, i, 4)\n", "    data, targets = ONCE\n"),
@@ -53,10 +61,7 @@ def test_a_helper_another_modules_step_loop_calls_gathers_on_the_device(program)
     ("batches.py", "source.size(1) - 1 - i", "len(source[0]) - 1 - i"),
 ])
 def test_a_call_the_caller_cannot_vouch_for_leaves_the_helper(program, change):
-    name, old, new = change
-    path = program / name
-    assert old in path.read_text()
-    path.write_text(path.read_text().replace(old, new))
+    _edit(program, change)
     out, found = convert_file(program / "batches.py")
     assert "XLA411" not in [c for _, c, _ in found] and "torch.tensor([" not in out, (change, out)
 
@@ -142,10 +147,7 @@ def test_a_method_a_script_beside_the_package_calls_in_its_loop_indexes_on_the_d
     ("schedule/linear.py", "    def add_noise(", "    def sample_prev_timestep(self):\n        pass\n\n    def add_noise("),
 ])
 def test_a_method_call_nothing_vouches_for_leaves_the_method(sampler, change):
-    name, old, new = change
-    path = sampler / name
-    assert old in path.read_text()
-    path.write_text(path.read_text().replace(old, new))
+    _edit(sampler, change)
     out, found = convert_file(sampler / "schedule" / "linear.py")
     assert "torch.as_tensor(t" not in out, change
 

@@ -33,7 +33,7 @@ from codemods.analysis.buffers import model_buffers
 from codemods.analysis.loops import loop_iterable
 from codemods.analysis.tensors import is_tensor_expr
 from codemods.analysis.dataflow import dataflow
-from codemods.analysis.steps import TO_HOST
+from codemods.analysis.steps import SCALAR_READS, TO_HOST
 from codemods.analysis.syncs import false_on_xla
 from codemods.analysis.values import DEVICE as DEVICE_KIND
 from codemods.analysis.values import DEVICE_LOADER, DEVICE_STR, LOADER, MODULE, Values
@@ -74,11 +74,25 @@ def host_read(tree: TreeCache, call: cst.Call, tensors: Set[str],
     if isinstance(func, cst.Attribute) and (name == "item" and not call.args or name in TO_HOST
                                             or to_cpu(call)):
         return None if placement(tree, func.value) == HOST else name
-    if isinstance(func, cst.Name) and name in {"float", "int", "bool"} and len(call.args) == 1:
+    if isinstance(func, cst.Name) and name in SCALAR_READS and len(call.args) == 1:
         arg = call.args[0].value
         if is_tensor_expr(arg, tensors, qualnames) and placement(tree, arg) != HOST:  # type: ignore[arg-type]
             return name
     return None
+
+
+FILL_CALLS = frozenset({"full", "full_like", "new_full"})
+
+
+def fill_argument(call: cst.Call) -> Optional[cst.Arg]:
+    """The fill value's argument of ``torch.full(shape, v)``,
+    ``torch.full_like(x, v)`` or ``x.new_full(shape, v)``: a number, which a
+    tensor there gives by a read on the host (XLA403)."""
+    if call_name(call) not in FILL_CALLS:
+        return None
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    return next((a for a in call.args if a.keyword is not None and a.keyword.value == "fill_value"),
+                positional[1] if len(positional) > 1 else None)
 
 
 def reads_truth(test: cst.BaseExpression, tensors: Set[str],

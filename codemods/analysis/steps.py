@@ -45,7 +45,8 @@ _NOT_RUN_RE = re.compile(
 TO_HOST = frozenset({"cpu", "numpy", "tolist"})
 # what reads a tensor's value on the host by the called name alone, as the
 # ``ast`` pre-check sees it (a superset: it cannot tell tensors)
-READ_CALLS = TO_HOST | {"item", "float", "int", "bool", "to"}
+SCALAR_READS = frozenset({"float", "int", "bool"})  # `float(t)`: a Python number of a tensor
+READ_CALLS = TO_HOST | SCALAR_READS | {"item", "to"}
 # methods that add to the container they are called on (``xs.append(x)``):
 # a write of the container by the value handed in, as ``xs += [x]`` is --
 # state a loop carries when it reads ``xs[-1]`` before (ddim's samplers)
