@@ -12,7 +12,7 @@ diffusers >= 0.31) gets no new barrier: its other step loops are reported.
 
 from __future__ import annotations
 
-from typing import List, Optional, Set, Tuple, Union
+from typing import FrozenSet, List, Optional, Set, Tuple, Union
 
 import libcst as cst
 
@@ -38,6 +38,7 @@ from codemods.analysis.kinds import model_source_triggers
 from codemods.analysis.steps import called_like_a_model, trigger_words
 from codemods.base import Rule, call_name, dotted, find_all, statement
 from codemods.loop_codemod import LoopCodemod
+from codemods.syntax.hoist import ReadSite, read_receiver
 
 STEP_BARRIER = Rule(
     code="XLA302",
@@ -59,7 +60,10 @@ STEP_BARRIER = Rule(
         "the read then finds the step computed instead of running the pending step as a graph of its own. "
         "Likewise in a loop that is not a training step (a sampler, a decoder fed its own output) and reads a "
         "value it computed on every pass (`out.append(tok.item())`): the barrier goes right before that read, "
-        "one graph execution per pass instead of the read's and then the barrier's. A loop inside a model's "
+        "one graph execution per pass instead of the read's and then the barrier's. A read that computes what it "
+        "reads (`ims = torch.clamp(x, -1, 1).cpu()`) is split: the value is computed into its target before the "
+        "barrier and copied after it (`ims = torch.clamp(x, -1, 1)`, the barrier, `ims = ims.cpu()`); a read in "
+        "each branch of an `if`/`else` decided on the host gets the barrier in each branch. A loop inside a model's "
         "`forward` (a layer loop, an RNN unrolled in the step) gets no barrier, except one that feeds its state "
         "back to a model and reads it on the host every pass (a sampler written as a module, asserting on its "
         "state): the read already runs a graph every pass, of every pass so far, so the barrier goes right before it."
@@ -201,16 +205,25 @@ class StepBarrier(LoopCodemod):
             return updated
         after = self._after_optimizer_step(original, exits)
         where = "right after its optimizer step (the host reads after it find the step computed)"
+        read = None
         if after is None:
-            after = self._before_first_read(original, exits)
-            where = "right before its first host read (it finds the pass computed: one graph execution per pass)"
+            read = self._before_first_read(original, exits)
+            after = None if read is None else read.k
+            where = "right before its first host read"
+            if read is not None and read.computes():
+                where += ", the value it reads computed first"
+            if read is not None and read.branches:
+                where += ", in each branch"
+            where += " (it finds the pass computed: one graph execution per pass)"
         if after is None:
             where = "as its last statement"
         if not self.flag(original, STEP_BARRIER.code, f"step loop: `torch_xla.sync()` added {where}", fix=True):
             return updated
         self.add_imports(self.target.sync_imports)
         stmts = list(body.body)
-        if after is not None:
+        if read is not None:
+            stmts = read.place(stmts, body_statements(original), self._barrier())
+        elif after is not None:
             stmts.insert(after, self._barrier())
         new_body = _before_exits(stmts, exits, self._barrier())
         last = new_body[-1]
@@ -279,7 +292,7 @@ class StepBarrier(LoopCodemod):
             return None
         return k
 
-    def _before_first_read(self, loop: Loop, exits: Tuple[type, ...]) -> Optional[int]:
+    def _before_first_read(self, loop: Loop, exits: Tuple[type, ...]) -> Optional[ReadSite]:
         """Where the barrier goes in a loop that is not a training step (a
         sampler, a decoder fed its own output) and reads a value it computed
         on every pass (``out.append(nxt.item())``): right before that read,
@@ -287,28 +300,64 @@ class StepBarrier(LoopCodemod):
         the graph up to the value and the barrier the rest: two executions
         and two graphs to compile per pass (a GRU cell read once a step: 4
         compiles and 2 executions a step at 8 steps; 2 and 1 with the barrier
-        before the read, the same values).  The read must be of a name (what
-        the pass computed), in a statement of the loop's own level every
-        pass runs; None where there is none, where the body can end early,
-        or where a step closure follows (it would run a pass late)."""
+        before the read, the same values).  The read is of a name (what the
+        pass computed), or an assignment whose read computes what it reads
+        (``ims = torch.clamp(xt, -1, 1).cpu()``: computed before the barrier,
+        :func:`~codemods.syntax.hoist.computed_then_read`), in a statement of
+        the loop's own level every pass runs, or in each branch of an
+        ``if``/``else`` there that decides on the host (pytorch/examples' word_language_model, one
+        branch per kind of model).  None where there is none, where the body
+        can end early, or where a step closure follows (it would run a pass
+        late)."""
         if loop_step_kind(self.tree, loop, self.steps) == "step":
             return None
         stmts = body_statements(loop)
         if _has_exit(stmts, exits + (cst.Break, cst.Return)):
             return None
-        for k, stmt in enumerate(stmts):
-            if not isinstance(stmt, cst.SimpleStatementLine):
-                continue
-            calls = find_all(stmt, cst.Call, stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda))
-            reads = [c for c in calls if host_read(self.tree, c, self.tensors, self.qualnames)]  # type: ignore[arg-type]
-            if not reads:
-                continue
-            if k == 0 or not all(_reads_a_name(c) for c in reads):  # type: ignore[arg-type]
-                return None
-            later = [c for s in stmts[k:] for c in find_all(s, cst.Call, stop=(cst.FunctionDef, cst.ClassDef,
+        read = self._first_read(list(stmts), computed_before=False)
+        if read is None:
+            return None
+        later = [c for s in stmts[read.k:] for c in find_all(s, cst.Call, stop=(cst.FunctionDef, cst.ClassDef,
                                                                                  cst.Lambda))]
-            return None if any(self.is_step_closure(c) for c in later) else k  # type: ignore[arg-type]
+        return None if any(self.is_step_closure(c) for c in later) else read  # type: ignore[arg-type]
+
+    def _first_read(self, stmts: List[cst.BaseStatement], computed_before: bool,
+                    assigned: FrozenSet[str] = frozenset()) -> Optional[ReadSite]:
+        """The first statement of ``stmts`` that reads on the host a value
+        the pass assigned before it (``assigned``: what the statements
+        before ``stmts`` assign); a read of anything else (the loop's own
+        timestep, ``t.item()``) finds nothing pending and is passed over."""
+        for k, stmt in enumerate(stmts):
+            if isinstance(stmt, cst.If):
+                branches = self._branch_reads(stmt, computed_before or k > 0, assigned)
+                if branches is not None:
+                    return ReadSite(k, None, branches)
+            elif isinstance(stmt, cst.SimpleStatementLine):
+                reads = self._reads(stmt)
+                computed = read_receiver(stmt, reads) if reads else None
+                if reads and (computed is None or k == 0 and not computed_before):
+                    return None
+                if computed is not None and assigned & _mentioned(computed):
+                    return ReadSite(k, None if isinstance(computed, (cst.Name, cst.Attribute)) else computed)
+            assigned = assigned | _assigned(stmt)
         return None
+
+    def _branch_reads(self, stmt: cst.If, computed_before: bool,
+                      assigned: FrozenSet[str]) -> Optional[Tuple[ReadSite, ReadSite]]:
+        """The first read of each branch of an ``if``/``else`` whose test
+        reads nothing on the device; None unless both have one."""
+        orelse = stmt.orelse
+        if not isinstance(orelse, cst.Else) or not isinstance(stmt.body, cst.IndentedBlock) \
+                or not isinstance(orelse.body, cst.IndentedBlock) or self._reads(stmt.test) \
+                or reads_truth(stmt.test, self.tensors, self.qualnames):
+            return None
+        first = self._first_read(list(stmt.body.body), computed_before, assigned)
+        second = self._first_read(list(orelse.body.body), computed_before, assigned)
+        return None if first is None or second is None else (first, second)
+
+    def _reads(self, node: cst.CSTNode) -> List[cst.Call]:
+        calls = find_all(node, cst.Call, stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda))
+        return [c for c in calls if host_read(self.tree, c, self.tensors, self.qualnames)]  # type: ignore[arg-type]
 
     def _syncs_by_hand(self) -> bool:
         """The module already calls a barrier somewhere (``xm.mark_step()``,
@@ -343,12 +392,20 @@ def _host_step(stmt: cst.CSTNode) -> bool:
         for s in stmt.body)
 
 
-def _reads_a_name(call: cst.Call) -> bool:
-    """``x.item()``, ``self.x.tolist()``, ``float(x)``: a read of a value the
-    code computed before, not of an expression computed in the read."""
-    func = call.func
-    value = func.value if isinstance(func, cst.Attribute) else (call.args[0].value if call.args else None)
-    return isinstance(value, (cst.Name, cst.Attribute))
+def _assigned(stmt: cst.CSTNode) -> FrozenSet[str]:
+    """The names and attributes a statement assigns (``x``, ``self.h``)."""
+    out: Set[str] = set()
+    for node in find_all(stmt, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.NamedExpr, cst.For),
+                         stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+        targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]  # type: ignore[attr-defined]
+        for target in targets:
+            out |= _mentioned(target)
+    return frozenset(out)
+
+
+def _mentioned(node: cst.CSTNode) -> FrozenSet[str]:
+    """The names and attribute chains an expression mentions."""
+    return frozenset(d for d in (dotted(n) for n in find_all(node, (cst.Name, cst.Attribute))) if d)
 
 
 def _is_exit(stmt: cst.CSTNode, kinds: Tuple[type, ...]) -> bool:

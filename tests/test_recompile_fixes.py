@@ -314,9 +314,31 @@ def test_a_decoder_that_reads_its_output_every_pass_gets_its_barrier_before_the_
         "graph execution per pass)"]
 
 
+COMPUTED_READ = ("        y = x.sum()\n        out.append(round(y.item(), 5))\n",
+                 "        y = (x.sum() * 2).cpu()\n        out.append(round(y.item(), 5))\n")
+
+
+def test_an_assignment_whose_read_computes_the_value_computes_it_before_the_barrier():
+    """``ims = torch.clamp(xt, -1, 1).detach().cpu()`` (explainingai's DDPM
+    sampler, pytorch/examples' word_language_model): with the barrier at the
+    end, the read runs the graph up to the value and the barrier the rest;
+    computed into the target before the barrier, the barrier's one graph
+    holds it and the read copies it."""
+    out, findings = convert_text(DECODE.replace(*COMPUTED_READ))
+    assert ("        y = x.sum() * 2\n        torch_xla.sync()\n        y = y.cpu()\n"
+            "        out.append(round(y.item(), 5))\n        x = torch.tanh(x)\nprint(out)") in out, out
+    assert [f.message for f in findings if f.code == "XLA302"] == [
+        "step loop: `torch_xla.sync()` added right before its first host read, the value it reads computed first (it "
+        "finds the pass computed: one graph execution per pass)"]
+    assert convert_text(out)[0] == out
+
+
 @pytest.mark.parametrize("change", [
-    # the read computes what it reads; a pass can end early; a step closure follows
+    # the read computes what it reads, but not as an assignment, not first in its statement, or twice;
     ("        y = x.sum()\n        out.append(round(y.item(), 5))\n", "        out.append(round(x.sum().item(), 5))\n"),
+    ("        y = x.sum()\n", "        y = torch.ones(1).sum() + x.sum().cpu()\n"),
+    ("        y = x.sum()\n", "        y = x.sum().cpu() + x.mean().cpu()\n"),
+    # a pass can end early; a step closure follows
     ("        x = torch.tanh(x)\n", "        x = torch.tanh(x)\n        if len(out) > 99:\n            break\n"),
 ])
 def test_a_read_the_barrier_cannot_precede_leaves_it_at_the_end(change):
@@ -324,21 +346,58 @@ def test_a_read_the_barrier_cannot_precede_leaves_it_at_the_end(change):
     assert out.rstrip().endswith("        torch_xla.sync()\nprint(out)"), out
 
 
+def test_a_read_of_a_value_the_pass_did_not_compute_is_passed_over():
+    """diffusers' ernie_image reads its timestep (``t.item()``) in each
+    branch before the model runs: nothing of the pass is pending there, and
+    a barrier before it would only cut the pass elsewhere."""
+    out, _ = convert_text(DECODE.replace("        y = x.sum()\n",
+                                         "        scale = model.head.bias.sum().item()\n        y = x.sum()\n"))
+    assert ("        scale = model.head.bias.sum().item()\n        y = x.sum()\n        torch_xla.sync()\n"
+            "        out.append(round(y.item(), 5))\n") in out, out
+
+
+BRANCHED = ("        x, h = model(x, h)\n        y = x.sum()\n        out.append(round(y.item(), 5))\n",
+            "        if len(out) % 3:\n            x, h = model(x, h)\n            y = x.sum()\n"
+            "            out.append(round(y.item(), 5))\n        else:\n            x, h = model(-x, h)\n"
+            "            z = x.mean().cpu()\n            out.append(round(z.item(), 5))\n")
+
+
+def test_a_read_in_each_branch_of_a_host_decision_gets_the_barrier_in_each_branch():
+    """pytorch/examples' word_language_model/generate.py reads the model's
+    output in each branch of ``if is_transformer_model: ... else: ...``."""
+    out, findings = convert_text(DECODE.replace(*BRANCHED))
+    assert ("            y = x.sum()\n            torch_xla.sync()\n            out.append(round(y.item(), 5))\n"
+            "        else:\n            x, h = model(-x, h)\n            z = x.mean()\n            torch_xla.sync()\n"
+            "            z = z.cpu()\n            out.append(round(z.item(), 5))\n        x = torch.tanh(x)\nprint(out)"
+            ) in out, out
+    assert [f.message for f in findings if f.code == "XLA302"] == [
+        "step loop: `torch_xla.sync()` added right before its first host read, the value it reads computed first, in "
+        "each branch (it finds the pass computed: one graph execution per pass)"]
+    assert convert_text(out)[0] == out
+    # one branch without a read: the barrier stays at the end
+    one = DECODE.replace(*BRANCHED).replace("            out.append(round(z.item(), 5))\n", "")
+    assert convert_text(one.replace("z = x.mean().cpu()", "z = x.mean()"))[0].rstrip().endswith(
+        "        torch_xla.sync()\nprint(out)")
+
+
 @pytest.mark.xla
 @needs_xla
-def test_the_barrier_before_the_read_compiles_once_and_runs_one_graph_per_pass(tmp_path):
+@pytest.mark.parametrize("change", [("", ""), COMPUTED_READ, BRANCHED],
+                         ids=["read-of-a-name", "read-computes-its-value", "a-read-in-each-branch"])
+def test_the_barrier_before_the_read_compiles_once_and_runs_one_graph_per_pass(tmp_path, change):
     """Measured against the barrier at the end of the pass, the same values
     as the original on the CPU: at 4 and 8 passes, compiles flat and one
     graph execution per pass (at the end: two per pass, the read's and the
     barrier's)."""
     from test_runnable_ports import OBSERVER
 
-    original = subprocess.run([sys.executable, "-c", DECODE.replace(".cuda()", ""), "8"], capture_output=True,
+    source = DECODE.replace(*change)
+    original = subprocess.run([sys.executable, "-c", source.replace(".cuda()", ""), "8"], capture_output=True,
                               text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert original.returncode == 0, original.stderr
-    converted = transform(DECODE.encode(), Settings()).code.decode()
-    at_end = converted.replace("        torch_xla.sync()\n", "").replace("print(out)", "    torch_xla.sync()\nprint(out)")
-    at_end = at_end.replace("    torch_xla.sync()\nprint(out)", "        torch_xla.sync()\nprint(out)")
+    converted = transform(source.encode(), Settings()).code.decode()
+    at_end = re.sub(r"(?m)^ +torch_xla\.sync\(\)\n", "", converted).replace("print(out)",
+                                                                        "        torch_xla.sync()\nprint(out)")
     seen = {}
     for name, text in (("before", converted), ("end", at_end)):
         (tmp_path / f"{name}.py").write_text(text)
@@ -350,7 +409,10 @@ def test_the_barrier_before_the_read_compiles_once_and_runs_one_graph_per_pass(t
             assert done.returncode == 0, done.stderr[-2000:]
             m = json.loads(metrics.read_text())
             seen[name, n] = (m["compiles"], m["executions"], done.stdout)
-    assert seen["before", 8][2] == seen["end", 8][2] == original.stdout
+    import ast
+
+    for printed in (seen["before", 8][2], seen["end", 8][2]):  # (a graph cut elsewhere rounds elsewhere)
+        assert ast.literal_eval(printed) == pytest.approx(ast.literal_eval(original.stdout), abs=2e-5), printed
     assert seen["before", 4][0] == seen["before", 8][0] <= seen["end", 8][0], seen
     assert seen["before", 8][1] - seen["before", 4][1] == 4 and seen["end", 8][1] - seen["end", 4][1] == 8, seen
 

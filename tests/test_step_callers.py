@@ -181,6 +181,51 @@ def test_the_converted_sampler_compiles_flat_and_matches_the_original(sampler, t
     assert any(o["name"].startswith("stdout line 1: sample") and o["ok"] for o in data["outputs"]), data["outputs"]
 
 
+@pytest.mark.xla
+@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="needs torch_xla (make setup)")
+def test_its_last_two_steps_compile_once_more_and_plain_verify_passes(sampler, tmp_path):
+    """At one length (8 steps) the sampler settles on one graph, then its
+    last two steps compile: the counter handed to the device reaches 1 and 0
+    (values XLA bakes into the graph) and `if t == 0` takes the other branch.
+    That is a fixed cost (`--lengths`: the same compiles at 4 and 8); plain
+    verify failed it as 2 recompilations after warm-up."""
+    import json
+
+    from click.testing import CliRunner
+
+    from xlaport.cli import main
+
+    report = tmp_path / "report.json"
+    result = CliRunner().invoke(main, ["verify", "--json", str(report), "--timeout", "300", "--root", str(sampler),
+                                       str(sampler / "tools" / "sample.py"), "--", "--steps=8"])
+    data = json.loads(report.read_text())
+    assert result.exit_code == 0 and data["verdict"] == "pass", result.output
+    assert data["metrics"]["compiles_after_warmup"] >= 2 and data["metrics"]["steady_state_recompiles"] == 0
+    [last] = [e for e in data["events"] if e["kind"] == "one_off"]
+    assert "last steps only (7, 8 of 8), after steps run from the cache" in last["detail"], last
+
+
+def test_recompiles_at_a_sites_last_steps_after_cached_ones_are_a_fixed_cost():
+    """What plain verify forgives: at most the last two steps of a sync site,
+    after at least one step after warm-up ran from the cache (growth never
+    does)."""
+    from xlaport.verify.compiles import judge_steps, settled_then_last
+
+    def sites(compiles_per_step):
+        total, steps = 0, []
+        for n, c in enumerate(compiles_per_step):
+            total += c
+            steps.append({"path": "s.py", "line": 9, "compiles": total, "time": float(n)})
+        return judge_steps(steps, 2)["recompile_sites"]
+
+    [end] = sites([3, 1, 0, 0, 0, 0, 1, 1])
+    assert settled_then_last(end, 2)
+    assert not any(settled_then_last(s, 2) for s in sites([3, 1, 1, 1, 1, 1, 1, 1]))  # growth
+    assert not any(settled_then_last(s, 2) for s in sites([3, 1, 1, 0, 0, 0, 0, 1]))  # not settled first
+    assert not any(settled_then_last(s, 2) for s in sites([3, 1, 0, 0, 0, 1, 1, 1]))  # three at the end
+    assert not any(settled_then_last(s, 2) for s in sites([3, 1, 1, 1]))  # nothing ran from the cache
+
+
 def test_a_cached_answer_is_not_reused_once_a_script_beside_the_package_changes(sampler, tmp_path, monkeypatch):
     monkeypatch.setenv("XLAPORT_CACHE_DIR", str(tmp_path / "cache"))
 

@@ -59,6 +59,16 @@ def judge(cand: "Run", compared, lines: "LineMapper", graphs: Path, warmup_steps
         # and does not grow with the steps; a graph compiled again and again does
         churn, fresh = len(kinds["churn"]), len(kinds["new_path"])
         bad = (churn if churn > 1 else 0) + in_runs(kinds["new_path"])
+        if bad and settled_then_last(site, warmup_steps):
+            where = locate_recompile(at_site, lines, site["where"])  # type: ignore[arg-type]
+            steps_at = ", ".join(str(int(n) + 1) for n in site["site_steps"])  # type: ignore[union-attr]
+            events.append(lines.event("one_off", where or site["where"], len(site["site_steps"]),  # type: ignore[arg-type]
+                                      f"compiled at this sync's last steps only ({steps_at} of "
+                                      f"{site['site_total']}), after steps run from the cache: a last step that "
+                                      "takes another branch, or a counter reaching 1 and 0 (values XLA bakes into "
+                                      "the graph); a fixed cost, not growth (`--lengths` measures it)"
+                                      + (f"; {where[2]}" if where else "")))
+            continue
         steady_recompiles += bad
         if bad:
             where = locate_recompile(at_site, lines, site["where"])  # type: ignore[arg-type]
@@ -153,6 +163,8 @@ def judge_steps(steps: List[Dict[str, object]], warmup: int) -> Dict[str, object
             for op, n in fell.items():
                 hot_fallbacks[op] = hot_fallbacks.get(op, 0) + n
         prev = snap
+    for where, entry in sites.items():
+        entry["site_total"] = seen[where]
     loop = [s for s in per_step[1:]]  # the first step also carries set-up transfers
     reads = (sum(int(s["transfers"]) for s in loop) / len(loop)) if loop else None  # type: ignore[call-overload]
     return {"per_step": per_step, "compiles_after_warmup": after, "recompile_sites": list(sites.values()),
@@ -193,6 +205,18 @@ def in_runs(steps: List[int]) -> int:
     are one-offs, each compiled once."""
     at = set(steps)
     return sum(1 for n in steps if n - 1 in at or n + 1 in at)
+
+
+def settled_then_last(site: Dict[str, object], warmup: int) -> bool:
+    """A sync site whose compilations after warm-up fall on its last two
+    steps only, after at least one step run from the cache: the loop had
+    settled on one graph, and only its end compiled (a final step's other
+    branch, ``if t == 0``; a counter handed to the device reaching 1 and 0,
+    which XLA bakes into the graph as special scalars).  That cost is the
+    same at any length; growth never runs a step from the cache."""
+    steps = [int(n) for n in site.get("site_steps", [])]  # type: ignore[union-attr]
+    total = int(site.get("site_total", 0))  # type: ignore[call-overload]
+    return bool(steps) and len(steps) <= 2 and min(steps) >= total - 2 and min(steps) > warmup
 
 
 def classify_recompiles(graphs: List[Dict[str, object]], site: Dict[str, object]) -> Dict[str, List[int]]:
