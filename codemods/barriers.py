@@ -12,7 +12,7 @@ diffusers >= 0.31) gets no new barrier: its other step loops are reported.
 
 from __future__ import annotations
 
-from typing import FrozenSet, List, Optional, Set, Tuple, Union
+from typing import FrozenSet, List, Optional, Sequence, Set, Tuple, Union
 
 import libcst as cst
 
@@ -63,7 +63,9 @@ STEP_BARRIER = Rule(
         "one graph execution per pass instead of the read's and then the barrier's. A read that computes what it "
         "reads (`ims = torch.clamp(x, -1, 1).cpu()`) is split: the value is computed into its target before the "
         "barrier and copied after it (`ims = torch.clamp(x, -1, 1)`, the barrier, `ims = ims.cpu()`); a read in "
-        "each branch of an `if`/`else` decided on the host gets the barrier in each branch. A loop inside a model's "
+        "each branch of an `if`/`else` decided on the host gets the barrier in each branch; a host copy kept in a "
+        "list before a later read (`x0_preds.append(x0_t.to('cpu'))`, then `xs.append(xt_next.to('cpu'))`) moves to "
+        "just after the barrier before that read, when nothing between changes it or touches the list. A loop inside a model's "
         "`forward` (a layer loop, an RNN unrolled in the step) gets no barrier, except one that feeds its state "
         "back to a model and reads it on the host every pass (a sampler written as a module, asserting on its "
         "state): the read already runs a graph every pass, of every pass so far, so the barrier goes right before it."
@@ -214,6 +216,8 @@ class StepBarrier(LoopCodemod):
                 where += ", the value it reads computed first"
             if read is not None and read.branches:
                 where += ", in each branch"
+            if read is not None and read.deferred:
+                where += ", the host copies kept before it moved to just after it"
             where += " (it finds the pass computed: one graph execution per pass)"
         if after is None:
             where = "as its last statement"
@@ -338,9 +342,27 @@ class StepBarrier(LoopCodemod):
                 if reads and (computed is None or k == 0 and not computed_before):
                     return None
                 if computed is not None and assigned & _mentioned(computed):
-                    return ReadSite(k, None if isinstance(computed, (cst.Name, cst.Attribute)) else computed)
+                    if not isinstance(computed, (cst.Name, cst.Attribute)):
+                        return ReadSite(k, computed)
+                    return self._deferred(stmts, k, assigned | _assigned(stmt)) or ReadSite(k, None)
             assigned = assigned | _assigned(stmt)
         return None
+
+    def _deferred(self, stmts: List[cst.BaseStatement], k: int, assigned: FrozenSet[str]) -> Optional[ReadSite]:
+        """A host copy kept in a list (``x0_preds.append(x0_t.to('cpu'))``)
+        before another read later in the pass (``xs.append(xt_next.to('cpu'))``,
+        ermongroup/ddim's samplers): each read runs a graph of its own.
+        Moved to just after the barrier before the later read, it copies the
+        same value (nothing between assigns, changes in place, or mentions
+        the list), and the pass runs one graph.  None where it cannot move."""
+        kept = _kept_copy(stmts[k])
+        rest = self._first_read(list(stmts[k + 1:]), True, assigned) if kept is not None else None
+        if kept is None or rest is None or rest.branches is not None:
+            return None
+        m = k + 1 + rest.k
+        if not _untouched(stmts[k + 1:m + 1], *kept):
+            return None
+        return ReadSite(m, rest.receiver, deferred=(k,) + tuple(k + 1 + d for d in rest.deferred))
 
     def _branch_reads(self, stmt: cst.If, computed_before: bool,
                       assigned: FrozenSet[str]) -> Optional[Tuple[ReadSite, ReadSite]]:
@@ -390,6 +412,34 @@ def _host_step(stmt: cst.CSTNode) -> bool:
         isinstance(s, cst.Expr) and isinstance(s.value, cst.Call)
         and (call_name(s.value) == "zero_grad" or call_name(s.value) == "step" and not s.value.args)
         for s in stmt.body)
+
+
+def _kept_copy(stmt: cst.BaseStatement) -> Optional[Tuple[str, FrozenSet[str]]]:
+    """``L.append(<host read of N>)`` alone on its line: the list, and what the read mentions."""
+    small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
+    call = small.value if isinstance(small, cst.Expr) else None
+    if not isinstance(call, cst.Call) or call_name(call) != "append" or len(call.args) != 1 \
+            or not isinstance(call.func, cst.Attribute):
+        return None
+    target = dotted(call.func.value)
+    return None if target is None else (target, _mentioned(call.args[0].value))
+
+
+def _untouched(stmts: Sequence[cst.BaseStatement], kept: str, read: FrozenSet[str]) -> bool:
+    """No statement mentions the list ``kept``, assigns what was read, or
+    changes it in place (``x.add_(...)``, ``torch.clamp_(x)``, ``out=x``)."""
+    for stmt in stmts:
+        if kept in _mentioned(stmt) or _assigned(stmt) & read:
+            return False
+        for call in find_all(stmt, cst.Call):
+            func = call.func  # type: ignore[attr-defined]
+            if isinstance(func, cst.Attribute) and func.attr.value.endswith("_") and dotted(func.value) in read:
+                return False
+            if any(dotted(a.value) in read and ((call_name(call) or "").endswith("_") or
+                                                (a.keyword is not None and a.keyword.value == "out"))
+                   for a in call.args):  # type: ignore[attr-defined]
+                return False
+    return True
 
 
 def _assigned(stmt: cst.CSTNode) -> FrozenSet[str]:

@@ -402,7 +402,8 @@ def test_appends_that_carry_nothing_make_no_step_loop(source):
 @needs_xla
 def test_list_sampler_compiles_flat_with_the_cpu_originals_values(tmp_path):
     """fixtures/list_sampler at 4 and 8 steps: the same compiles (5 -> 9
-    before, one per step), two graph executions a step, and the sum the
+    before, one per step), one graph execution a step (two while the first
+    host copy was read before the next state was computed), and the sum the
     unconverted program prints on the CPU."""
     from test_runnable_ports import run_on_xla
 
@@ -419,7 +420,7 @@ def test_list_sampler_compiles_flat_with_the_cpu_originals_values(tmp_path):
         assert printed(stdout) == pytest.approx(printed(original.stdout), rel=1e-5, abs=1e-4)
         runs.append(result["metrics"])
     assert runs[0]["compiles"] == runs[1]["compiles"], runs
-    assert runs[1]["executions"] == 2 * runs[0]["executions"], runs
+    assert runs[1]["executions"] - runs[0]["executions"] == 4, runs
 
 
 FORWARD_LOOP = (

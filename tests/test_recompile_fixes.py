@@ -380,10 +380,40 @@ def test_a_read_in_each_branch_of_a_host_decision_gets_the_barrier_in_each_branc
         "        torch_xla.sync()\nprint(out)")
 
 
+LOOP_TAIL = ("out = []\nwith torch.no_grad():\n    for _ in range(int(sys.argv[1])):\n        x, h = model(x, h)\n"
+             "        y = x.sum()\n        out.append(round(y.item(), 5))\n        x = torch.tanh(x)\nprint(out)\n")
+DEFERRED = (LOOP_TAIL, "out, kept = [], []\nwith torch.no_grad():\n    for _ in range(int(sys.argv[1])):\n"
+            "        x, h = model(x, h)\n        y = x.sum()\n        kept.append(y.to('cpu'))\n        x = torch.tanh(x)\n"
+            "        z = x.mean()\n        out.append(round(z.item(), 5))\nprint(out + [round(v.item(), 5) for v in kept])\n")
+
+
+def test_a_host_copy_kept_in_a_list_moves_to_the_later_read():
+    """ermongroup/ddim's samplers keep ``x0_t.to('cpu')`` in ``x0_preds``,
+    then compute the next state and keep ``xt_next.to('cpu')``: two graphs a
+    step.  The first copy moves to just after the barrier before the second
+    (the same value: nothing between changes it or touches the list)."""
+    out, findings = convert_text(DECODE.replace(*DEFERRED))
+    assert ("        y = x.sum()\n        x = torch.tanh(x)\n        z = x.mean()\n        torch_xla.sync()\n"
+            "        kept.append(y.to('cpu'))\n        out.append(round(z.item(), 5))\n") in out, out
+    assert convert_text(out)[0] == out
+
+
+@pytest.mark.parametrize("between", [
+    "        kept.sort()\n",  # the list is touched
+    "        y = y * 2\n",  # what was copied is assigned
+    "        y.mul_(2)\n",  # ... or changed in place
+    "        torch.clamp(x, 0, 1, out=y)\n",
+])
+def test_a_kept_copy_whose_value_may_change_before_the_later_read_stays(between):
+    source = DECODE.replace(*DEFERRED).replace("        z = x.mean()\n", between + "        z = x.mean()\n")
+    out, _ = convert_text(source)
+    assert "        y = x.sum()\n        torch_xla.sync()\n        kept.append(y.to('cpu'))\n" in out, out
+
+
 @pytest.mark.xla
 @needs_xla
-@pytest.mark.parametrize("change", [("", ""), COMPUTED_READ, BRANCHED],
-                         ids=["read-of-a-name", "read-computes-its-value", "a-read-in-each-branch"])
+@pytest.mark.parametrize("change", [("", ""), COMPUTED_READ, BRANCHED, DEFERRED],
+                         ids=["read-of-a-name", "read-computes-its-value", "a-read-in-each-branch", "kept-copy-moved"])
 def test_the_barrier_before_the_read_compiles_once_and_runs_one_graph_per_pass(tmp_path, change):
     """Measured against the barrier at the end of the pass, the same values
     as the original on the CPU: at 4 and 8 passes, compiles flat and one
@@ -396,8 +426,8 @@ def test_the_barrier_before_the_read_compiles_once_and_runs_one_graph_per_pass(t
                               text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert original.returncode == 0, original.stderr
     converted = transform(source.encode(), Settings()).code.decode()
-    at_end = re.sub(r"(?m)^ +torch_xla\.sync\(\)\n", "", converted).replace("print(out)",
-                                                                        "        torch_xla.sync()\nprint(out)")
+    at_end = re.sub(r"(?m)^ +torch_xla\.sync\(\)\n", "", converted).replace("\nprint(out",
+                                                                        "\n        torch_xla.sync()\nprint(out")
     seen = {}
     for name, text in (("before", converted), ("end", at_end)):
         (tmp_path / f"{name}.py").write_text(text)
@@ -414,7 +444,7 @@ def test_the_barrier_before_the_read_compiles_once_and_runs_one_graph_per_pass(t
     for printed in (seen["before", 8][2], seen["end", 8][2]):  # (a graph cut elsewhere rounds elsewhere)
         assert ast.literal_eval(printed) == pytest.approx(ast.literal_eval(original.stdout), abs=2e-5), printed
     assert seen["before", 4][0] == seen["before", 8][0] <= seen["end", 8][0], seen
-    assert seen["before", 8][1] - seen["before", 4][1] == 4 and seen["end", 8][1] - seen["end", 4][1] == 8, seen
+    assert seen["before", 8][1] - seen["before", 4][1] == 4 and seen["end", 8][1] - seen["end", 4][1] >= 8, seen
 
 
 # -- XLA406: a number written through a mask of the tensor's own values ------------------------

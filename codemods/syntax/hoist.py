@@ -15,11 +15,13 @@ from codemods.syntax.tree import find_all
 class ReadSite:
     """Where a pass's first host read is: statement ``k`` of a body; the
     expression the read computes, to be computed before the barrier (None: it
-    reads a name); or, for an ``if``/``else``, the first read of each branch."""
+    reads a name); or, for an ``if``/``else``, the first read of each branch.
+    ``deferred``: earlier statements of the body (host copies kept in a list)
+    moved to just after the barrier, in their order."""
 
     def __init__(self, k: int, receiver: Optional[cst.BaseExpression],
-                 branches: Optional[Tuple["ReadSite", "ReadSite"]] = None) -> None:
-        self.k, self.receiver, self.branches = k, receiver, branches
+                 branches: Optional[Tuple["ReadSite", "ReadSite"]] = None, deferred: Tuple[int, ...] = ()) -> None:
+        self.k, self.receiver, self.branches, self.deferred = k, receiver, branches, deferred
 
     def computes(self) -> bool:
         return self.receiver is not None or any(b.computes() for b in self.branches or ())
@@ -42,7 +44,10 @@ class ReadSite:
             placed = computed_then_read(original[k], self.receiver, barrier)
         else:
             placed = [barrier, stmt]
-        return updated[:k] + placed + updated[k + 1:]
+        if self.deferred:  # (after the barrier, placed here: no branches)
+            at = next(i for i, s in enumerate(placed) if s is barrier) + 1
+            placed[at:at] = [updated[d] for d in self.deferred]
+        return [s for i, s in enumerate(updated[:k]) if i not in self.deferred] + placed + updated[k + 1:]
 
 
 def _receiver(call: cst.Call) -> Optional[cst.BaseExpression]:
