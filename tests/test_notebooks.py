@@ -70,6 +70,10 @@ def test_a_v4_5_notebook_gets_a_cell_id_for_the_added_cell(tmp_path):
     out = nbformat.reads(f.read_text(), as_version=nbformat.NO_CONVERT)
     nbformat.validate(out)
     assert len(out.cells) == 2 and out.cells[0].id not in ("cell0",)
+    # the id comes from the notebook, not from chance: a second conversion of the original writes the same bytes
+    first = f.read_bytes()
+    f.write_text(json.dumps(nb, indent=1, sort_keys=True) + "\n")
+    assert run("convert", f).exit_code == 0 and f.read_bytes() == first
 
 
 def test_notebook_cells(tmp_path):

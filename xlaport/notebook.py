@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import hashlib
 import json
 import re
 import uuid
@@ -199,10 +200,13 @@ def _write(data: bytes, sources: Dict[int, str], added: str) -> bytes:
     if added:
         new: Dict[str, object] = {"cell_type": "code", "execution_count": None}
         if (raw.get("nbformat", 4), raw.get("nbformat_minor", 0)) >= (4, 5):
+            # derived from the notebook, not drawn: converting it again writes the same bytes
             taken = {c.get("id") for c in cells}
-            token = uuid.uuid4().hex[:8]
+            seed = hashlib.sha256(data + added.encode("utf-8"))
+            token = seed.hexdigest()[:8]
             while token in taken:
-                token = uuid.uuid4().hex[:8]
+                seed.update(b"\0")
+                token = seed.hexdigest()[:8]
             new["id"] = token
         new["metadata"] = {}
         new["outputs"] = []
