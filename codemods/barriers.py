@@ -415,14 +415,17 @@ def _host_step(stmt: cst.CSTNode) -> bool:
 
 
 def _kept_copy(stmt: cst.BaseStatement) -> Optional[Tuple[str, FrozenSet[str]]]:
-    """``L.append(<host read of N>)`` alone on its line: the list, and what the read mentions."""
+    """``L.append(<host read of N>)`` alone on its line: the list, and the name read."""
     small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
     call = small.value if isinstance(small, cst.Expr) else None
     if not isinstance(call, cst.Call) or call_name(call) != "append" or len(call.args) != 1 \
             or not isinstance(call.func, cst.Attribute):
         return None
-    target = dotted(call.func.value)
-    return None if target is None else (target, _mentioned(call.args[0].value))
+    target, read = dotted(call.func.value), call.args[0].value
+    while isinstance(read, cst.Call) and isinstance(read.func, cst.Attribute):
+        read = read.func.value  # `x0_t` of `x0_t.to("cpu")`
+    # a plain name: an attribute (`self.x`) can change in any call between
+    return None if target is None or not isinstance(read, cst.Name) else (target, frozenset({read.value}))
 
 
 def _untouched(stmts: Sequence[cst.BaseStatement], kept: str, read: FrozenSet[str]) -> bool:
