@@ -12,7 +12,7 @@ diffusers >= 0.31) gets no new barrier: its other step loops are reported.
 
 from __future__ import annotations
 
-from typing import FrozenSet, List, Optional, Sequence, Set, Tuple, Union
+from typing import List, Optional, Set, Tuple, Union
 
 import libcst as cst
 
@@ -31,6 +31,7 @@ from codemods.analysis.loops import (
     model_functions,
     syncing_functions,
 )
+from codemods.analysis.pass_reads import PassReads, has_exit
 from codemods.analysis.placement import host_read, reads_truth
 from codemods.analysis.state import ends_flow
 from codemods.analysis.values import values as values_of
@@ -38,7 +39,7 @@ from codemods.analysis.kinds import model_source_triggers
 from codemods.analysis.steps import called_like_a_model, trigger_words
 from codemods.base import Rule, call_name, dotted, find_all, statement
 from codemods.loop_codemod import LoopCodemod
-from codemods.syntax.hoist import ReadSite, read_receiver
+from codemods.syntax.hoist import ReadSite
 
 STEP_BARRIER = Rule(
     code="XLA302",
@@ -191,7 +192,7 @@ class StepBarrier(LoopCodemod):
             if any(is_barrier_call(c, self.target.barrier_names, self.qualnames)  # type: ignore[arg-type]
                    for c in find_all(original.body, cst.Call)):
                 return updated  # synced by hand (before its break, say)
-            if len(exits) > 1 and _has_exit(body.body, exits[1:]) and self.flag(
+            if len(exits) > 1 and has_exit(body.body, exits[1:]) and self.flag(
                     original, STEP_BARRIER.code, "`torch_xla.sync()` before break/return: the step's deferred "
                     "prints run", fix=True):
                 self.add_imports(self.target.sync_imports)
@@ -289,7 +290,7 @@ class StepBarrier(LoopCodemod):
             k += 1  # `lr_scheduler.step()`, `optimizer.zero_grad()`
         tail = stmts[k:]
         calls = [c for s in tail for c in find_all(s, cst.Call, stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda))]
-        if not tail or _has_exit(tail, exits) or any(self.is_step_closure(c) for c in calls):  # type: ignore[arg-type]
+        if not tail or has_exit(tail, exits) or any(self.is_step_closure(c) for c in calls):  # type: ignore[arg-type]
             return None
         tensors = self.tensors
         if not any(host_read(self.tree, c, tensors, self.qualnames) for c in calls):  # type: ignore[arg-type]
@@ -309,77 +310,22 @@ class StepBarrier(LoopCodemod):
         (``ims = torch.clamp(xt, -1, 1).cpu()``: computed before the barrier,
         :func:`~codemods.syntax.hoist.computed_then_read`), in a statement of
         the loop's own level every pass runs, or in each branch of an
-        ``if``/``else`` there that decides on the host (pytorch/examples' word_language_model, one
-        branch per kind of model).  None where there is none, where the body
-        can end early, or where a step closure follows (it would run a pass
-        late)."""
+        ``if``/``else`` there that decides on the host (pytorch/examples'
+        word_language_model, one branch per kind of model); where it is:
+        :class:`~codemods.analysis.pass_reads.PassReads`.  None where there
+        is none, where the body can end early, or where a step closure
+        follows (it would run a pass late)."""
         if loop_step_kind(self.tree, loop, self.steps) == "step":
             return None
         stmts = body_statements(loop)
-        if _has_exit(stmts, exits + (cst.Break, cst.Return)):
+        if has_exit(stmts, exits + (cst.Break, cst.Return)):
             return None
-        read = self._first_read(list(stmts), computed_before=False)
+        read = PassReads(self.tree, self.tensors, self.qualnames).first(list(stmts))
         if read is None:
             return None
         later = [c for s in stmts[read.k:] for c in find_all(s, cst.Call, stop=(cst.FunctionDef, cst.ClassDef,
                                                                                  cst.Lambda))]
         return None if any(self.is_step_closure(c) for c in later) else read  # type: ignore[arg-type]
-
-    def _first_read(self, stmts: List[cst.BaseStatement], computed_before: bool,
-                    assigned: FrozenSet[str] = frozenset()) -> Optional[ReadSite]:
-        """The first statement of ``stmts`` that reads on the host a value
-        the pass assigned before it (``assigned``: what the statements
-        before ``stmts`` assign); a read of anything else (the loop's own
-        timestep, ``t.item()``) finds nothing pending and is passed over."""
-        for k, stmt in enumerate(stmts):
-            if isinstance(stmt, cst.If):
-                branches = self._branch_reads(stmt, computed_before or k > 0, assigned)
-                if branches is not None:
-                    return ReadSite(k, None, branches)
-            elif isinstance(stmt, cst.SimpleStatementLine):
-                reads = self._reads(stmt)
-                computed = read_receiver(stmt, reads) if reads else None
-                if reads and (computed is None or k == 0 and not computed_before):
-                    return None
-                if computed is not None and assigned & _mentioned(computed):
-                    if not isinstance(computed, (cst.Name, cst.Attribute)):
-                        return ReadSite(k, computed)
-                    return self._deferred(stmts, k, assigned | _assigned(stmt)) or ReadSite(k, None)
-            assigned = assigned | _assigned(stmt)
-        return None
-
-    def _deferred(self, stmts: List[cst.BaseStatement], k: int, assigned: FrozenSet[str]) -> Optional[ReadSite]:
-        """A host copy kept in a list (``x0_preds.append(x0_t.to('cpu'))``)
-        before another read later in the pass (``xs.append(xt_next.to('cpu'))``,
-        ermongroup/ddim's samplers): each read runs a graph of its own.
-        Moved to just after the barrier before the later read, it copies the
-        same value (nothing between assigns, changes in place, or mentions
-        the list), and the pass runs one graph.  None where it cannot move."""
-        kept = _kept_copy(stmts[k])
-        rest = self._first_read(list(stmts[k + 1:]), True, assigned) if kept is not None else None
-        if kept is None or rest is None or rest.branches is not None:
-            return None
-        m = k + 1 + rest.k
-        if not _untouched(stmts[k + 1:m + 1], *kept):
-            return None
-        return ReadSite(m, rest.receiver, deferred=(k,) + tuple(k + 1 + d for d in rest.deferred))
-
-    def _branch_reads(self, stmt: cst.If, computed_before: bool,
-                      assigned: FrozenSet[str]) -> Optional[Tuple[ReadSite, ReadSite]]:
-        """The first read of each branch of an ``if``/``else`` whose test
-        reads nothing on the device; None unless both have one."""
-        orelse = stmt.orelse
-        if not isinstance(orelse, cst.Else) or not isinstance(stmt.body, cst.IndentedBlock) \
-                or not isinstance(orelse.body, cst.IndentedBlock) or self._reads(stmt.test) \
-                or reads_truth(stmt.test, self.tensors, self.qualnames):
-            return None
-        first = self._first_read(list(stmt.body.body), computed_before, assigned)
-        second = self._first_read(list(orelse.body.body), computed_before, assigned)
-        return None if first is None or second is None else (first, second)
-
-    def _reads(self, node: cst.CSTNode) -> List[cst.Call]:
-        calls = find_all(node, cst.Call, stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda))
-        return [c for c in calls if host_read(self.tree, c, self.tensors, self.qualnames)]  # type: ignore[arg-type]
 
     def _syncs_by_hand(self) -> bool:
         """The module already calls a barrier somewhere (``xm.mark_step()``,
@@ -414,61 +360,8 @@ def _host_step(stmt: cst.CSTNode) -> bool:
         for s in stmt.body)
 
 
-def _kept_copy(stmt: cst.BaseStatement) -> Optional[Tuple[str, FrozenSet[str]]]:
-    """``L.append(<host read of N>)`` alone on its line: the list, and the name read."""
-    small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
-    call = small.value if isinstance(small, cst.Expr) else None
-    if not isinstance(call, cst.Call) or call_name(call) != "append" or len(call.args) != 1 \
-            or not isinstance(call.func, cst.Attribute):
-        return None
-    target, read = dotted(call.func.value), call.args[0].value
-    while isinstance(read, cst.Call) and isinstance(read.func, cst.Attribute):
-        read = read.func.value  # `x0_t` of `x0_t.to("cpu")`
-    # a plain name: an attribute (`self.x`) can change in any call between
-    return None if target is None or not isinstance(read, cst.Name) else (target, frozenset({read.value}))
-
-
-def _untouched(stmts: Sequence[cst.BaseStatement], kept: str, read: FrozenSet[str]) -> bool:
-    """No statement mentions the list ``kept``, assigns what was read, or
-    changes it in place (``x.add_(...)``, ``torch.clamp_(x)``, ``out=x``)."""
-    for stmt in stmts:
-        if kept in _mentioned(stmt) or _assigned(stmt) & read:
-            return False
-        for call in find_all(stmt, cst.Call):
-            func = call.func  # type: ignore[attr-defined]
-            if isinstance(func, cst.Attribute) and func.attr.value.endswith("_") and dotted(func.value) in read:
-                return False
-            if any(dotted(a.value) in read and ((call_name(call) or "").endswith("_") or
-                                                (a.keyword is not None and a.keyword.value == "out"))
-                   for a in call.args):  # type: ignore[attr-defined]
-                return False
-    return True
-
-
-def _assigned(stmt: cst.CSTNode) -> FrozenSet[str]:
-    """The names and attributes a statement assigns (``x``, ``self.h``)."""
-    out: Set[str] = set()
-    for node in find_all(stmt, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.NamedExpr, cst.For),
-                         stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-        targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]  # type: ignore[attr-defined]
-        for target in targets:
-            out |= _mentioned(target)
-    return frozenset(out)
-
-
-def _mentioned(node: cst.CSTNode) -> FrozenSet[str]:
-    """The names and attribute chains an expression mentions."""
-    return frozenset(d for d in (dotted(n) for n in find_all(node, (cst.Name, cst.Attribute))) if d)
-
-
 def _is_exit(stmt: cst.CSTNode, kinds: Tuple[type, ...]) -> bool:
     return isinstance(stmt, cst.SimpleStatementLine) and any(isinstance(s, kinds) for s in stmt.body)
-
-
-def _has_exit(stmts, kinds: Tuple[type, ...]) -> bool:
-    """A ``break``/``return`` of this loop's own level (not a nested loop's or function's)."""
-    return any(find_all(s, kinds, stop=(cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda))
-               for s in stmts)
 
 
 
@@ -478,7 +371,7 @@ def _pass_read(tree, loop: Loop, tensors: Set[str], qualnames) -> Optional[int]:
     no model itself, after something computed in the pass; None where
     there is none or the body can end or skip early."""
     stmts = body_statements(loop)
-    if _has_exit(stmts, (cst.Break, cst.Return, cst.Continue)):
+    if has_exit(stmts, (cst.Break, cst.Return, cst.Continue)):
         return None
     stop = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
     for k, stmt in enumerate(stmts):
