@@ -68,6 +68,7 @@ def judge(cand: "Run", compared, lines: "LineMapper", graphs: Path, warmup_steps
                                       "takes another branch, or a counter reaching 1 and 0 (values XLA bakes into "
                                       "the graph); a fixed cost, not growth (`--lengths` measures it)"
                                       + (f"; {where[2]}" if where else "")))
+            events[-1]["last_steps"] = True  # (`--lengths` calls it a fixed cost: growth.fixed_costs)
             continue
         steady_recompiles += bad
         if bad:
