@@ -14,7 +14,7 @@ program computes, so the choice is the user's.  A shuffled loader is told
 ``drop_last=True`` (it leaves out different rows each epoch); an unshuffled
 one, to pad its dataset to a multiple of the batch size.
 
-Speaks only in code being ported (``analysis.cuda.BEING_PORTED``), where the
+Speaks only in code being ported (``analysis.cuda.being_ported``), where the
 loader is made.
 """
 

@@ -148,11 +148,21 @@ def applicable(source: bytes, codes: Sequence[str], options: Optional[Mapping[st
     facts = facts_of(source)
     if facts is None:  # ast cannot read it: LibCST will say why
         return found
-    from codemods.analysis.prefilter import holds
+    from codemods.analysis.importers import ported_importer
+    from codemods.analysis.prefilter import PORTED_BY_IMPORTER, holds
 
     facts = facts | {f"option:{k}" for k, v in (options or {}).items() if v}
+    ported: List[bool] = []  # (asked of the project once, and only where nothing else decides)
+
+    def by_importer(info: CodemodInfo) -> bool:
+        if not any(holds(n, facts | {PORTED_BY_IMPORTER}) for n in info.needs if PORTED_BY_IMPORTER in n):
+            return False
+        if not ported:
+            ported.append(ported_importer(filename, source))
+        return ported[0]
+
     return [c for c in found if not c.needs or any(holds(n, facts) for n in c.needs)
-            or _from_siblings(c, source, filename)]
+            or _from_siblings(c, source, filename) or by_importer(c)]
 
 
 def _from_siblings(info: CodemodInfo, source: bytes, filename: Optional[str]) -> bool:

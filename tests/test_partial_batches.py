@@ -102,7 +102,7 @@ def test_the_partial_batch_costs_a_graph_per_loader_once_and_drop_last_would_cha
 
 def test_code_being_ported_through_torch_accelerator_is_told_as_well():
     """pytorch/examples' mnist names no CUDA: it asks ``torch.accelerator``,
-    which is CUDA on a CUDA host (analysis.cuda.BEING_PORTED)."""
+    which is CUDA on a CUDA host (analysis.cuda.being_ported)."""
     source = ("import torch\nfrom torch.utils.data import DataLoader\n\n"
               "device = torch.accelerator.current_accelerator()\nloader = DataLoader(ds, batch_size=8)\n")
     assert [f.line for f in convert_text(source)[1] if f.code == "XLA413"] == [5]

@@ -31,10 +31,13 @@ from codemods.analysis.device_calls import (  # noqa: F401 (read here too)
     QualNames,
     device_arguments,
 )
+from codemods.analysis.importers import ported_importer
 from codemods.analysis.ordinals import ordinal_uses
 from codemods.analysis.prefilter import (
+    BEING_PORTED,
     CUDA_REFERENCE_WORDS,
     CUDA_RUNTIME_NAMES,
+    PORTED_BY_IMPORTER,
     facts_of,
     holds,
 )
@@ -218,25 +221,21 @@ _WORD_BYTES = tuple(w.encode() for w in CUDA_REFERENCE_WORDS)
 REFERENCE_BYTES = _WORD_BYTES + tuple(n.encode() for n in CUDA_RUNTIME_NAMES)
 
 
-# Code being ported names CUDA in its code (an identifier or a one-word string, the prefilter's
-# ``code~cuda``) or reads ``torch.accelerator`` (the device-generic API of torch >= 2.6, CUDA on a
-# CUDA host: pytorch/examples' mnist): prefilter needs of which one must hold -- the rules that speak
-# only there combine theirs with each (``ported_needs``).
-BEING_PORTED = ("code~cuda", "torch:accelerator")
-
-
 def ported_needs(*needs: str) -> Tuple[str, ...]:
     """``needs`` each combined with each way of being ported (``NEEDS``
     entries: one of them must hold)."""
-    return tuple(f"{n}&{p}" if n else p for n in needs or ("",) for p in BEING_PORTED)
+    return tuple(f"{n}&{p}" if n else p for n in needs or ("",) for p in (*BEING_PORTED, PORTED_BY_IMPORTER))
 
 
 def being_ported(tree: TreeCache) -> bool:
-    """The user's file is code being ported (``BEING_PORTED``), where the
-    report-only rules about XLA's costs speak -- read in the user's source,
-    not in the tree earlier rules made, where the CUDA is gone."""
+    """The user's file is code being ported (``BEING_PORTED``), or a module
+    of the project that code being ported imports (a model or a training
+    helper beside the script that names CUDA), where the rules about XLA's
+    costs speak -- read in the user's source, not in the tree earlier rules
+    made, where the CUDA is gone."""
     facts = facts_of(tree.source)
-    return facts is None or any(holds(need, facts) for need in BEING_PORTED)
+    return facts is None or any(holds(need, facts) for need in BEING_PORTED) \
+        or ported_importer(tree.filename, tree.source)
 
 
 def count_references(tree: TreeCache) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
@@ -54,34 +55,56 @@ def step_callers(filename: Optional[str], source: bytes) -> Dict[str, List[Path]
     if not names:
         return {}
     path = os.path.abspath(filename)
+    found: Dict[str, List[Path]] = {}
+    for other in _candidates(path):
+        stamp, calls = _calls_in(other)
+        if stamp is None:
+            continue
+        called = [n for n in names if n in calls]
+        if called and path in _imports(other) and _has_hot_loop(other):
+            for name in called:
+                found.setdefault(name.decode(), []).append(Path(other))
+    return found
+
+
+def ported_importer(filename: Optional[str], source: bytes) -> bool:
+    """Does a project module being ported (naming CUDA:
+    ``prefilter.BEING_PORTED``) import ``filename``, or import a module
+    that imports it?  ``train.py`` choosing ``"cuda"`` and importing the
+    ``Seq2Seq`` of ``models.py``, whose decoder is fed by the host's random
+    numbers: ``models.py`` is code being ported too, though it names no
+    CUDA.  Importers are looked for where :func:`step_callers` looks."""
+    if not filename:
+        return False
+    path = os.path.abspath(filename)
+    between: List[str] = []
+    for other in _candidates(path):
+        if path in _imports(other):
+            if _ported(other):
+                return True
+            between.append(other)
+    for middle in between:  # one module between (``train.py`` -> ``trainer.py`` -> ``models.py``)
+        if any(middle in _imports(o) and _ported(o) for o in _candidates(middle, path) if o != path):
+            return True
+    return False
+
+
+def _candidates(path: str, asked: Optional[str] = None) -> List[str]:
+    """The ``.py`` files that may import ``path``: in its directory, the two
+    above it and a few folders beside its own (:func:`_script_dirs`), where
+    :func:`project.resolve` finds a module.  What is listed is consulted
+    for the file asked about (``asked``, else ``path``: the results cache
+    checks it)."""
     here = os.path.dirname(path)
     dirs = [here]
     while len(dirs) < 3 and os.path.dirname(dirs[-1]) != dirs[-1]:
         dirs.append(os.path.dirname(dirs[-1]))
     dirs += [d for d in _script_dirs(dirs[1]) if d != here] if len(dirs) > 1 else []
-    seen = _CONSULTED.setdefault(path, set())
+    seen = _CONSULTED.setdefault(asked or path, set())
     seen.update(dirs)
-    found: Dict[str, List[Path]] = {}
-    for directory in dirs:
-        for entry in sorted(listed(directory)):
-            other = os.path.join(directory, entry)
-            if not entry.endswith(".py") or other == path:
-                continue
-            stamp, calls = _calls_in(other)
-            if stamp is None:
-                continue
-            seen.add(other)
-            called = [n for n in names if n in calls]
-            if not called:
-                continue
-            try:
-                data = Path(other).read_bytes()
-            except OSError:
-                continue
-            if any(os.path.abspath(p) == path for p in imported_modules(other, data).values()) \
-                    and _has_hot_loop(other, stamp, data):
-                for name in called:
-                    found.setdefault(name.decode(), []).append(Path(other))
+    found = [os.path.join(d, e) for d in dirs for e in sorted(listed(d)) if e.endswith(".py")]
+    found = [f for f in found if f != path]
+    seen.update(found)
     return found
 
 
@@ -117,18 +140,64 @@ def _calls_in(path: str) -> Tuple[Optional[Tuple[int, int]], FrozenSet[bytes]]:
     return known
 
 
-_HOT: Dict[str, Tuple[Tuple[int, int], bool]] = {}  # (per process) path -> (stamp, has a step or loader loop)
+@dataclass
+class _File:
+    """What is asked of a file beside one (per process, while its stamp holds)."""
+
+    stamp: Optional[Tuple[int, int]]
+    imports: FrozenSet[str]  # the project files it imports (absolute paths)
+    facts: Optional[FrozenSet[str]] = None  # its ``ast`` prefilter facts, read when first asked
+    read: bool = False
 
 
-def _has_hot_loop(path: str, stamp: Tuple[int, int], data: bytes) -> bool:
-    """Does the file hold a step or loader loop (the ``ast`` prefilter's facts)?"""
-    from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP, file_facts, holds
-
-    known = _HOT.get(path)
-    if known is None or known[0] != stamp:
-        facts = file_facts(data)
-        known = _HOT[path] = (stamp, facts is not None and (holds(STEP_LOOP, facts) or holds(LOADER_LOOP, facts)))
-    return known[1]
+_FILES: Dict[str, _File] = {}
 
 
-__all__ = ["consulted", "step_callers"]
+def _file(path: str) -> _File:
+    stamp = file_stamp(Path(path))
+    known = _FILES.get(path)
+    if known is None or known.stamp != stamp:
+        imported: FrozenSet[str] = frozenset()
+        if stamp is not None:
+            try:
+                data = Path(path).read_bytes()
+                imported = frozenset(os.path.abspath(p) for p in imported_modules(path, data).values())
+            except OSError:
+                pass
+        known = _FILES[path] = _File(stamp, imported)
+    return known
+
+
+def _imports(path: str) -> FrozenSet[str]:
+    return _file(path).imports
+
+
+def _holds(path: str, needs: Tuple[str, ...]) -> bool:
+    """Does one of ``needs`` hold for the file's ``ast`` prefilter facts?"""
+    from codemods.analysis.prefilter import file_facts, holds
+
+    known = _file(path)
+    if not known.read:
+        try:
+            known.facts = file_facts(Path(path).read_bytes()) if known.stamp is not None else None
+        except OSError:
+            known.facts = None
+        known.read = True
+    return known.facts is not None and any(holds(need, known.facts) for need in needs)
+
+
+def _has_hot_loop(path: str) -> bool:
+    """Does the file hold a step or loader loop?"""
+    from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP
+
+    return _holds(path, (STEP_LOOP, LOADER_LOOP))
+
+
+def _ported(path: str) -> bool:
+    """Is the file code being ported (``prefilter.BEING_PORTED``)?"""
+    from codemods.analysis.prefilter import BEING_PORTED
+
+    return _holds(path, BEING_PORTED)
+
+
+__all__ = ["consulted", "ported_importer", "step_callers"]

@@ -98,6 +98,13 @@ LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "critical"
 WRITER_METHODS = frozenset({"add_scalar", "add_scalars", "add_histogram", "add_image"})
 _OUTPUT_CALLS = LOG_METHODS | WRITER_METHODS | {"print"}
 IMPORTS_TORCH = "imports:torch"
+# Code being ported names CUDA in its code (an identifier or a one-word string, ``code~cuda``) or
+# reads ``torch.accelerator`` (the device-generic API of torch >= 2.6, CUDA on a CUDA host:
+# pytorch/examples' mnist); or it is a module of the project that such a module imports
+# (``PORTED_BY_IMPORTER``: no file's own facts hold it, the registry asks
+# ``codemods.analysis.importers.ported_importer``)
+BEING_PORTED = ("code~cuda", "torch:accelerator")
+PORTED_BY_IMPORTER = "project:ported"
 TIED_WEIGHTS = "tied_weights"
 TIE_ATTRS = ("weight", "bias")  # what modules share
 LIBRARY = "transformers"  # whose models tie weights inside the library (and re-tie with tie_weights())
