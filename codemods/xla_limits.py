@@ -1,4 +1,4 @@
-"""XLA158, XLA159: what XLA cannot do, said on its line before it runs.
+"""XLA158-XLA160: what XLA cannot do, said on its line before it runs.
 
 * XLA158 -- sparse tensors (``to_sparse()``, ``torch.sparse_coo_tensor``,
   ``torch.sparse.*``, ``torch.spmm``) have no XLA kernels: moving one to the
@@ -10,14 +10,19 @@
   go to the host and back at every call.  Which ops: ``xla_ops_data.py``,
   generated from torch_xla's own kernel table by ``benchmarks/gen_xla_ops.py``.
 
-XLA159 is reported only in code being ported (a module with CUDA or XLA code);
+* XLA160 -- a slice bound counted from the end past the size raises on XLA
+  (eager PyTorch clamps it): where a loop grows the tensor, the bound is
+  clamped to the size (``-min(n, x.size(axis))``), the same slice wherever
+  ``n`` is within it.
+
+XLA159 and XLA160 speak only in code being ported (``cuda.being_ported``);
 XLA158 wherever it is (a sparse tensor made in a helper module fails when the
 program sends it to the device).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 import libcst as cst
 
@@ -83,19 +88,25 @@ CPU_FALLBACK_OP = Rule(
 NEGATIVE_BOUND = Rule(
     code="XLA160",
     name="xla-negative-slice-bound",
-    summary="a slice of the last `n` of a tensor a loop grows: torch_xla raises while it is shorter (reported, with the fix)",
+    summary="a slice of the last `n` of a tensor a loop grows (torch_xla raises while it is shorter) is clamped to "
+            "its size",
     why=(
         "Eager PyTorch clamps a slice bound to the tensor: `x[:, -8:]` of a 5-wide `x` is all of it. torch_xla 2.9 "
         "raises instead (\"Value out of range (expected to be in range of [-5, 4], but got -8)\"), so code that "
-        "keeps the last `block_size` tokens of a sequence it grows, still shorter than that, crashes on XLA. Reported "
-        "where a loop grows the tensor (`torch.cat`) and no test reads the bound first: clamp it "
-        "(`x[:, -min(n, x.size(1)):]`) or guard the slice (`x if x.size(1) <= n else x[:, -n:]`)."
+        "keeps the last `block_size` tokens of a sequence it grows, still shorter than that, crashes on XLA. Where a "
+        "loop grows the tensor (`torch.cat`) and no test reads the bound first, the bound is clamped as eager "
+        "PyTorch clamps it: `x[:, -min(n, x.size(1)):]`, the same slice wherever `n` is within the size. A slice "
+        "whose axis cannot be told (after an ellipsis or a tensor index) is reported, with the fix."
     ),
     before=(
         "import torch\n\nidx = torch.zeros((1, 1), dtype=torch.long).cuda()\n"
         "for _ in range(8):\n    ctx = idx[:, -block_size:]\n    idx = torch.cat((idx, model(ctx)), dim=1)\n"
     ),
-    after=None,
+    after=(
+        "import torch\n\nidx = torch.zeros((1, 1), dtype=torch.long).cuda()\n"
+        "for _ in range(8):\n    ctx = idx[:, -min(block_size, idx.size(1)):]\n"
+        "    idx = torch.cat((idx, model(ctx)), dim=1)\n"
+    ),
     valid=(
         "import torch\n\nx = torch.zeros(4, 9).cuda()\ny = x[:, -2:]\n",
         "import torch\n\nx = torch.zeros(4, 9).cuda()\nctx = x[:, -min(n, x.size(1)):]\n",
@@ -145,6 +156,7 @@ class XlaLimits(XlaCodemod):
         self._sparse |= sparse_from_siblings(tree, getattr(self.context, "filename", None))  # (`adj = load_data()`)
         roots = {name.split(".")[0] for name in self._sparse}
         self._moved: set = set()  # id() of sparse-making calls said on the move around them
+        self._clamps: set = set()  # id() of subscripts whose bounds from the end are clamped (XLA160)
         self._ported = being_ported(tree)  # (XLA159 speaks only there: a cost, not a failure)
         named = tree.statements_where(lambda n: n.value in _NAMES or n.value in roots or "sparse" in n.value,
                                       (cst.Name,))
@@ -159,9 +171,26 @@ class XlaLimits(XlaCodemod):
         bounds = [b for e in node.slice if isinstance(e.slice, cst.Slice) for b in [_from_the_end(e.slice)] if b]
         if bounds and self._grown(node) and not self._guarded(node, bounds[0]):
             x = dotted(node.value) or "<tensor>"
-            self.flag(node, NEGATIVE_BOUND.code, f"`-{bounds[0]}` as a slice bound of `{x}`: torch_xla {TORCH_XLA} "
-                      f"raises \"Value out of range\" where `{bounds[0]}` exceeds the size, eager PyTorch clamps; "
-                      f"where it can, clamp it (`-min({bounds[0]}, {x}.size(dim))`)", fix=False)
+            what = f"`-{bounds[0]}` as a slice bound of `{x}`: torch_xla {TORCH_XLA} raises \"Value out of range\" " \
+                   f"where `{bounds[0]}` exceeds the size, eager PyTorch clamps"
+            axes = _axes(node)
+            if axes is None:
+                self.flag(node, NEGATIVE_BOUND.code, f"{what}; where it can, clamp it (`-min({bounds[0]}, "
+                          f"{x}.size(dim))`)", fix=False)
+            elif self.flag(node, NEGATIVE_BOUND.code, f"{what}: clamped to the size (`-min({bounds[0]}, "
+                           f"{x}.size({axes[0]}))`), as eager PyTorch does", fix=True):
+                self._clamps.add(id(node))
+
+    def leave_Subscript(self, original_node: cst.Subscript, updated_node: cst.Subscript) -> cst.BaseExpression:
+        if id(original_node) not in self._clamps:
+            return updated_node
+        elements = list(updated_node.slice)
+        for k, element in enumerate(elements):
+            part = element.slice
+            if isinstance(part, cst.Slice) and _from_the_end(part):
+                elements[k] = element.with_changes(slice=part.with_changes(
+                    lower=_clamp(part.lower, updated_node.value, k), upper=_clamp(part.upper, updated_node.value, k)))
+        return updated_node.with_changes(slice=elements)
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
@@ -275,6 +304,46 @@ def _from_the_end(part: cst.Slice) -> Optional[str]:
                 not (isinstance(bound.expression, cst.Call) and dotted(bound.expression.func) == "min"):  # (clamped)
             return dotted(bound.expression) or "n"
     return None
+
+
+def _counted(bound: Optional[cst.BaseExpression]) -> bool:
+    """Is ``bound`` a count from the end that :func:`_from_the_end` names?"""
+    part = cst.Slice(lower=bound, upper=None) if bound is not None else None
+    return part is not None and _from_the_end(part) is not None
+
+
+def _axes(node: cst.Subscript) -> Optional[List[int]]:
+    """The axis of ``node``'s receiver that each slice with a bound from
+    the end cuts: its place in the subscript, where only slices and int
+    literals stand before it (an ellipsis, ``None`` or an index that may be
+    a tensor shifts the axes); None where one cannot be told."""
+    axes: List[int] = []
+    regular = True
+    for k, element in enumerate(node.slice):
+        part = element.slice
+        if isinstance(part, cst.Slice):
+            if _counted(part.lower) or _counted(part.upper):
+                if not regular:
+                    return None
+                axes.append(k)
+            continue
+        value = part.value
+        if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus):
+            value = value.expression
+        regular = regular and isinstance(value, cst.Integer) and part.star is None
+    return axes or None
+
+
+def _clamp(bound: Optional[cst.BaseExpression], x: cst.BaseExpression, axis: int) -> Optional[cst.BaseExpression]:
+    """``-n`` -> ``-min(n, x.size(axis))``: the same slice wherever ``n`` is
+    within the size (and ``-0``, all of it, stays ``-0``), all of ``x``
+    where it is larger, as eager PyTorch clamps."""
+    if not _counted(bound):
+        return bound
+    size = cst.Call(cst.Attribute(x, cst.Name("size")), [cst.Arg(cst.Integer(str(axis)))])
+    return bound.with_changes(expression=cst.Call(  # type: ignore[union-attr]
+        cst.Name("min"), [cst.Arg(bound.expression, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),  # type: ignore[union-attr]
+                          cst.Arg(size)]))
 
 
 __all__ = ["XlaLimits", "XLA_CANNOT", "CPU_FALLBACK_OP", "NEGATIVE_BOUND"]

@@ -152,25 +152,29 @@ def test_an_xla_device_string_keeps_the_import_it_needs_through_the_style_fixes(
 
 @pytest.mark.xla
 @needs_xla
-def test_the_slice_xla160_reports_is_out_of_range_on_xla_and_its_fix_runs(tmp_path):
+def test_the_slice_xla160_clamps_is_out_of_range_on_xla_and_the_clamped_one_runs(tmp_path):
     """XLA160's claim, on torch_xla itself: the last `block_size` of a
     sequence still shorter raises on XLA (eager clamps); the clamped bound
-    the message gives runs and equals the original on the CPU."""
+    convert writes runs and prints what the original prints on the CPU."""
     program = ("import torch\n\nblock_size = 8\nidx = torch.zeros((1, 1), dtype=torch.long).cuda()\n"
                "for _ in range(4):\n    ctx = idx[:, -block_size:]\n    idx = torch.cat((idx, ctx[:, -1:] + 1), dim=1)\n"
                "print(idx.tolist())\n")
     outcome = transform(program.encode(), Settings())
     converted, findings = outcome.code.decode(), outcome.findings
-    assert [(f.code, f.line) for f in findings if f.code == "XLA160"] == [("XLA160", 6)]
+    assert [(f.code, f.line, f.fix) for f in findings if f.code == "XLA160"] == [("XLA160", 6, True)]
+    assert "    ctx = idx[:, -min(block_size, idx.size(1)):]\n" in converted, converted
     env = {**os.environ, "PJRT_DEVICE": "CPU"}
-    (tmp_path / "as_is.py").write_text(converted)
-    as_is = subprocess.run([sys.executable, "as_is.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=300)
-    assert as_is.returncode != 0 and "Value out of range" in as_is.stderr, as_is.stderr[-2000:]
-    (tmp_path / "fixed.py").write_text(converted.replace("-block_size:", "-min(block_size, idx.size(1)):"))
-    fixed = subprocess.run([sys.executable, "fixed.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=300)
-    assert fixed.returncode == 0 and fixed.stdout.strip() == "[[0, 1, 2, 3, 4]]", fixed.stderr[-2000:]
+    (tmp_path / "unclamped.py").write_text(converted.replace("-min(block_size, idx.size(1)):", "-block_size:"))
+    (tmp_path / "clamped.py").write_text(converted)
+    (tmp_path / "original.py").write_text(program.replace(".cuda()", ""))  # (eager, on the CPU)
+    runs = {name: subprocess.run([sys.executable, f"{name}.py"], cwd=tmp_path, capture_output=True, text=True,
+                                 timeout=300, env={**env, "CUDA_VISIBLE_DEVICES": ""})
+            for name in ("unclamped", "clamped", "original")}
+    assert runs["unclamped"].returncode != 0 and "Value out of range" in runs["unclamped"].stderr, \
+        runs["unclamped"].stderr[-2000:]
+    assert runs["clamped"].returncode == 0 and runs["clamped"].stdout.strip() == "[[0, 1, 2, 3, 4]]", \
+        runs["clamped"].stderr[-2000:]
+    assert runs["original"].stdout == runs["clamped"].stdout, runs["original"].stderr[-2000:]
 
 
 @pytest.mark.xla
