@@ -13,6 +13,7 @@ from typing import Callable, FrozenSet, Iterable, List, Optional, Sequence, Set,
 import libcst as cst
 
 from codemods.analysis.placement import host_read, reads_truth
+from codemods.analysis.state import state_keys
 from codemods.syntax.hoist import ReadSite, read_receiver
 from codemods.syntax.nodes import call_name, dotted
 from codemods.syntax.tree import TreeCache, find_all
@@ -114,19 +115,23 @@ def _untouched(stmts: Sequence[cst.BaseStatement], kept: str, read: FrozenSet[st
 
 
 def _assigned(stmt: cst.CSTNode) -> FrozenSet[str]:
-    """The names and attributes a statement assigns (``x``, ``self.h``)."""
+    """What a statement assigns, as dotted keys (``state.state_keys``: ``x``,
+    ``self.h``, the ``y`` of ``y[i] = ...``)."""
     out: Set[str] = set()
     for node in find_all(stmt, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.NamedExpr, cst.For),
                          stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda)):
         targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]  # type: ignore[attr-defined]
         for target in targets:
-            out |= _mentioned(target)
+            out |= state_keys(target)
     return frozenset(out)
 
 
 def _mentioned(node: cst.CSTNode) -> FrozenSet[str]:
-    """The names and attribute chains an expression mentions."""
-    return frozenset(d for d in (dotted(n) for n in find_all(node, (cst.Name, cst.Attribute))) if d)
+    """The names and attribute chains an expression mentions (``x`` and
+    ``x.to`` of ``x.to(d)``, not the attribute's own name ``to``)."""
+    found = find_all(node, (cst.Name, cst.Attribute))
+    attrs = {id(n.attr) for n in found if isinstance(n, cst.Attribute)}
+    return frozenset(d for d in (dotted(n) for n in found if id(n) not in attrs) if d)
 
 
 def has_exit(stmts, kinds: Tuple[type, ...]) -> bool:

@@ -162,7 +162,7 @@ class _IterationFlow:
             return
         reads = _chains(value)
         if isinstance(node, cst.AugAssign):
-            reads |= _state_keys(node.target)
+            reads |= state_keys(node.target)
         fresh = {r for r in reads if not _covered(r, written)}  # read before this iteration writes them
         self.read_first.update(fresh)
         targets: Set[str] = set()
@@ -170,7 +170,7 @@ class _IterationFlow:
                   else [node.target]):  # type: ignore[attr-defined]
             if isinstance(t, cst.Subscript) and {n.value for e in t.slice for n in find_all(e, cst.Name)} & self.counters:
                 continue  # `out[b] = ...`: this iteration's own slot, not state for the next one
-            targets |= _state_keys(t)
+            targets |= state_keys(t)
         targets = {k for k in targets if k.split(".")[0] not in self.layers}
         # what this value comes from, in terms of keys read before they are written
         sources = set(fresh)
@@ -283,14 +283,14 @@ def _added(value: cst.BaseExpression) -> Optional[cst.Assign]:
     return cst.Assign(targets=[cst.AssignTarget(target=target)], value=value.args[-1].value)
 
 
-def _state_keys(target: cst.CSTNode) -> Set[str]:
+def state_keys(target: cst.CSTNode) -> Set[str]:
     """What an assignment target writes, as dotted keys: ``x``, ``a`` and
     ``b`` of ``a, b``, ``block_state.latents`` (one attribute, not the whole
     object), the ``d`` of ``d[k]``."""
     if isinstance(target, (cst.Tuple, cst.List)):
-        return {k for e in target.elements for k in _state_keys(e.value)}
+        return {k for e in target.elements for k in state_keys(e.value)}
     if isinstance(target, cst.StarredElement):
-        return _state_keys(target.value)
+        return state_keys(target.value)
     if isinstance(target, cst.Subscript):
         target = target.value
         while isinstance(target, cst.Subscript):
