@@ -19,7 +19,8 @@ Rewritten only where that is exact (``codemods.analysis.growth.token_growth``):
 sequence after the loop is the buffer's filled part), the growth its last
 statement (barriers may follow), one token drawn as one column
 (``multinomial(p, num_samples=1)``, ``argmax(..., keepdim=True)`` or ``topk(...,
-k=1)`` of the last position's row), and the sequence read in the loop only
+k=1)`` of the last position's row, which top-k filtering or a temperature in
+an ``if`` may change but keep a row: LLMs-from-scratch's ``generate``), and the sequence read in the loop only
 as a whole, as ``.size(1)``/``.shape[1]`` or as its last ``n`` columns
 (``idx[:, -n:]``), at least once so.  A loop that feeds the model the whole
 sequence stays reported (XLA408): padding it to a fixed length is exact only

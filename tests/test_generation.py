@@ -154,3 +154,75 @@ def test_the_buffer_gives_the_originals_sequence_for_any_count():
             exec(out, got)
             expected = want["generate"](model, prompt, count, 4, eos)
             assert torch.equal(got["generate"](model, prompt, count, 4, eos), expected), (count, eos)
+
+
+# LLMs-from-scratch's `generate`: top-k filtering and temperature in branches before the token is drawn
+FILTERED = LOOP.replace('''        probas = torch.softmax(logits, dim=-1)
+        idx_next = torch.argmax(probas, dim=-1, keepdim=True)
+''', '''        if top_k is not None:
+            top_logits, _ = torch.topk(logits, top_k)
+            min_val = top_logits[:, -1:]
+            logits = torch.where(logits < min_val, torch.tensor(float("-inf")).to(logits.device), logits)
+        if temperature > 0.0:
+            logits = logits / temperature
+            logits = logits - logits.max(dim=-1, keepdim=True).values
+            probs = torch.softmax(logits, dim=-1)
+            idx_next = torch.multinomial(probs, num_samples=1)
+        else:
+            idx_next = torch.argmax(logits, dim=-1, keepdim=True)
+''').replace("block_size):", "block_size, temperature=0.0, top_k=None):")
+
+
+def test_a_row_filtered_or_scaled_in_branches_is_still_the_last_positions_row():
+    out, findings = convert_text(FILTERED)
+    assert codes(findings, "XLA414") == [(21, True)], findings
+    assert "idx_buffer.index_copy_(" in out and "    idx = idx_buffer[:, :idx_length]\n" in out
+    again, findings = convert_text(out)
+    assert again == out and not codes(findings, "XLA414")
+
+
+WHERE = '            logits = torch.where(logits < min_val, torch.tensor(float("-inf")).to(logits.device), logits)\n'
+
+
+@pytest.mark.parametrize("change", [
+    # a branch binds the row from something else
+    (WHERE, "            logits = other / 2\n"),
+    # through another name the `if` binds: what it held before the `if` does not say
+    (WHERE, "            scaled = logits.mean(1)\n            logits = scaled\n",
+     "        if top_k is not None:\n", "        scaled = logits * 2\n        if top_k is not None:\n"),
+    # arithmetic with the row on the right (its shape is the left side's)
+    (WHERE, "            logits = bias / logits\n"),
+    # bound in a loop inside the branch
+    (WHERE, "            for _ in range(2):\n                logits = logits / 2\n"),
+    # `torch.where` choosing between two other things
+    (WHERE, "            logits = torch.where(logits < min_val, a, b)\n"),
+])
+def test_a_branch_that_may_not_keep_the_row_leaves_the_growth(change):
+    src = FILTERED
+    for old, new in zip(change[::2], change[1::2]):
+        src = src.replace(old, new)
+    assert src != FILTERED
+    out, findings = convert_text(src)
+    assert not codes(findings, "XLA414") and "idx_buffer" not in out, (change, out)
+
+
+def test_the_filtered_generation_gives_the_originals_tokens_on_the_cpu():
+    import torch
+
+    src = FILTERED.replace("model = torch.nn.Linear(4, 4).cuda()\n", "")
+    out, _ = convert_text(src, select=["XLA414"])
+    assert "idx_buffer" in out
+    table = torch.randn(12, 12, generator=torch.Generator().manual_seed(0))
+
+    def model(idx):
+        return table[idx].cumsum(dim=1)
+
+    for temperature, top_k in ((0.0, None), (0.0, 3), (1.5, 4), (0.7, None)):
+        want, got = {}, {}
+        exec(src, want)
+        exec(out, got)
+        prompt = torch.tensor([[1, 5, 7], [2, 2, 9]])
+        torch.manual_seed(1)
+        expected = want["generate"](model, prompt, 9, 4, temperature, top_k)
+        torch.manual_seed(1)
+        assert torch.equal(got["generate"](model, prompt, 9, 4, temperature, top_k), expected), (temperature, top_k)

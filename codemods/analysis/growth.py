@@ -7,7 +7,7 @@ lengthens by one token every step (:func:`token_growth`, XLA414)."""
 
 from __future__ import annotations
 
-from typing import Callable, List, NamedTuple, Optional, Set, Tuple
+from typing import Callable, FrozenSet, List, NamedTuple, Optional, Set, Tuple
 
 import libcst as cst
 
@@ -47,6 +47,8 @@ def grown_in(loop: cst.CSTNode, qualnames: Callable[[cst.CSTNode], Set[str]]) ->
 # -- a sequence grown one token a step (generation) ----------------------------
 
 _SOFTMAX = ("softmax", "log_softmax")
+# arithmetic that keeps the shape of its left side's row (``logits / temperature``)
+_ROW_OPERATORS = (cst.Divide, cst.Multiply, cst.Add, cst.Subtract)
 _SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
 
@@ -149,37 +151,64 @@ def _drawn_column(assign: cst.Assign, token: str, before: List[cst.BaseStatement
 
 
 def _last_row(expr: Optional[cst.CSTNode], before: List[cst.BaseStatement],
-              qualnames: Callable[[cst.CSTNode], Set[str]], depth: int = 0) -> bool:
+              qualnames: Callable[[cst.CSTNode], Set[str]], depth: int = 0,
+              shadowed: FrozenSet[str] = frozenset()) -> bool:
     """Is ``expr`` the last position's row of a sequence's output
-    (``logits[:, -1, :]``, ``logits[:, -1]``), through softmax and
-    arithmetic and the names the statements ``before`` bind last?"""
+    (``logits[:, -1, :]``, ``logits[:, -1]``), through softmax, arithmetic
+    with it on the left, ``torch.where`` choosing from it, and the names the
+    statements ``before`` bind last -- a plain assignment, or an ``if``
+    whose every assignment of the name keeps it such a row (top-k
+    filtering: ``logits = torch.where(logits < v, -inf, logits)``)?
+    ``shadowed``: names an ``if`` being read binds, which ``before`` cannot
+    resolve."""
     if expr is None or depth > 8:
         return False
+    deeper = depth + 1
     if isinstance(expr, cst.Subscript):
         parts = expr.slice
         return len(parts) in (2, 3) and isinstance(parts[1].slice, cst.Index) and _minus_one(parts[1].slice.value) \
             and all(isinstance(p.slice, cst.Slice) and p.slice.lower is None and p.slice.upper is None
                     for k, p in enumerate(parts) if k != 1)
-    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, (cst.Divide, cst.Multiply)):
-        return _last_row(expr.left, before, qualnames, depth + 1)
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, _ROW_OPERATORS):
+        return _last_row(expr.left, before, qualnames, deeper, shadowed)
     if isinstance(expr, cst.Call) and call_name(expr) in _SOFTMAX:
         inner = expr.func.value if isinstance(expr.func, cst.Attribute) and not qualnames(expr.func) else \
             (expr.args[0].value if expr.args else None)
-        return _last_row(inner, before, qualnames, depth + 1)
-    if isinstance(expr, cst.Name):
+        return _last_row(inner, before, qualnames, deeper, shadowed)
+    if isinstance(expr, cst.Call) and "torch.where" in qualnames(expr.func) and len(expr.args) == 3 \
+            and all(a.keyword is None for a in expr.args):
+        return any(_last_row(a.value, before, qualnames, deeper, shadowed) for a in expr.args[1:])
+    if isinstance(expr, cst.Name) and expr.value not in shadowed:
         for k in range(len(before) - 1, -1, -1):
             statement = before[k]
             binds = [a for a in find_all(statement, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For, cst.WithItem),
                                          stop=_SCOPES) if expr.value in _bound(a)]
             if not binds:
                 continue
+            if isinstance(statement, cst.If):
+                return _kept_in_branches(statement, expr.value, binds, before[:k], qualnames, deeper)
             assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and \
                 len(statement.body) == 1 else None
             if not (isinstance(assign, cst.Assign) and binds == [assign] and len(assign.targets) == 1
                     and isinstance(assign.targets[0].target, cst.Name)):
-                return False  # (bound in a branch, or by unpacking: cannot tell)
-            return _last_row(assign.value, before[:k], qualnames, depth + 1)
+                return False  # (bound by unpacking, in a loop or a with: cannot tell)
+            return _last_row(assign.value, before[:k], qualnames, deeper, shadowed)
     return False
+
+
+def _kept_in_branches(statement: cst.If, name: str, binds: List[cst.CSTNode], before: List[cst.BaseStatement],
+                      qualnames: Callable[[cst.CSTNode], Set[str]], depth: int) -> bool:
+    """Is ``name`` the last position's row after the ``if`` ``statement``,
+    which binds it (``binds``)?  It was before, and each branch's every
+    binding of it is a plain assignment whose value is such a row of
+    ``name`` itself (a name the ``if`` binds otherwise cannot be told)."""
+    if find_all(statement, (cst.For, cst.While, cst.With), stop=_SCOPES) or \
+            not _last_row(cst.Name(name), before, qualnames, depth):
+        return False
+    others = frozenset(n for a in find_all(statement, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.NamedExpr),
+                                           stop=_SCOPES) for n in _bound(a)) - {name}
+    return all(isinstance(a, cst.Assign) and len(a.targets) == 1 and isinstance(a.targets[0].target, cst.Name)
+               and _last_row(a.value, before, qualnames, depth, others) for a in binds)
 
 
 def _minus_one(node: cst.BaseExpression) -> bool:
