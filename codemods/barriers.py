@@ -64,7 +64,8 @@ STEP_BARRIER = Rule(
         "one graph execution per pass instead of the read's and then the barrier's. A read that computes what it "
         "reads (`ims = torch.clamp(x, -1, 1).cpu()`) is split: the value is computed into its target before the "
         "barrier and copied after it (`ims = torch.clamp(x, -1, 1)`, the barrier, `ims = ims.cpu()`); a read in "
-        "each branch of an `if`/`else` decided on the host gets the barrier in each branch; a host copy kept in a "
+        "each branch of an `if`/`else` decided on the host gets the barrier in each branch, a read in some of its "
+        "branches (`if i % 20 == 0: frames.append(x.cpu())`) the barrier before the `if`; a host copy kept in a "
         "list before a later read (`x0_preds.append(x0_t.to('cpu'))`, then `xs.append(xt_next.to('cpu'))`) moves to "
         "just after the barrier before that read, when nothing between changes it or touches the list. A loop inside a model's "
         "`forward` (a layer loop, an RNN unrolled in the step) gets no barrier, except one that feeds its state "
@@ -179,26 +180,22 @@ class StepBarrier(LoopCodemod):
             return updated
         if not self.is_step_loop(original):
             return self._model_loop_read(original, updated)
-        if self._synced(original):
-            return updated
         body = updated.body
         if not isinstance(body, cst.IndentedBlock) or not body.body:
             return updated
         # prints deferred to step closures run at the next barrier: a loop
         # left by break/return before its barrier would lose them
         exits: Tuple[type, ...] = (cst.Continue,) + ((cst.Break, cst.Return) if self._defers(original) else ())
+        if self._synced(original):
+            # synced on every path (by hand, or a converted `torch.cuda.synchronize()`), but a closure
+            # handed over after that sync would wait for the next pass's, which a break never reaches
+            return self._flushed_before_exits(original, updated, exits)
         if isinstance(original, cst.For) and self.loaders.iterates_device_loader(original):
             # MpDeviceLoader syncs after each batch, but not after a break
             if any(is_barrier_call(c, self.target.barrier_names, self.qualnames)  # type: ignore[arg-type]
                    for c in find_all(original.body, cst.Call)):
                 return updated  # synced by hand (before its break, say)
-            if len(exits) > 1 and has_exit(body.body, exits[1:]) and self.flag(
-                    original, STEP_BARRIER.code, "`torch_xla.sync()` before break/return: the step's deferred "
-                    "prints run", fix=True):
-                self.add_imports(self.target.sync_imports)
-                return updated.with_changes(body=body.with_changes(body=_before_exits(list(body.body),
-                                                                                      exits[1:], self._barrier())))
-            return updated
+            return self._flushed_before_exits(original, updated, exits)
         if self._syncs_by_hand():
             # ported by hand already (diffusers >= 0.31): its authors chose where
             # to sync; point at the loop, change nothing
@@ -239,6 +236,19 @@ class StepBarrier(LoopCodemod):
         else:
             new_body.append(self._barrier())
         return updated.with_changes(body=body.with_changes(body=new_body))
+
+    def _flushed_before_exits(self, original: Loop, updated: Loop, exits: Tuple[type, ...]) -> Loop:
+        """``updated`` with a barrier before each break/return of its own
+        (``exits`` beyond ``continue``, where the loop defers prints): the
+        step closures handed over in the last pass run."""
+        body = updated.body
+        if len(exits) > 1 and has_exit(body.body, exits[1:]) and self.flag(  # type: ignore[attr-defined]
+                original, STEP_BARRIER.code, "`torch_xla.sync()` before break/return: the step's deferred "
+                "prints run", fix=True):
+            self.add_imports(self.target.sync_imports)
+            return updated.with_changes(body=body.with_changes(body=_before_exits(
+                list(body.body), exits[1:], self._barrier())))  # type: ignore[attr-defined]
+        return updated
 
     def _synced(self, loop: Loop) -> bool:
         syncing = self._memo("syncing", self.tree.module, lambda: syncing_functions(
@@ -311,7 +321,8 @@ class StepBarrier(LoopCodemod):
         :func:`~codemods.syntax.hoist.computed_then_read`), in a statement of
         the loop's own level every pass runs, or in each branch of an
         ``if``/``else`` there that decides on the host (pytorch/examples'
-        word_language_model, one branch per kind of model); where it is:
+        word_language_model, one branch per kind of model), or before such
+        an ``if`` where only some of its branches read; where it is:
         :class:`~codemods.analysis.pass_reads.PassReads`.  None where there
         is none, where the body can end early, or where a step closure
         follows (it would run a pass late)."""

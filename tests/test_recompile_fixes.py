@@ -380,6 +380,58 @@ def test_a_read_in_each_branch_of_a_host_decision_gets_the_barrier_in_each_branc
         "        torch_xla.sync()\nprint(out)")
 
 
+ONE_BRANCH = ("        y = x.sum()\n        out.append(round(y.item(), 5))\n",
+              "        y = x.sum()\n        # kept now and then\n        if len(out) >= 0:\n"
+              "            out.append(round(y.item(), 5))\n")
+
+
+def test_a_read_in_one_branch_of_a_host_decision_gets_the_barrier_before_the_if():
+    """``if i % 20 == 0: store.append(x.cpu())`` (a sampler keeping some of
+    its steps): with the barrier at the end a pass that reads runs two graphs;
+    before the ``if``, every pass runs one."""
+    out, findings = convert_text(DECODE.replace(*ONE_BRANCH))
+    assert ("        y = x.sum()\n        torch_xla.sync()\n        # kept now and then\n        if len(out) >= 0:\n"
+            "            out.append(round(y.item(), 5))\n        x = torch.tanh(x)\nprint(out)") in out, out
+    assert convert_text(out)[0] == out
+    # an `elif` reading, an `else` without a read
+    elif_ = DECODE.replace(*ONE_BRANCH).replace("            out.append(round(y.item(), 5))\n",
+                                                "            pass\n        elif len(out) < 0:\n"
+                                                "            out.append(round(y.item(), 5))\n        else:\n"
+                                                "            out.append(0)\n")
+    assert "        torch_xla.sync()\n        # kept now and then\n        if len(out) >= 0:\n" in convert_text(elif_)[0]
+
+
+@pytest.mark.parametrize("change", [
+    ("if len(out) >= 0:", "if y > 0:"),  # the test reads the device itself
+    ("            out.append(round(y.item(), 5))\n", "            out.append(len(out))\n"),  # no read in the branch
+    ("            out.append(round(y.item(), 5))\n", "            out.append(round(h.sum().item(), 5))\n"
+                                                    "            h = h * 0\n"),  # not one value
+])
+def test_an_if_that_does_not_read_a_computed_value_on_the_host_leaves_the_barrier_at_the_end(change):
+    source = DECODE.replace(*ONE_BRANCH).replace(*change)
+    out, _ = convert_text(source)
+    assert out.rstrip().endswith("        torch_xla.sync()\nprint(out)"), out
+
+
+IN_A_BLOCK = ("        x, h = model(x, h)\n        y = x.sum()\n        out.append(round(y.item(), 5))\n"
+              "        x = torch.tanh(x)\n",
+              "        with torch.no_grad():\n            x, h = model(x, h)\n            y = x.sum()\n"
+              "            out.append(round(y.item(), 5))\n            x = torch.tanh(x)\n")
+
+
+def test_a_read_in_a_with_block_around_the_pass_gets_the_barrier_there():
+    """``for ...: with torch.no_grad(): ...`` (a sampler that turns off
+    gradients inside its loop): the barrier goes before the read in the block."""
+    out, findings = convert_text(DECODE.replace(*IN_A_BLOCK))
+    assert ("            y = x.sum()\n            torch_xla.sync()\n            out.append(round(y.item(), 5))\n"
+            "            x = torch.tanh(x)\nprint(out)") in out, out
+    assert convert_text(out)[0] == out
+    # a read at the block's start, of the pass before: nothing computed yet
+    first = DECODE.replace(*IN_A_BLOCK).replace("            out.append(round(y.item(), 5))\n", "").replace(
+        "        with torch.no_grad():\n", "        with torch.no_grad():\n            out.append(round(x.sum().item(), 5))\n")
+    assert convert_text(first)[0].rstrip().endswith("        torch_xla.sync()\nprint(out)")
+
+
 LOOP_TAIL = ("out = []\nwith torch.no_grad():\n    for _ in range(int(sys.argv[1])):\n        x, h = model(x, h)\n"
              "        y = x.sum()\n        out.append(round(y.item(), 5))\n        x = torch.tanh(x)\nprint(out)\n")
 DEFERRED = (LOOP_TAIL, "out, kept = [], []\nwith torch.no_grad():\n    for _ in range(int(sys.argv[1])):\n"
@@ -412,8 +464,9 @@ def test_a_kept_copy_whose_value_may_change_before_the_later_read_stays(between)
 
 @pytest.mark.xla
 @needs_xla
-@pytest.mark.parametrize("change", [("", ""), COMPUTED_READ, BRANCHED, DEFERRED],
-                         ids=["read-of-a-name", "read-computes-its-value", "a-read-in-each-branch", "kept-copy-moved"])
+@pytest.mark.parametrize("change", [("", ""), COMPUTED_READ, BRANCHED, DEFERRED, ONE_BRANCH, IN_A_BLOCK],
+                         ids=["read-of-a-name", "read-computes-its-value", "a-read-in-each-branch", "kept-copy-moved",
+                              "a-read-in-one-branch", "a-read-in-a-with-block"])
 def test_the_barrier_before_the_read_compiles_once_and_runs_one_graph_per_pass(tmp_path, change):
     """Measured against the barrier at the end of the pass, the same values
     as the original on the CPU: at 4 and 8 passes, compiles flat and one

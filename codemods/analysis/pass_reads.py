@@ -2,8 +2,9 @@
 for its barrier (XLA302), so that the read finds the pass computed and the
 pass runs one graph.  A read of a name, or an assignment whose read computes
 what it reads, at the loop's own level or in each branch of an ``if``/``else``
-decided on the host; host copies kept in a list before a later read move to
-it.  The answer is a :class:`~codemods.syntax.hoist.ReadSite`; the split it
+decided on the host (before the ``if`` where only some branches read), or in
+a ``with`` block there (``with torch.no_grad():``); host
+copies kept in a list before a later read move to it.  The answer is a :class:`~codemods.syntax.hoist.ReadSite`; the split it
 asks for is made by :mod:`codemods.syntax.hoist`."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Callable, FrozenSet, Iterable, List, Optional, Sequence, Set,
 import libcst as cst
 
 from codemods.analysis.placement import host_read, reads_truth
-from codemods.analysis.state import state_keys
+from codemods.analysis.state import assigned_keys
 from codemods.syntax.hoist import ReadSite, read_receiver
 from codemods.syntax.nodes import call_name, dotted
 from codemods.syntax.tree import TreeCache, find_all
@@ -37,6 +38,12 @@ class PassReads:
                 branches = self._branch_reads(stmt, computed_before or k > 0, assigned)
                 if branches is not None:
                     return ReadSite(k, None, branches)
+                if (computed_before or k > 0) and self._read_within(stmt, True, assigned):
+                    return ReadSite(k, None)  # (before the `if`, after what the pass computed first)
+            elif isinstance(stmt, cst.With) and isinstance(stmt.body, cst.IndentedBlock):
+                inner = self.first(list(stmt.body.body), computed_before or k > 0, assigned)
+                if inner is not None:  # (`with torch.no_grad():` around the pass)
+                    return ReadSite(k, None, inner=inner)
             elif isinstance(stmt, cst.SimpleStatementLine):
                 reads = self._reads(stmt)
                 computed = read_receiver(stmt, reads) if reads else None
@@ -45,8 +52,8 @@ class PassReads:
                 if computed is not None and assigned & _mentioned(computed):
                     if not isinstance(computed, (cst.Name, cst.Attribute)):
                         return ReadSite(k, computed)
-                    return self._deferred(stmts, k, assigned | _assigned(stmt)) or ReadSite(k, None)
-            assigned = assigned | _assigned(stmt)
+                    return self._deferred(stmts, k, assigned | assigned_keys(stmt)) or ReadSite(k, None)
+            assigned = assigned | assigned_keys(stmt)
         return None
 
     def _deferred(self, stmts: List[cst.BaseStatement], k: int, assigned: FrozenSet[str]) -> Optional[ReadSite]:
@@ -58,7 +65,7 @@ class PassReads:
         the list), and the pass runs one graph.  None where it cannot move."""
         kept = _kept_copy(stmts[k])
         rest = self.first(list(stmts[k + 1:]), True, assigned) if kept is not None else None
-        if kept is None or rest is None or rest.branches is not None:
+        if kept is None or rest is None or rest.branches is not None or rest.inner is not None:
             return None
         m = k + 1 + rest.k
         if not _untouched(stmts[k + 1:m + 1], *kept):
@@ -70,13 +77,32 @@ class PassReads:
         """The first read of each branch of an ``if``/``else`` whose test
         reads nothing on the device; None unless both have one."""
         orelse = stmt.orelse
-        if not isinstance(orelse, cst.Else) or not isinstance(stmt.body, cst.IndentedBlock) \
-                or not isinstance(orelse.body, cst.IndentedBlock) or self._reads(stmt.test) \
-                or reads_truth(stmt.test, self.tensors, self.qualnames):
+        if not isinstance(orelse, cst.Else) or not isinstance(orelse.body, cst.IndentedBlock) \
+                or self._host_test(stmt) is None:
             return None
         first = self.first(list(stmt.body.body), computed_before, assigned)
         second = self.first(list(orelse.body.body), computed_before, assigned)
         return None if first is None or second is None else (first, second)
+
+    def _read_within(self, stmt: cst.If, computed_before: bool, assigned: FrozenSet[str]) -> bool:
+        """Does a branch of an ``if`` decided on the host read a value the
+        pass computed (``if i % 10 == 0: frames.append(x.cpu())``), where not
+        every branch does?  The barrier goes before the ``if``: a pass that
+        reads runs one graph, as one that does not."""
+        if self._host_test(stmt) is None:
+            return False
+        orelse = stmt.orelse
+        branches = [stmt.body.body] + ([orelse.body.body] if isinstance(orelse, cst.Else) else
+                                       [[orelse]] if isinstance(orelse, cst.If) else [])
+        return any(self.first(list(b), computed_before, assigned) is not None for b in branches)
+
+    def _host_test(self, stmt: cst.If) -> Optional[cst.If]:
+        """``stmt`` where its test reads nothing on the device (and its
+        branches are blocks), else None."""
+        if not isinstance(stmt.body, cst.IndentedBlock) or self._reads(stmt.test) \
+                or reads_truth(stmt.test, self.tensors, self.qualnames):
+            return None
+        return stmt
 
     def _reads(self, node: cst.CSTNode) -> List[cst.Call]:
         calls = find_all(node, cst.Call, stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda))
@@ -101,7 +127,7 @@ def _untouched(stmts: Sequence[cst.BaseStatement], kept: str, read: FrozenSet[st
     """No statement mentions the list ``kept``, assigns what was read, or
     changes it in place (``x.add_(...)``, ``torch.clamp_(x)``, ``out=x``)."""
     for stmt in stmts:
-        if kept in _mentioned(stmt) or _assigned(stmt) & read:
+        if kept in _mentioned(stmt) or assigned_keys(stmt) & read:
             return False
         for call in find_all(stmt, cst.Call):
             func = call.func  # type: ignore[attr-defined]
@@ -112,18 +138,6 @@ def _untouched(stmts: Sequence[cst.BaseStatement], kept: str, read: FrozenSet[st
                    for a in call.args):  # type: ignore[attr-defined]
                 return False
     return True
-
-
-def _assigned(stmt: cst.CSTNode) -> FrozenSet[str]:
-    """What a statement assigns, as dotted keys (``state.state_keys``: ``x``,
-    ``self.h``, the ``y`` of ``y[i] = ...``)."""
-    out: Set[str] = set()
-    for node in find_all(stmt, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.NamedExpr, cst.For),
-                         stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-        targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]  # type: ignore[attr-defined]
-        for target in targets:
-            out |= state_keys(target)
-    return frozenset(out)
 
 
 def _mentioned(node: cst.CSTNode) -> FrozenSet[str]:

@@ -14,7 +14,7 @@ which calls run a model (a part of :mod:`codemods.analysis.loops`).
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
+from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple, Union
 
 import libcst as cst
 
@@ -281,6 +281,18 @@ def _added(value: cst.BaseExpression) -> Optional[cst.Assign]:
     if not isinstance(target, (cst.Name, cst.Attribute, cst.Subscript)):
         return None
     return cst.Assign(targets=[cst.AssignTarget(target=target)], value=value.args[-1].value)
+
+
+def assigned_keys(stmt: cst.CSTNode) -> FrozenSet[str]:
+    """What a statement assigns (:func:`state_keys` of each of its targets:
+    ``x``, ``self.h``, the ``y`` of ``y[i] = ...``), not in functions it defines."""
+    out: Set[str] = set()
+    for node in find_all(stmt, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.NamedExpr, cst.For),
+                         stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+        targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]  # type: ignore[attr-defined]
+        for target in targets:
+            out |= state_keys(target)
+    return frozenset(out)
 
 
 def state_keys(target: cst.CSTNode) -> Set[str]:

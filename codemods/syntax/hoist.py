@@ -15,16 +15,18 @@ from codemods.syntax.tree import find_all
 class ReadSite:
     """Where a pass's first host read is: statement ``k`` of a body; the
     expression the read computes, to be computed before the barrier (None: it
-    reads a name); or, for an ``if``/``else``, the first read of each branch.
-    ``deferred``: earlier statements of the body (host copies kept in a list)
-    moved to just after the barrier, in their order."""
+    reads a name); for an ``if``/``else``, the first read of each branch; for
+    a ``with`` block, the first read in its body (``inner``).  ``deferred``:
+    earlier statements of the body (host copies kept in a list) moved to just
+    after the barrier, in their order."""
 
     def __init__(self, k: int, receiver: Optional[cst.BaseExpression],
-                 branches: Optional[Tuple["ReadSite", "ReadSite"]] = None, deferred: Tuple[int, ...] = ()) -> None:
-        self.k, self.receiver, self.branches, self.deferred = k, receiver, branches, deferred
+                 branches: Optional[Tuple["ReadSite", "ReadSite"]] = None, deferred: Tuple[int, ...] = (),
+                 inner: Optional["ReadSite"] = None) -> None:
+        self.k, self.receiver, self.branches, self.deferred, self.inner = k, receiver, branches, deferred, inner
 
     def computes(self) -> bool:
-        return self.receiver is not None or any(b.computes() for b in self.branches or ())
+        return self.receiver is not None or any(b.computes() for b in (*(self.branches or ()), self.inner) if b)
 
     def place(self, updated: List[cst.BaseStatement], original: Sequence[cst.BaseStatement],
               barrier: cst.SimpleStatementLine) -> List[cst.BaseStatement]:
@@ -40,11 +42,16 @@ class ReadSite:
             placed: List[cst.BaseStatement] = [stmt.with_changes(
                 body=stmt.body.with_changes(body=body),
                 orelse=stmt.orelse.with_changes(body=stmt.orelse.body.with_changes(body=orelse)))]
+        elif self.inner is not None:
+            before = original[k]
+            assert isinstance(stmt, cst.With) and isinstance(before, cst.With)
+            body = self.inner.place(list(stmt.body.body), before.body.body, barrier)  # type: ignore[attr-defined]
+            placed = [stmt.with_changes(body=stmt.body.with_changes(body=body))]
         elif self.receiver is not None:
             placed = computed_then_read(original[k], self.receiver, barrier)
         else:
             placed = [barrier, stmt]
-        if self.deferred:  # (after the barrier, placed here: no branches)
+        if self.deferred:  # (after the barrier, placed here: no branches, no block)
             at = next(i for i, s in enumerate(placed) if s is barrier) + 1
             placed[at:at] = [updated[d] for d in self.deferred]
         return [s for i, s in enumerate(updated[:k]) if i not in self.deferred] + placed + updated[k + 1:]
