@@ -85,7 +85,22 @@ class DeviceStrings(XlaCodemod):
             if call_name(call) == "add_argument":
                 self._argparse_device(call)  # type: ignore[arg-type]
         self._names = names | {f"*.{d}" for d in self._argparse_dests}
+        self._names |= self._aliases()
         self._device_functions = self._functions_returning_devices()
+
+    def _aliases(self) -> Set[str]:
+        """Names a device name is copied to as it is (``device = args.device``):
+        they hold what it holds, "xla" where the user typed "cuda"."""
+        found: Set[str] = set()
+        for _ in range(3):  # (an alias of an alias)
+            more = {dotted(t.target) for a in self.tree.nodes((cst.Assign,)) for t in a.targets  # type: ignore[attr-defined]
+                    if isinstance(a.value, (cst.Name, cst.Attribute)) and self._is_device_name(a.value)  # type: ignore[attr-defined]
+                    and isinstance(t.target, (cst.Name, cst.Attribute))} - {None} - self._names
+            if not more:
+                break
+            found |= more  # type: ignore[arg-type]
+            self._names |= more  # type: ignore[arg-type]
+        return found
 
     def _functions_returning_devices(self) -> Set[str]:
         """Names of the module's functions whose result is used as a device

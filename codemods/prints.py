@@ -19,9 +19,12 @@ import libcst as cst
 from codemods.analysis.bindings import binding_nodes
 from codemods.syntax.nodes import tight_equal
 from codemods.analysis.prefilter import LOADER_LOOP, LOG_METHODS, OUTPUT_IN_LOOP, STEP_LOOP, WRITER_METHODS
+from codemods.analysis.loops import body_statements, syncing_functions
+from codemods.analysis.state import assigned_keys
+from codemods.analysis.syncs import is_barrier_call, syncs_on_every_path
 from codemods.loop_codemod import LoopCodemod
 from codemods.analysis import module_facts, reads_tensor_value
-from codemods.base import Rule, call_name, dotted
+from codemods.base import Rule, call_name, dotted, find_all
 
 _LOGGER_RE = re.compile(r"(^|\.)(log|logger|logging|_logger|LOGGER|LOG)$")
 
@@ -91,6 +94,8 @@ class HotPrints(LoopCodemod):
             return updated_node
         mode = str(self.option("prints", "defer"))
         what = dotted(call.func) or "print"
+        if mode == "defer" and self._after_barrier(original_node, call):
+            return updated_node  # (what it reads is computed: a copy, not a graph; a closure would print late)
         if mode == "keep" or self.target.step_closure is None:
             self.flag(original_node, HOT_PRINT.code,
                       f"`{what}(...)` reads a tensor every step (hot loop at line {self.hot_loop_line()}); "
@@ -116,6 +121,32 @@ class HotPrints(LoopCodemod):
         closure = cst.Lambda(params=cst.Parameters(params=params), body=inner)
         register = cst.Call(func=cst.parse_expression(self.target.step_closure), args=[cst.Arg(closure)])
         return updated_node.with_changes(body=[cst.Expr(register)])
+
+    def _after_barrier(self, stmt: cst.SimpleStatementLine, call: cst.Call) -> bool:
+        """Does the pass sync on every path before ``stmt`` (makemore's
+        ``torch.cuda.synchronize()`` before it logs, converted), and nothing
+        between assigns a tensor ``call`` reads?  Then the print reads values
+        the barrier computed: a copy to the host, no graph of its own.  A
+        step closure there would run at the next pass's barrier, a pass late
+        (after the output of the pass that follows) and never after the
+        last pass."""
+        loop = next((lp for lp, step, loader in reversed(self.loop_stack) if step or loader), None)
+        body = body_statements(loop) if loop is not None else []
+        top = next((a for a in [stmt, *self.ancestors(stmt)] if any(a is b for b in body)), None)
+        if top is None:
+            return False
+        before = body[:next(k for k, b in enumerate(body) if b is top)]
+        syncing = self._memo("syncing", self.tree.module, lambda: syncing_functions(
+            self.tree.module, self.target.barrier_names, self.qualnames))
+
+        def syncs(c: cst.Call) -> bool:
+            return is_barrier_call(c, self.target.barrier_names, self.qualnames) or syncing.called_by(c)  # type: ignore[union-attr]
+
+        last = next((k for k in range(len(before) - 1, -1, -1) if syncs_on_every_path([before[k]], syncs)), None)
+        if last is None:
+            return False
+        read = {dotted(n) for n in find_all(call, (cst.Name, cst.Attribute))} & self.tensors
+        return not any(key in read for s in before[last + 1:] for key in assigned_keys(s))
 
     def _bound_names(self, call: cst.Call) -> List[str]:
         """Local variables the call reads: bound as lambda defaults so the

@@ -1,0 +1,108 @@
+"""XLA210 (codemods/prints.py) where the pass has synced before it prints:
+karpathy/makemore syncs (``torch.cuda.synchronize()`` under ``if
+args.device.startswith('cuda')``, converted) to time its step, then logs
+``loss.item()``.  Deferred to a step closure, the log ran at the next pass's
+sync -- a pass late -- and the last pass's never ran: converted makemore at
+21 steps printed its steps 0 and 10, not 20.  The loss is computed by then:
+the print copies it and stays where it is.  A loop that defers a print and
+is left by ``break`` gets a barrier before the break even when it syncs by
+hand (codemods/barriers.py)."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import convert_text
+
+LOOP = '''\
+import argparse
+import time
+
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=6)
+parser.add_argument("--device", type=str, default="cpu", help="cpu|cuda|cuda:2")
+args = parser.parse_args()
+device = args.device
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.ones(8, 4).to(device)
+step = 0
+while True:
+    t0 = time.time()
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    t1 = time.time()
+    if step % 5 == 0:
+        print(f"step {step} | loss {loss.item():.5f} | {(t1 - t0) * 1000:.2f}ms")
+    step += 1
+    if step >= args.steps:
+        break
+'''
+PRINT = '        print(f"step {step} | loss {loss.item():.5f} | {(t1 - t0) * 1000:.2f}ms")\n'
+
+
+def test_a_print_after_the_passs_sync_stays_where_it_is():
+    out, findings = convert_text(LOOP)
+    assert PRINT in out and "add_step_closure" not in out, out
+    assert "XLA210" not in {f.code for f in findings}
+    assert '    if device.startswith("xla"):\n        torch_xla.sync(wait=True)\n' in out, out
+    assert "        torch_xla.sync()\n        break\n" not in out  # (nothing deferred, nothing to flush)
+
+
+@pytest.mark.parametrize("change", [
+    # the sync may not run on XLA
+    ('    if device.startswith("cuda"):\n        torch.cuda.synchronize()\n', "    pass\n"),
+    # the print comes before it
+    ('    if step % 5 == 0:\n' + PRINT, ""),
+    # it prints a tensor computed after the sync
+    ("    t1 = time.time()\n", "    t1 = time.time()\n    loss = loss * 2\n"),
+])
+def test_a_print_the_pass_has_not_synced_for_is_deferred(change):
+    source = LOOP.replace(*change)
+    if not change[1] and change[0].startswith("    if step"):  # (moved before the sync)
+        source = source.replace("    opt.step()\n", "    opt.step()\n    if step % 5 == 0:\n" + PRINT)
+    out, findings = convert_text(source)
+    assert "xm.add_step_closure(lambda" in out and "XLA210" in {f.code for f in findings}, out
+    # and the break that would leave the last pass's closure behind has a barrier before it
+    assert "        torch_xla.sync()\n        break\n" in out, out
+
+
+@pytest.mark.xla
+@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="needs torch_xla (make setup)")
+def test_the_converted_loop_prints_every_line_of_the_original_on_xla(tmp_path):
+    """11 and 21 steps: the original's lines on the CPU, one graph execution a
+    step, the same compiles at both lengths (deferred, the line of step 20 was
+    never printed)."""
+    from test_runnable_ports import OBSERVER
+
+    source = LOOP.replace('if device.startswith("cuda")', 'if args.device.startswith("cuda")')  # (as makemore)
+    (tmp_path / "conv.py").write_text(convert_text(source)[0])
+    (tmp_path / "orig.py").write_text(source)
+    seen = {}
+    for n in (11, 21):
+        original = subprocess.run([sys.executable, "orig.py", "--steps", str(n)], cwd=tmp_path, capture_output=True,
+                                  text=True, timeout=300)
+        metrics = tmp_path / f"m{n}.json"
+        converted = subprocess.run([sys.executable, "conv.py", "--steps", str(n), "--device", "cuda"], cwd=tmp_path, capture_output=True, text=True,
+                                   timeout=300, env={**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": str(OBSERVER),
+                                                     "XLAPORT_TEST_METRICS": str(metrics)})
+        assert converted.returncode == 0, converted.stderr[-2000:]
+
+        def losses(text):
+            return [line.split("|")[:2] for line in text.splitlines()]
+
+        assert losses(converted.stdout) == losses(original.stdout) and len(losses(original.stdout)) == n // 5 + 1
+        seen[n] = json.loads(metrics.read_text())
+    assert seen[11]["compiles"] == seen[21]["compiles"], seen
+    assert seen[21]["executions"] - seen[11]["executions"] == 10, seen
