@@ -6,7 +6,11 @@ one step becomes two graphs plus a device-to-host wait.  By default the call is
 kept but deferred with ``xm.add_step_closure``: it runs after the step's graph
 has executed, with the values of that step (bound as lambda defaults).  The
 ``prints`` option chooses ``delete`` (what the torch_xla guide advises) or
-``keep`` (report only).  Output that reads no tensor is left alone.
+``keep`` (report only).  Output that reads no tensor is left alone, and so
+is output after the pass has synced on every path (a barrier, or a
+``torch.cuda.synchronize()`` converted to one, before it): what it reads is
+computed, and a closure would run at the next pass's barrier -- a pass late,
+and never after the last pass.
 """
 
 from __future__ import annotations
@@ -51,6 +55,9 @@ HOT_PRINT = Rule(
     valid=(
         "for x, y in loader:\n    loss = loss_fn(model(x), y)\n    loss.backward()\n"
         "    print(\"step done\", x.shape)\n",
+        # the pass has synced: the print copies a computed value (deferred, it would print a pass late)
+        "import torch_xla\n\nfor x, y in loader:\n    loss = loss_fn(model(x), y)\n    loss.backward()\n"
+        "    optimizer.step()\n    torch_xla.sync()\n    print(f\"loss {loss.item():.4f}\")\n",
     ),
     options=(("prints", "defer (default) | delete | keep"),),
 )
