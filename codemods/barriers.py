@@ -31,6 +31,7 @@ from codemods.analysis.loops import (
     model_functions,
     syncing_functions,
 )
+from codemods.analysis.growth import whole_growth
 from codemods.analysis.pass_reads import PassReads, has_exit
 from codemods.analysis.placement import host_read, reads_truth
 from codemods.analysis.state import ends_flow
@@ -181,7 +182,7 @@ class StepBarrier(LoopCodemod):
         if not self.is_step_loop(original):
             return self._model_loop_read(original, updated)
         body = updated.body
-        if not isinstance(body, cst.IndentedBlock) or not body.body:
+        if not isinstance(body, cst.IndentedBlock) or not body.body or self._one_graph_generation(original):
             return updated
         # prints deferred to step closures run at the next barrier: a loop
         # left by break/return before its barrier would lose them
@@ -236,6 +237,18 @@ class StepBarrier(LoopCodemod):
         else:
             new_body.append(self._barrier())
         return updated.with_changes(body=body.with_changes(body=new_body))
+
+    def _one_graph_generation(self, loop: Loop) -> bool:
+        """A generation loop that feeds the model the whole sequence it grows
+        a token a step (XLA408 reports it: no buffer can take it) and reads
+        nothing on the host: with a barrier every step would compile a graph
+        of a new shape; without one, the loop is one graph, compiled once for
+        its count (bigram's ``generate``)."""
+        if whole_growth(loop, self.qualnames, self.target.barrier_names) is None:
+            return False
+        calls = find_all(loop.body, cst.Call, stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda))
+        return not any(host_read(self.tree, c, self.tensors, self.qualnames) or self.is_step_closure(c)  # type: ignore[arg-type]
+                       for c in calls)
 
     def _flushed_before_exits(self, original: Loop, updated: Loop, exits: Tuple[type, ...]) -> Loop:
         """``updated`` with a barrier before each break/return of its own

@@ -29,13 +29,12 @@ for a causal model, which the code does not show.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, Optional, Set
+from typing import Dict
 
 import libcst as cst
 
-from codemods.analysis.growth import TokenGrowth, sequence_reads, token_growth
+from codemods.analysis.growth import sequence_reads, windowed_growth
 from codemods.analysis.prefilter import STEP_LOOP
-from codemods.analysis.syncs import is_barrier_call
 from codemods.base import Rule
 from codemods.loop_codemod import LoopCodemod
 from codemods.syntax import imports
@@ -121,19 +120,6 @@ class GenerationWindow(LoopCodemod):
         return cst.FlattenSentinel([*before, loop, cst.parse_statement(f"{seq} = {buf}[:, :{cur}]\n")])
 
 
-def windowed_growth(loop: cst.CSTNode, qualnames: Callable[[cst.CSTNode], Set[str]],
-                    barriers: Iterable[str]) -> Optional[TokenGrowth]:
-    """The growth this rule rewrites in ``loop`` (XLA408 leaves it to it):
-    one token a step, the sequence read through a window."""
-    def barrier(statement: cst.BaseStatement) -> bool:
-        return isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 \
-            and isinstance(statement.body[0], cst.Expr) and isinstance(statement.body[0].value, cst.Call) \
-            and is_barrier_call(statement.body[0].value, barriers, qualnames)
-
-    growth = token_growth(loop, qualnames, barrier)
-    return growth if growth is not None and sequence_reads(loop, growth) is not None else None  # type: ignore[arg-type]
-
-
 class _Replace(cst.CSTTransformer):
     """Each expression and statement of ``new``/``statements`` (by the id of
     the original node) replaced; nothing inside them is visited."""
@@ -150,4 +136,4 @@ class _Replace(cst.CSTTransformer):
         return self.new[key] if key in self.new else self.statements[key] if key in self.statements else updated_node
 
 
-__all__ = ["GenerationWindow", "GENERATION_WINDOW", "windowed_growth"]
+__all__ = ["GenerationWindow", "GENERATION_WINDOW"]

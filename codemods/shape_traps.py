@@ -14,7 +14,9 @@ import libcst as cst
 from codemods.analysis import is_tensor_expr, loop_iterable
 from codemods.analysis.counters import counter_through_call, loop_counters
 from codemods.analysis.growth import grown_by
-from codemods.generation import GENERATION_WINDOW, windowed_growth
+from codemods.analysis.growth import whole_growth, windowed_growth
+from codemods.analysis.syncs import is_barrier_call
+from codemods.generation import GENERATION_WINDOW
 from codemods.analysis.values import TENSOR, values
 from codemods.base import Rule, call_name, dotted, find_all
 from codemods.hot_path import HotPathCodemod, code
@@ -133,8 +135,15 @@ class ShapeTraps(HotPathCodemod):
             if growth is not None and growth.grows.body[0] is node:  # type: ignore[attr-defined]
                 return  # (XLA414 writes it into a buffer)
         if grown:  # every op in the loop that reads it (its related lines) sees a new shape
-            self._report(node, GROWING_CAT, f"`{sorted(grown)[0]}` grows with `torch.cat` every iteration: "
-                                            "a new shape and a new graph per step; preallocate it and write into it",
+            what = "a new shape and a new graph per step; preallocate it and write into it"
+            whole = whole_growth(loop, self.qualnames, self.target.barrier_names)
+            if whole is not None and whole.grows.body[0] is node and not any(  # type: ignore[attr-defined]
+                    is_barrier_call(c, self.target.barrier_names, self.qualnames)  # type: ignore[arg-type]
+                    for c in find_all(loop.body, cst.Call)):
+                what = ("the model reads all of it, a new shape every step: left without a barrier, the loop is one "
+                        "graph, compiled once for its count; a buffer of the final length (for a causal model) would "
+                        "run one graph a step")
+            self._report(node, GROWING_CAT, f"`{sorted(grown)[0]}` grows with `torch.cat` every iteration: {what}",
                          related=[loop])
 
     def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign):

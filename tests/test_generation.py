@@ -226,3 +226,51 @@ def test_the_filtered_generation_gives_the_originals_tokens_on_the_cpu():
         expected = want["generate"](model, prompt, 9, 4, temperature, top_k)
         torch.manual_seed(1)
         assert torch.equal(got["generate"](model, prompt, 9, 4, temperature, top_k), expected), (temperature, top_k)
+
+
+# -- the whole sequence to the model: no buffer, no barrier ---------------------
+
+WHOLE = ("idx_cond = idx[:, -block_size:]", "idx_cond = idx")
+
+
+def test_a_generation_that_feeds_the_model_all_it_grew_gets_no_barrier():
+    """bigram.py of karpathy/ng-video-lecture: `logits, loss = self(idx)`.
+    A barrier each token would compile each new shape (45 -> 85 compiles at
+    40 -> 80 tokens); without one the loop is one graph (5 -> 5)."""
+    out, findings = convert_text(LOOP.replace(*WHOLE))
+    assert "torch_xla.sync()" not in out and "idx_buffer" not in out, out
+    [message] = [f.message for f in findings if f.code == "XLA408"]
+    assert "left without a barrier, the loop is one graph" in message
+    # a host read each token runs a graph each token anyway: the barrier stays, before it
+    out, _ = convert_text(LOOP.replace(*WHOLE).replace("        idx = torch.cat(",
+                                                       "        seen.append(idx_next.item())\n        idx = torch.cat("))
+    assert "        torch_xla.sync()\n        seen.append(idx_next.item())\n" in out, out
+
+
+@pytest.mark.xla
+@needs_xla
+def test_the_whole_sequence_generation_compiles_once_for_each_count_with_the_originals_tokens(tmp_path):
+    source = (FIXTURES / "generation_window" / "input.py").read_text().replace(
+        "idx_cond = idx if idx.size(1) <= block_size else idx[:, -block_size:]", "idx_cond = idx").replace(
+        "block_size = 6", "block_size = 32")
+    (tmp_path / "orig.py").write_text(source)
+    from xlaport.engine import Settings, transform
+
+    converted = transform(source.encode(), Settings()).code.decode()
+    assert "torch_xla.sync()" not in converted
+    (tmp_path / "conv.py").write_text(converted)
+    from test_runnable_ports import OBSERVER
+    import json
+
+    seen = {}
+    for n in (8, 16):
+        original = subprocess.run([sys.executable, "orig.py", "--steps", str(n)], cwd=tmp_path, capture_output=True,
+                                  text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        metrics = tmp_path / f"m{n}.json"
+        done = subprocess.run([sys.executable, "conv.py", "--steps", str(n)], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=300, env={**os.environ, "PJRT_DEVICE": "CPU",
+                                                           "PYTHONPATH": str(OBSERVER),
+                                                           "XLAPORT_TEST_METRICS": str(metrics)})
+        assert done.returncode == 0 and done.stdout == original.stdout, (done.stdout, original.stdout, done.stderr)
+        seen[n] = json.loads(metrics.read_text())
+    assert seen[8]["compiles"] == seen[16]["compiles"] and seen[16]["executions"] == seen[8]["executions"], seen

@@ -7,11 +7,12 @@ lengthens by one token every step (:func:`token_growth`, XLA414)."""
 
 from __future__ import annotations
 
-from typing import Callable, FrozenSet, List, NamedTuple, Optional, Set, Tuple
+from typing import Callable, FrozenSet, Iterable, List, NamedTuple, Optional, Set, Tuple
 
 import libcst as cst
 
 from codemods.analysis.bindings import target_names
+from codemods.analysis.syncs import is_barrier_call
 from codemods.syntax.tree import call_name, find_all
 
 _CATS = ("cat", "concat", "concatenate")
@@ -262,6 +263,36 @@ def sequence_reads(loop: cst.For, growth: TokenGrowth) -> Optional[SequenceReads
                 return None
             found.whole.append(name)  # type: ignore[arg-type]
     return found if found.windows else None
+
+
+def windowed_growth(loop: cst.CSTNode, qualnames: Callable[[cst.CSTNode], Set[str]],
+                    barriers: Iterable[str]) -> Optional[TokenGrowth]:
+    """The growth XLA414 rewrites in ``loop`` (XLA408 leaves it to it): one
+    token a step, the sequence read through a window."""
+    growth = token_growth(loop, qualnames, _barrier_statement(barriers, qualnames))
+    return growth if growth is not None and sequence_reads(loop, growth) is not None else None  # type: ignore[arg-type]
+
+
+def whole_growth(loop: cst.CSTNode, qualnames: Callable[[cst.CSTNode], Set[str]],
+                 barriers: Iterable[str]) -> Optional[TokenGrowth]:
+    """One token a step, as :func:`windowed_growth`, but the sequence read
+    whole (``logits = model(idx)``): no buffer can take it (XLA408 reports
+    it), and every step's graph has a new shape."""
+    growth = token_growth(loop, qualnames, _barrier_statement(barriers, qualnames))
+    if growth is None or windowed_growth(loop, qualnames, barriers) is not None:
+        return None
+    grows = {id(n) for n in find_all(growth.grows, cst.Name)}
+    read = any(n.value == growth.sequence and id(n) not in grows for n in find_all(loop.body, cst.Name))  # type: ignore[attr-defined]
+    return growth if read else None  # (a loop that feeds the model its last token and a cache: not this)
+
+
+def _barrier_statement(barriers: Iterable[str], qualnames: Callable[[cst.CSTNode], Set[str]]) \
+        -> Callable[[cst.BaseStatement], bool]:
+    def barrier(statement: cst.BaseStatement) -> bool:
+        return isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 \
+            and isinstance(statement.body[0], cst.Expr) and isinstance(statement.body[0].value, cst.Call) \
+            and is_barrier_call(statement.body[0].value, barriers, qualnames)
+    return barrier
 
 
 def _stores(loop: cst.For) -> List[cst.CSTNode]:
