@@ -15,6 +15,15 @@ def convert_text(source: str, **settings) -> tuple:
     return out.code.decode("utf-8"), out.findings
 
 
+def project_copy(name: str, tmp_path: Path) -> Path:
+    """fixtures/projects/NAME copied under ``tmp_path``, for a test to edit."""
+    import shutil
+
+    dest = tmp_path / name
+    shutil.copytree(ROOT / "fixtures" / "projects" / name, dest)
+    return dest
+
+
 def convert_file(path: Path) -> tuple:
     """The conversion of the file at ``path`` (its project's other modules
     read from beside it) and its findings as (line, code, fix)."""

@@ -5,23 +5,18 @@ whose schedule ``DDPM`` registers under computed names.  XLA411 indexes such
 a buffer with the step's int on the device; the sampler then compiles flat."""
 
 import importlib.util
-import shutil
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from xlaport.cli import main
-from tests.conftest import convert_file, verify_lengths
+from tests.conftest import convert_file, project_copy, verify_lengths
 
-PROJECT = Path(__file__).resolve().parent.parent / "fixtures" / "projects" / "subclass_sampler"
 
 
 @pytest.fixture
 def program(tmp_path):
-    dest = tmp_path / "subclass_sampler"
-    shutil.copytree(PROJECT, dest)
-    return dest
+    return project_copy("subclass_sampler", tmp_path)
 
 
 def test_a_buffer_of_a_base_in_another_module_is_indexed_on_the_device(program):

@@ -9,24 +9,20 @@ graphs at 4 -> 8 steps; now 2 -> 2, one execution a step, the same losses."""
 
 import importlib.util
 import shutil
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from tests.conftest import convert_file, verify_lengths
+from tests.conftest import convert_file, project_copy, verify_lengths
 from xlaport.cli import main
 
-PROJECT = Path(__file__).resolve().parent.parent / "fixtures" / "projects" / "seq2seq_helper"
 CHOICE = "token = torch.where(torch.tensor([teacher_force], device=top1.device)[0], trg[t], top1)"
 LOADER = "from torch.utils.data import DataLoader\n\n\ndef loader(ds):\n    return DataLoader(ds, batch_size=4)\n"
 
 
 @pytest.fixture
 def program(tmp_path):
-    dest = tmp_path / "seq2seq_helper"
-    shutil.copytree(PROJECT, dest)
-    return dest
+    return project_copy("seq2seq_helper", tmp_path)
 
 
 def _codes(found):

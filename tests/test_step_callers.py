@@ -7,14 +7,13 @@ own analysis (its step loop, its counter).  TCN word_cnn on XLA's CPU backend:
 after, the same losses."""
 
 import importlib.util
-import shutil
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from xlaport.cli import main
-from tests.conftest import convert_file, verify_lengths
+from tests.conftest import convert_file, project_copy, verify_lengths
 
 PROJECT = Path(__file__).resolve().parent.parent / "fixtures" / "projects" / "helper_module"
 GATHER = ("    data = source[:, torch.arange(max(min(i + seq_len, source.size(1)) - i, 0), device=source.device)"
@@ -23,9 +22,7 @@ GATHER = ("    data = source[:, torch.arange(max(min(i + seq_len, source.size(1)
 
 @pytest.fixture
 def program(tmp_path):
-    dest = tmp_path / "helper_module"
-    shutil.copytree(PROJECT, dest)
-    return dest
+    return project_copy("helper_module", tmp_path)
 
 
 def test_a_helper_another_modules_step_loop_calls_gathers_on_the_device(program):
@@ -107,15 +104,12 @@ def test_the_converted_trainer_compiles_flat_and_matches_the_original(program, t
 
 # -- a method of another package's class (a scheduler's step) ------------------
 
-METHOD_PROJECT = PROJECT.parent / "scheduler_method"
 SENT = "- self.betas.to(xt.device)[torch.as_tensor(t)[None]][0]\n"
 
 
 @pytest.fixture
 def sampler(tmp_path):
-    dest = tmp_path / "scheduler_method"
-    shutil.copytree(METHOD_PROJECT, dest)
-    return dest
+    return project_copy("scheduler_method", tmp_path)
 
 
 def test_a_method_a_script_beside_the_package_calls_in_its_loop_indexes_on_the_device(sampler):
