@@ -29,7 +29,6 @@ from codemods.analysis.loops import (
     last_optimizer_step,
     loop_step_kind,
     model_functions,
-    syncing_functions,
 )
 from codemods.analysis.growth import whole_growth
 from codemods.analysis.pass_reads import PassReads, has_exit
@@ -264,9 +263,7 @@ class StepBarrier(LoopCodemod):
         return updated
 
     def _synced(self, loop: Loop) -> bool:
-        syncing = self._memo("syncing", self.tree.module, lambda: syncing_functions(
-            self.tree.module, self.target.barrier_names, self.qualnames))
-        return has_barrier(loop, self.target.barrier_names, self.qualnames, syncing)
+        return has_barrier(loop, self.target.barrier_names, self.qualnames, self.syncing())
 
     def _model_loop_read(self, original: Loop, updated: Loop) -> Loop:
         """A loop inside a model's ``forward`` (no step loop: a layer loop or

@@ -19,7 +19,9 @@ from codemods.analysis.loops import (
     model_functions,
     module_facts,
     step_functions,
+    syncing_functions,
 )
+from codemods.analysis.syncs import is_barrier_call
 from codemods.analysis.counters import loop_counters
 from codemods.analysis.nesting import is_outer_loop
 from codemods.analysis.bindings import read_from_module
@@ -173,6 +175,15 @@ class LoopCodemod(XlaCodemod):
         lines = self._memo("loop_lines", self.tree.module, lambda: {  # every candidate loop, one pass
             k: v[0] for k, v in self.tree.start_positions(module_facts(self.tree).hot_loops).items()})
         return self.user_line(lines.get(id(loop)) or self.position(loop)[0])  # type: ignore[union-attr]
+
+    def syncing(self):  # type: ignore[no-untyped-def]
+        """The module's functions that sync (``syncing_functions``), once per tree."""
+        return self._memo("syncing", self.tree.module, lambda: syncing_functions(
+            self.tree.module, self.target.barrier_names, self.qualnames))
+
+    def syncs(self, call: cst.Call) -> bool:
+        """``call`` is a barrier, or calls one of the module's functions that sync."""
+        return is_barrier_call(call, self.target.barrier_names, self.qualnames) or self.syncing().called_by(call)
 
     def is_step_closure(self, call: cst.Call) -> bool:
         if self.qualnames(call.func) & set(self.target.step_closure_names):

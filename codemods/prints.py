@@ -23,9 +23,9 @@ import libcst as cst
 from codemods.analysis.bindings import binding_nodes
 from codemods.syntax.nodes import tight_equal
 from codemods.analysis.prefilter import LOADER_LOOP, LOG_METHODS, OUTPUT_IN_LOOP, STEP_LOOP, WRITER_METHODS
-from codemods.analysis.loops import body_statements, syncing_functions
+from codemods.analysis.loops import body_statements
 from codemods.analysis.state import assigned_keys
-from codemods.analysis.syncs import is_barrier_call, syncs_on_every_path
+from codemods.analysis.syncs import syncs_on_every_path
 from codemods.loop_codemod import LoopCodemod
 from codemods.analysis import module_facts, reads_tensor_value
 from codemods.base import Rule, call_name, dotted, find_all
@@ -143,13 +143,7 @@ class HotPrints(LoopCodemod):
         if top is None:
             return False
         before = body[:next(k for k, b in enumerate(body) if b is top)]
-        syncing = self._memo("syncing", self.tree.module, lambda: syncing_functions(
-            self.tree.module, self.target.barrier_names, self.qualnames))
-
-        def syncs(c: cst.Call) -> bool:
-            return is_barrier_call(c, self.target.barrier_names, self.qualnames) or syncing.called_by(c)  # type: ignore[union-attr]
-
-        last = next((k for k in range(len(before) - 1, -1, -1) if syncs_on_every_path([before[k]], syncs)), None)
+        last = next((k for k in range(len(before) - 1, -1, -1) if syncs_on_every_path([before[k]], self.syncs)), None)
         if last is None:
             return False
         read = {dotted(n) for n in find_all(call, (cst.Name, cst.Attribute))} & self.tensors

@@ -24,6 +24,17 @@ def project_copy(name: str, tmp_path: Path) -> Path:
     return dest
 
 
+def lint_lines(root: Path, name: str) -> str:
+    """The lines of ``xlaport lint ROOT`` about the file ``name`` (the results
+    cache is the test's, through ``XLAPORT_CACHE_DIR``)."""
+    from click.testing import CliRunner
+
+    from xlaport.cli import main
+
+    output = CliRunner().invoke(main, ["lint", str(root)]).output
+    return "".join(line for line in output.splitlines(True) if f"{name}:" in line)
+
+
 def convert_file(path: Path) -> tuple:
     """The conversion of the file at ``path`` (its project's other modules
     read from beside it) and its findings as (line, code, fix)."""

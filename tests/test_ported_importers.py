@@ -11,10 +11,8 @@ import importlib.util
 import shutil
 
 import pytest
-from click.testing import CliRunner
 
-from tests.conftest import convert_file, project_copy, verify_lengths
-from xlaport.cli import main
+from tests.conftest import convert_file, lint_lines, project_copy, verify_lengths
 
 CHOICE = "token = torch.where(torch.tensor([teacher_force], device=top1.device)[0], trg[t], top1)"
 LOADER = "from torch.utils.data import DataLoader\n\n\ndef loader(ds):\n    return DataLoader(ds, batch_size=4)\n"
@@ -78,8 +76,7 @@ def test_a_cached_answer_is_not_reused_once_the_importer_changes(program, tmp_pa
     monkeypatch.setenv("XLAPORT_CACHE_DIR", str(tmp_path / "cache"))
 
     def lint():
-        output = CliRunner().invoke(main, ["lint", str(program)]).output
-        return "".join(line for line in output.splitlines(True) if "models.py:" in line)
+        return lint_lines(program, "models.py")
 
     assert lint().count("XLA409") == 1
     assert lint().count("XLA409") == 1  # (answered from the cache)

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from xlaport.cli import main
-from tests.conftest import convert_file, project_copy, verify_lengths
+from tests.conftest import convert_file, lint_lines, project_copy, verify_lengths
 
 PROJECT = Path(__file__).resolve().parent.parent / "fixtures" / "projects" / "helper_module"
 GATHER = ("    data = source[:, torch.arange(max(min(i + seq_len, source.size(1)) - i, 0), device=source.device)"
@@ -81,8 +81,7 @@ def test_a_cached_answer_is_not_reused_once_a_caller_changes(program, tmp_path, 
     monkeypatch.setenv("XLAPORT_CACHE_DIR", str(tmp_path / "cache"))
 
     def lint():
-        output = CliRunner().invoke(main, ["lint", str(program)]).output
-        return "".join(line for line in output.splitlines(True) if "batches.py:" in line)
+        return lint_lines(program, "batches.py")
 
     assert lint().count("XLA411") == 2
     assert lint().count("XLA411") == 2  # (answered from the cache)
