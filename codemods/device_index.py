@@ -60,14 +60,14 @@ from typing import Dict, Optional, Set
 import libcst as cst
 
 from codemods.loop_codemod import LoopCodemod
-from codemods.step_callers import handed_calls
-from codemods.analysis.counters import counter_through_call, loop_counters
+from codemods.step_callers import counter_calls
+from codemods.analysis.counters import loop_counters, made_tensor
 from codemods.analysis.placement import fill_argument, on_device
 from codemods.analysis.steps import SCALAR_READS
 from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP
 from codemods.base import Rule, call_name, find_all
 from codemods.syntax import imports
-from codemods.syntax.nodes import dotted, is_stored, walk
+from codemods.syntax.nodes import is_stored, walk
 
 DEVICE_INDEX = Rule(
     code="XLA411",
@@ -173,28 +173,7 @@ class DeviceIndex(LoopCodemod):
         found: Dict[int, str] = {}
         helpers = {fn.name.value for fn in find_all(self.tree.module, cst.FunctionDef)  # type: ignore[attr-defined]
                    if _slices_by_a_parameter(fn) or _indexes_by_a_parameter(fn)}  # (a cheap look first)
-        for call in find_all(self.tree.module, cst.Call) if helpers else ():
-            func = call.func  # type: ignore[attr-defined]
-            name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) \
-                else None
-            if name not in helpers:
-                continue
-            counters = self.hot_counters_around(call)
-            if not counters:
-                continue
-            scope = next((a for a in self.ancestors(call) if isinstance(a, cst.FunctionDef)), None)
-            hit = counter_through_call(self.tree, call, counters,
-                                       self._tensor_names(scope.body if scope is not None else self.tree.module))
-            for sub, _, param in hit.hits if hit is not None else ():
-                if _rewritable(sub, hit, param) and not self._read_on_host(sub):
-                    found.setdefault(id(sub), param)
-        # and the module's top-level helpers and methods that other modules' step
-        # loops call (`get_batch` of TCN's utils.py, called by word_cnn_test.py;
-        # a scheduler's `sample_prev_timestep`, called by tools/sample_ddpm.py)
-        top = {fn.name.value: fn for fn in self.tree.module.body
-               if isinstance(fn, cst.FunctionDef) and fn.name.value in helpers}
-        methods = _methods(self.tree.module, helpers)
-        for hit in handed_calls(self.tree, top, methods) if top or methods else ():
+        for hit in counter_calls(self, helpers):
             for sub, _, param in hit.hits:
                 if _rewritable(sub, hit, param) and not self._read_on_host(sub):
                     found.setdefault(id(sub), param)
@@ -348,37 +327,7 @@ def _rewritable(sub: cst.Subscript, hit, param: str) -> bool:  # type: ignore[no
         return True
     arg = hit.passed.get(param)
     return _plain_index(sub) is not None and arg is not None and (
-        all(isinstance(n, _PLAIN) for n in walk(arg)) or _made_tensor(arg))
-
-
-def _made_tensor(node: cst.BaseExpression) -> bool:
-    """``torch.as_tensor(i)``, ``torch.full((n,), i)``, and those moved,
-    cast or reshaped (``.to(device)``, ``.long()``, ``.unsqueeze(0)``)."""
-    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
-            node.func.attr.value in _TENSOR_METHODS:
-        node = node.func.value
-    return isinstance(node, cst.Call) and (dotted(node.func) or "") in _TENSOR_MAKERS
-
-
-_TENSOR_METHODS = frozenset({"to", "cuda", "long", "int", "unsqueeze", "reshape", "view", "expand", "repeat"})
-_TENSOR_MAKERS = frozenset({"torch.as_tensor", "torch.tensor", "torch.full", "torch.LongTensor", "torch.IntTensor"})
-
-
-def _methods(module: cst.Module, helpers: Set[str]) -> Dict[str, tuple]:
-    """Methods of the module's top-level classes named in ``helpers`` (and
-    by no other method or function of the module) -> (class name, method)."""
-    seen: Dict[str, list] = {}
-    for node in find_all(module, cst.FunctionDef):
-        seen.setdefault(node.name.value, []).append(node)  # type: ignore[attr-defined]
-    found: Dict[str, tuple] = {}
-    for cls in module.body:
-        if not isinstance(cls, cst.ClassDef) or not isinstance(cls.body, cst.IndentedBlock):
-            continue
-        for fn in cls.body.body:
-            if isinstance(fn, cst.FunctionDef) and fn.name.value in helpers and len(seen[fn.name.value]) == 1 \
-                    and not fn.decorators:
-                found[fn.name.value] = (cls.name.value, fn)
-    return found
+        all(isinstance(n, _PLAIN) for n in walk(arg)) or made_tensor(arg))
 
 
 def _changed(sub: cst.Subscript, fn: cst.FunctionDef) -> bool:

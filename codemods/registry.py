@@ -37,6 +37,7 @@ ORDER: Tuple[Tuple[str, str], ...] = (
     ("codemods.loaders", "DeviceLoader"),
     ("codemods.barriers", "StepBarrier"),
     ("codemods.device_index", "DeviceIndex"),  # before the host reads: what it fixes is not reported
+    ("codemods.counter_tests", "CounterTests"),  # so is this
     ("codemods.host_reads", "HostReads"),
     ("codemods.shape_traps", "ShapeTraps"),
     # after the barriers (a sync may follow the growth) and the shape traps (its masks filled at a fixed
@@ -140,7 +141,7 @@ def applicable(source: bytes, codes: Sequence[str], options: Optional[Mapping[st
             return hit
 
         found = [c for c in CODEMODS if any(r.code in wanted for r in c.rules)
-                 and (any(map(present, c.triggers)) or _from_siblings(c, source, filename))]
+                 and (any(map(present, c.triggers)) or _from_siblings(c, source, filename, called=False))]
     if not prefilter or not any(c.needs for c in found):
         return found
     from codemods.analysis.prefilter import facts_of
@@ -165,12 +166,16 @@ def applicable(source: bytes, codes: Sequence[str], options: Optional[Mapping[st
             or _from_siblings(c, source, filename) or by_importer(c)]
 
 
-def _from_siblings(info: CodemodInfo, source: bytes, filename: Optional[str]) -> bool:
-    """Is ``info`` triggered by a project module the file imports from?"""
-    if not info.sibling_facts or not filename:
+def _from_siblings(info: CodemodInfo, source: bytes, filename: Optional[str], called: bool = True) -> bool:
+    """Is ``info`` triggered by a project module the file imports from (or,
+    with ``called``, by one whose step loop calls the file's functions)?  A
+    function that another module's loop calls is rewritten in the file's
+    own text, so it stands in for the file's needs, never for its triggers."""
+    facts = [f for f in info.sibling_facts if called or f != "step_callers"]
+    if not facts or not filename:
         return False
     from codemods.analysis.importers import step_callers
     from codemods.analysis.project import sibling_fact
 
     return any(bool(step_callers(filename, source)) if fact == "step_callers" else sibling_fact(filename, source, fact)
-               for fact in info.sibling_facts)
+               for fact in facts)

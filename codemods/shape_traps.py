@@ -227,9 +227,9 @@ class ShapeTraps(HotPathCodemod):
         the line in the callee; :func:`counter_through_call`)."""
         counters = self._counters() if self.loop_stack else set()
         found = counter_through_call(self.tree, call, counters, self.tensors)
-        if found is None:
-            return
-        fn, hits, passed = found
+        if found is None or not found.hits:
+            return  # (a test of the counter only: XLA415)
+        fn, hits, passed = found.function, found.hits, found.passed
         sub, tensor, param = hits[0]
         subs = [h[0] for h in hits]
         lines = sorted({p[0] for p in self.tree.start_positions(subs).values()})

@@ -136,4 +136,49 @@ def _handed(path: Path, tree: TreeCache, helpers: Dict[str, cst.FunctionDef],
     return observer.found
 
 
-__all__ = ["handed_calls"]
+def counter_calls(codemod: LoopCodemod, helpers: Set[str]) -> List[ThroughCall]:
+    """Every call that hands a step or loader loop's counter to one of
+    ``helpers`` (names of the module's functions and methods): the calls in
+    the module's own loops, then those in other project modules' step loops
+    (:func:`handed_calls`: a top-level function, or a method of a top-level
+    class that no other function of the module shares a name with)."""
+    tree = codemod.tree
+    found: List[ThroughCall] = []
+    for call in find_all(tree.module, cst.Call) if helpers else ():
+        func = call.func  # type: ignore[attr-defined]
+        name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) \
+            else None
+        if name not in helpers:
+            continue
+        counters = codemod.hot_counters_around(call)
+        if not counters:
+            continue
+        scope = next((a for a in codemod.ancestors(call) if isinstance(a, cst.FunctionDef)), None)
+        hit = counter_through_call(tree, call, counters,
+                                   codemod._tensor_names(scope.body if scope is not None else tree.module))
+        if hit is not None:
+            found.append(hit)
+    top = {fn.name.value: fn for fn in tree.module.body if isinstance(fn, cst.FunctionDef) and fn.name.value in helpers}
+    methods = _methods(tree.module, helpers)
+    return found + (handed_calls(tree, top, methods) if top or methods else [])
+
+
+def _methods(module: cst.Module, helpers: Set[str]) -> Dict[str, tuple]:
+    """Methods of the module's top-level classes named in ``helpers`` (and
+    by no other method or function of the module) -> (class name, method)."""
+    seen: Dict[str, list] = {}
+    for node in find_all(module, cst.FunctionDef):
+        seen.setdefault(node.name.value, []).append(node)  # type: ignore[attr-defined]
+    found: Dict[str, tuple] = {}
+    for cls in module.body:
+        if not isinstance(cls, cst.ClassDef) or not isinstance(cls.body, cst.IndentedBlock):
+            continue
+        for fn in cls.body.body:
+            if isinstance(fn, cst.FunctionDef) and fn.name.value in helpers and len(seen[fn.name.value]) == 1 \
+                    and not fn.decorators:
+                found[fn.name.value] = (cls.name.value, fn)
+    return found
+
+
+
+__all__ = ["counter_calls", "handed_calls"]

@@ -27,6 +27,7 @@ from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 import libcst as cst
 
 from codemods.analysis.dataflow import dataflow
+from codemods.syntax.nodes import dotted
 from codemods.syntax.tree import TreeCache, call_name, find_all
 
 _WRAPPERS = {"reversed", "list", "sorted", "tuple"}
@@ -175,6 +176,7 @@ class ThroughCall(NamedTuple):
     function: cst.FunctionDef
     hits: List[Tuple[cst.Subscript, cst.BaseExpression, str]]  # (subscript, tensor, parameter)
     passed: Dict[str, cst.BaseExpression]  # parameter -> the caller's argument
+    tests: List[Tuple[cst.Comparison, str]] = []  # (a test the callee reads as a bool, parameter): host_tests
 
 
 def counter_through_call(tree: TreeCache, call: cst.Call, counters: Set[str], tensors: Set[str],
@@ -224,7 +226,80 @@ def counter_through_call(tree: TreeCache, call: cst.Call, counters: Set[str], te
         else:
             continue
         hits.append((sub, tensor, sorted(used & by_counter)[0]))
-    return ThroughCall(fn, hits, passed) if hits else None
+    tests = host_tests(fn, by_counter)
+    return ThroughCall(fn, hits, passed, tests) if hits or tests else None
+
+
+def made_tensor(node: cst.BaseExpression) -> bool:
+    """``torch.as_tensor(i)``, ``torch.full((n,), i)``, and those moved,
+    cast or reshaped (``.to(device)``, ``.long()``, ``.unsqueeze(0)``)."""
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+            node.func.attr.value in _TENSOR_METHODS:
+        node = node.func.value
+    return isinstance(node, cst.Call) and (dotted(node.func) or "") in _TENSOR_MAKERS
+
+
+_TENSOR_METHODS = frozenset({"to", "cuda", "long", "int", "unsqueeze", "reshape", "view", "expand", "repeat"})
+_TENSOR_MAKERS = frozenset({"torch.as_tensor", "torch.tensor", "torch.full", "torch.LongTensor", "torch.IntTensor"})
+
+
+def sent_to_device(node: cst.BaseExpression) -> bool:
+    """A tensor :func:`made_tensor` makes and moves to a device
+    (``torch.as_tensor(i).to(device)``, ``torch.tensor([i], device=d)``)."""
+    if not made_tensor(node):
+        return False
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+            node.func.attr.value in _TENSOR_METHODS:
+        if node.func.attr.value in ("to", "cuda"):
+            return True
+        node = node.func.value
+    return any(a.keyword is not None and a.keyword.value == "device" for a in node.args)  # type: ignore[attr-defined]
+
+
+_COMPARE = (cst.Equal, cst.NotEqual, cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual)
+
+
+def host_tests(fn: cst.FunctionDef, params: Set[str]) -> List[Tuple[cst.Comparison, str]]:
+    """The comparisons of one of ``params`` with a Python number that ``fn``
+    reads as a bool: the test of an ``if``, ``while``, conditional expression
+    or ``assert``, or a part of one joined by ``and``/``or``/``not``
+    (``if t == 0:`` in a scheduler's step).  Where the parameter holds a
+    device tensor, each is a read on the host, a graph execution of its own.
+    None in a nested function or class, nor of a parameter ``fn`` binds
+    again."""
+    found: List[Tuple[cst.Comparison, str]] = []
+
+    def tests_in(node: cst.BaseExpression) -> None:
+        if isinstance(node, cst.BooleanOperation):
+            tests_in(node.left)
+            tests_in(node.right)
+        elif isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+            tests_in(node.expression)
+        elif isinstance(node, cst.Comparison) and len(node.comparisons) == 1 \
+                and isinstance(node.comparisons[0].operator, _COMPARE):
+            left, right = node.left, node.comparisons[0].comparator
+            for name, other in ((left, right), (right, left)):
+                if isinstance(name, cst.Name) and name.value in params and not name.lpar and _number(other):
+                    found.append((node, name.value))
+
+    for test in find_all(fn.body, (cst.If, cst.While, cst.IfExp, cst.Assert), stop=_NESTED):
+        tests_in(test.test)  # type: ignore[attr-defined]
+    if found:
+        bindings = find_all(fn.body, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.NamedExpr,
+                                      cst.AsName))
+        rebound = {n.value for b in bindings for n in find_all(getattr(b, "target", None) or b.name, cst.Name)}  # type: ignore[attr-defined]
+        found = [(c, p) for c, p in found if p not in rebound]
+    return found
+
+
+_NESTED = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+
+
+def _number(node: cst.BaseExpression) -> bool:
+    """An int or float literal, signed or not (``0``, ``-1``, ``0.5``)."""
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, (cst.Minus, cst.Plus)):
+        node = node.expression
+    return isinstance(node, (cst.Integer, cst.Float)) and not node.lpar
 
 
 def _names(node: cst.CSTNode) -> Set[str]:
