@@ -65,7 +65,9 @@ STEP_BARRIER = Rule(
         "reads (`ims = torch.clamp(x, -1, 1).cpu()`) is split: the value is computed into its target before the "
         "barrier and copied after it (`ims = torch.clamp(x, -1, 1)`, the barrier, `ims = ims.cpu()`); a read in "
         "each branch of an `if`/`else` decided on the host gets the barrier in each branch, a read in some of its "
-        "branches (`if i % 20 == 0: frames.append(x.cpu())`) the barrier before the `if`; a host copy kept in a "
+        "branches (`if i % 20 == 0: frames.append(x.cpu())`) the barrier before the `if`, a read in a loop inside "
+        "the pass of a value computed before it (`for k in range(n): log.append(loss.item())`) the barrier before "
+        "that loop; a host copy kept in a "
         "list before a later read (`x0_preds.append(x0_t.to('cpu'))`, then `xs.append(xt_next.to('cpu'))`) moves to "
         "just after the barrier before that read, when nothing between changes it or touches the list. A loop inside a model's "
         "`forward` (a layer loop, an RNN unrolled in the step) gets no barrier, except one that feeds its state "
@@ -210,6 +212,9 @@ class StepBarrier(LoopCodemod):
             read = self._before_first_read(original, exits)
             after = None if read is None else read.k
             where = "right before its first host read"
+            held = body.body[read.k] if read is not None and not read.branches and read.inner is None else None
+            if isinstance(held, (cst.If, cst.For, cst.While)):
+                where = f"right before the {'`if`' if isinstance(held, cst.If) else 'loop'} that holds its first host read"
             if read is not None and read.computes():
                 where += ", the value it reads computed first"
             if read is not None and read.branches:

@@ -432,6 +432,43 @@ def test_a_read_in_a_with_block_around_the_pass_gets_the_barrier_there():
     assert convert_text(first)[0].rstrip().endswith("        torch_xla.sync()\nprint(out)")
 
 
+IN_A_LOOP = ("        y = x.sum()\n        out.append(round(y.item(), 5))\n",
+             "        y = x.sum()\n        for k in range(2):\n            if k == 1:\n"
+             "                out.append(round(y.item(), 5))\n")
+
+
+def test_a_read_in_a_loop_inside_the_pass_gets_the_barrier_before_that_loop():
+    """``for k in range(n): log.append(loss.item())`` inside the pass: with
+    the barrier at the end a pass runs two graphs (the read's, the
+    barrier's); before the loop, one."""
+    out, findings = convert_text(DECODE.replace(*IN_A_LOOP))
+    assert ("        y = x.sum()\n        torch_xla.sync()\n        for k in range(2):\n            if k == 1:\n"
+            "                out.append(round(y.item(), 5))\n        x = torch.tanh(x)\nprint(out)") in out, out
+    assert [f.message for f in findings if f.code == "XLA302"] == [
+        "step loop: `torch_xla.sync()` added right before the loop that holds its first host read (it finds the "
+        "pass computed: one graph execution per pass)"]
+    assert convert_text(out)[0] == out
+
+
+@pytest.mark.parametrize("change", [
+    # the loop reads what it computes itself
+    ("                out.append(round(y.item(), 5))\n",
+     "                y = x.mean()\n                out.append(round(y.item(), 5))\n"),
+    # ... or reads nothing the pass computed
+    ("                out.append(round(y.item(), 5))\n", "                out.append(k)\n"),
+    # the loop is the pass's first statement: what it reads is the pass before's
+    ("        x, h = model(x, h)\n        y = x.sum()\n        for k in range(2):\n            if k == 1:\n"
+     "                out.append(round(y.item(), 5))\n",
+     "        for k in range(2):\n            if k == 1:\n                out.append(round(y.item(), 5))\n"
+     "        x, h = model(x, h)\n        y = x.sum()\n"),
+])
+def test_a_loop_inside_the_pass_that_does_not_read_the_pass_leaves_the_barrier_at_the_end(change):
+    source = DECODE.replace(*IN_A_LOOP)
+    assert change[0] in source
+    out, _ = convert_text(source.replace(*change))
+    assert out.rstrip().endswith("        torch_xla.sync()\nprint(out)"), out
+
+
 LOOP_TAIL = ("out = []\nwith torch.no_grad():\n    for _ in range(int(sys.argv[1])):\n        x, h = model(x, h)\n"
              "        y = x.sum()\n        out.append(round(y.item(), 5))\n        x = torch.tanh(x)\nprint(out)\n")
 DEFERRED = (LOOP_TAIL, "out, kept = [], []\nwith torch.no_grad():\n    for _ in range(int(sys.argv[1])):\n"
@@ -464,9 +501,9 @@ def test_a_kept_copy_whose_value_may_change_before_the_later_read_stays(between)
 
 @pytest.mark.xla
 @needs_xla
-@pytest.mark.parametrize("change", [("", ""), COMPUTED_READ, BRANCHED, DEFERRED, ONE_BRANCH, IN_A_BLOCK],
+@pytest.mark.parametrize("change", [("", ""), COMPUTED_READ, BRANCHED, DEFERRED, ONE_BRANCH, IN_A_BLOCK, IN_A_LOOP],
                          ids=["read-of-a-name", "read-computes-its-value", "a-read-in-each-branch", "kept-copy-moved",
-                              "a-read-in-one-branch", "a-read-in-a-with-block"])
+                              "a-read-in-one-branch", "a-read-in-a-with-block", "a-read-in-a-loop"])
 def test_the_barrier_before_the_read_compiles_once_and_runs_one_graph_per_pass(tmp_path, change):
     """Measured against the barrier at the end of the pass, the same values
     as the original on the CPU: at 4 and 8 passes, compiles flat and one

@@ -2,8 +2,9 @@
 for its barrier (XLA302), so that the read finds the pass computed and the
 pass runs one graph.  A read of a name, or an assignment whose read computes
 what it reads, at the loop's own level or in each branch of an ``if``/``else``
-decided on the host (before the ``if`` where only some branches read), or in
-a ``with`` block there (``with torch.no_grad():``); host
+decided on the host (before the ``if`` where only some branches read, and
+before a loop inside the pass that reads it), or in a ``with`` block there
+(``with torch.no_grad():``); host
 copies kept in a list before a later read move to it.  The answer is a :class:`~codemods.syntax.hoist.ReadSite`; the split it
 asks for is made by :mod:`codemods.syntax.hoist`."""
 
@@ -40,6 +41,9 @@ class PassReads:
                     return ReadSite(k, None, branches)
                 if (computed_before or k > 0) and self._read_within(stmt, True, assigned):
                     return ReadSite(k, None)  # (before the `if`, after what the pass computed first)
+            elif isinstance(stmt, (cst.For, cst.While)):
+                if (computed_before or k > 0) and self._read_in_loop(stmt, assigned):
+                    return ReadSite(k, None)  # (before the loop, after what the pass computed first)
             elif isinstance(stmt, cst.With) and isinstance(stmt.body, cst.IndentedBlock):
                 inner = self.first(list(stmt.body.body), computed_before or k > 0, assigned)
                 if inner is not None:  # (`with torch.no_grad():` around the pass)
@@ -95,6 +99,24 @@ class PassReads:
         branches = [stmt.body.body] + ([orelse.body.body] if isinstance(orelse, cst.Else) else
                                        [[orelse]] if isinstance(orelse, cst.If) else [])
         return any(self.first(list(b), computed_before, assigned) is not None for b in branches)
+
+    def _read_in_loop(self, stmt, assigned: FrozenSet[str]) -> bool:  # type: ignore[no-untyped-def]
+        """Does a loop inside the pass read on the host a value the pass
+        computed before it and the loop never assigns (``for k in
+        range(n): log.append(loss.item())``)?  The barrier goes before the
+        loop: the read finds the pass computed (with the barrier at the end,
+        the read runs a graph and the barrier another).  A read of what the
+        loop computes itself is the loop's own: passed over."""
+        inner = assigned_keys(stmt)
+        before = assigned - inner
+        if not before or not isinstance(stmt.body, cst.IndentedBlock):
+            return False
+        for line in find_all(stmt.body, cst.SimpleStatementLine, stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            reads = self._reads(line)
+            computed = read_receiver(line, reads) if reads else None  # type: ignore[arg-type]
+            if computed is not None and before & _mentioned(computed) and not inner & _mentioned(computed):
+                return True
+        return False
 
     def _host_test(self, stmt: cst.If) -> Optional[cst.If]:
         """``stmt`` where its test reads nothing on the device (and its
