@@ -337,3 +337,26 @@ def test_a_model_file_gets_the_same_findings_with_and_without_the_prefilter():
     slow = transform(data, Settings(prefilter=False), str(DETR))
     assert [f.as_dict() for f in fast.findings] == [f.as_dict() for f in slow.findings]
     assert not any(f.code == "XLA407" for f in slow.findings)
+
+
+def test_a_fact_that_names_a_word_may_hold_only_where_the_bytes_hold_it():
+    """``may_hold`` (a file an importer search need not parse) is derived
+    from the facts: every fact of every fixture that names a word is allowed
+    by its bytes, and a word missing from the bytes rules the fact out."""
+    from codemods.analysis.prefilter import BEING_PORTED, may_hold
+
+    checked = 0
+    for path in sorted((ROOT / "fixtures").rglob("*.py")):
+        data = path.read_bytes()
+        facts = file_facts(data) or frozenset()
+        for fact in facts:
+            assert may_hold(fact, data), (path, fact)
+            checked += 1
+        for need in BEING_PORTED:
+            assert not holds(need, facts) or may_hold(need, data), (path, need)
+    assert checked > 1000
+    assert not may_hold("code~cuda", b"x = 1  # runs on the GPU\n")
+    assert not may_hold("torch:accelerator", b"import torch\n")
+    assert not may_hold("name~Scaler", b"import torch\n") and may_hold("name~Scaler", b"s = GradScaler()\n")
+    assert not may_hold(f"{STEP_LOOP}&code~cuda", b"for x in loader:\n    opt.step()\n")
+    assert may_hold(STEP_LOOP, b"") and may_hold(IMPORTS_TORCH, b"")  # (no word to look for)

@@ -173,15 +173,19 @@ def _imports(path: str) -> FrozenSet[str]:
 
 
 def _holds(path: str, needs: Tuple[str, ...]) -> bool:
-    """Does one of ``needs`` hold for the file's ``ast`` prefilter facts?"""
-    from codemods.analysis.prefilter import file_facts, holds
+    """Does one of ``needs`` hold for the file's ``ast`` prefilter facts?
+    (Parsed only where the bytes leave one possible: ``prefilter.may_hold``.)"""
+    from codemods.analysis.prefilter import file_facts, holds, may_hold
 
     known = _file(path)
     if not known.read:
         try:
-            known.facts = file_facts(Path(path).read_bytes()) if known.stamp is not None else None
+            data = Path(path).read_bytes() if known.stamp is not None else None
         except OSError:
-            known.facts = None
+            data = None
+        if data is not None and not any(may_hold(need, data) for need in needs):
+            return False  # (asked again with other needs, it reads the file again)
+        known.facts = file_facts(data) if data is not None else None
         known.read = True
     return known.facts is not None and any(holds(need, known.facts) for need in needs)
 

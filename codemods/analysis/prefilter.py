@@ -437,6 +437,19 @@ def holds(need: str, facts: FrozenSet[str]) -> bool:
     return need in facts
 
 
+def may_hold(need: str, source: bytes) -> bool:
+    """False where ``need`` cannot hold for ``source`` whatever its facts:
+    a fact that names a word (``code~cuda``, ``torch:accelerator``,
+    ``name:tqdm``, ``name~Scaler``) holds only where the bytes hold the word,
+    so a file without it need not be parsed to say no."""
+    if "&" in need:
+        return all(may_hold(part, source) for part in need.split("&"))
+    kind, sep, word = need.partition(":") if not need.startswith(("code~", "name~")) else need.partition("~")
+    if not sep or kind not in ("code", "name", "torch") or not word:
+        return True
+    return word.encode() in source
+
+
 # nodes that carry identifiers as plain strings (ast.Name is handled inline)
 _NAMED = {ast.Attribute, ast.alias, ast.keyword, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.arg,
           ast.ImportFrom, ast.Global, ast.Nonlocal, ast.ExceptHandler}
