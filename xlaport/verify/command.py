@@ -21,8 +21,11 @@ RUNS_THE_PROGRAM = ("verify runs your program, unsandboxed and with your rights,
 
 
 @click.command(context_settings={"ignore_unknown_options": True}, epilog=RUNS_THE_PROGRAM + ".")
-@click.argument("script", type=click.Path(exists=True, dir_okay=False))
+@click.argument("script", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("-m", "module", default=None, metavar="MODULE",
+              help="Run the program as `python -m MODULE` from the working directory (a module of the project, "
+                   "`tools.sample_ddpm`); every argument after it is the program's.")
 @click.option("--root", type=click.Path(exists=True, file_okay=False), default=None,
               help="The project's root (default: the nearest directory above SCRIPT with .git, pyproject.toml, "
                    "setup.py or setup.cfg; else SCRIPT's directory).")
@@ -71,22 +74,31 @@ RUNS_THE_PROGRAM = ("verify runs your program, unsandboxed and with your rights,
               help="Write a per-step compiles/executions/transfers plot to this PNG (needs matplotlib).")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
 @click.option("-v", "--verbose", is_flag=True, help="Also print the whole report as JSON (on stderr).")
-def verify(script, script_args, root, converted, device, target, reference, rtol, atol, warmup_steps, max_host_reads_per_step,
+def verify(script, script_args, module, root, converted, device, target, reference, rtol, atol, warmup_steps, max_host_reads_per_step,
            timeout, json_out, html_out, reference_runs, lengths, converted_args, device_rng, record_to, against, keep,
            torchrun, plot, quiet, verbose):
     """Run SCRIPT as the reference and its XLA conversion; compare outputs and compile behaviour.
 
     The program is run as you run it: its whole project tree, from your
-    working directory, with SCRIPT_ARGS.  Exit 0: pass; 1: outputs differ or
+    working directory, with SCRIPT_ARGS (`-m MODULE`: as `python -m MODULE`).  Exit 0: pass; 1: outputs differ or
     a budget is exceeded; 2: could not verify; 130/143: interrupted."""
     from xlaport.verify.project import Project, ProjectError
     from xlaport.verify.report import plot_steps, render
     from xlaport.verify.verification import verify as run_verify
 
+    if module is not None:
+        script_args = (script, *script_args) if script is not None else script_args  # (all the program's)
+        script = None
+    elif script is None:
+        raise click.UsageError("Missing argument 'SCRIPT' (or -m MODULE).")
+    elif not Path(script).is_file():
+        raise click.BadParameter(f"'{script}': {'is a directory' if Path(script).is_dir() else 'does not exist'}.",
+                                 param_hint="'SCRIPT'")
     try:
-        project = Project.of(Path(script), Path(root) if root else None)
+        project = Project.of(Path(script) if script else None, Path(root) if root else None, module=module)
     except ProjectError as exc:
         raise click.UsageError(str(exc)) from None
+    script = str(project.script)
     _check_outputs(project, script, converted, against, json_out=json_out, html=html_out, plot=plot,
                    record=record_to)
     if record_to and against:
@@ -115,7 +127,7 @@ def verify(script, script_args, root, converted, device, target, reference, rtol
                             reference_runs=reference_runs, lengths=lengths, keep=keep,
                             record_to=Path(record_to) if record_to else None,
                             against=Path(against) if against else None, root=Path(root) if root else None,
-                            device_rng=device_rng, converted_args=converted_args, target=target)
+                            device_rng=device_rng, converted_args=converted_args, target=target, module=module)
     if json_out:
         _write(Path(json_out), json.dumps(report.as_dict(), indent=2))
     if html_out:

@@ -74,7 +74,7 @@ def run_side(side: Side, mode: str, args: Sequence[str], timeout: float, python:
              extra_env: Optional[Dict[str, str]] = None, run_dir: Optional[Path] = None,
              extra_path: Sequence[str] = ()) -> Run:
     """Run the side's copy of the program as its user runs it -- ``python
-    SCRIPT ARGS`` from its working directory, nothing imported or wrapped
+    SCRIPT ARGS`` (or ``python -m MODULE ARGS``) from its working directory, nothing imported or wrapped
     (:mod:`xlaport.verify.observer` only watches) -- in a child process;
     ``mode`` is cpu, cuda (reference) or xla (candidate).  Its whole process
     group goes when it ends, is killed at ``timeout``, or the verification
@@ -103,7 +103,7 @@ def run_side(side: Side, mode: str, args: Sequence[str], timeout: float, python:
     Path(env["XLAPORT_LEFTOVERS"]).unlink(missing_ok=True)
     dump = Path(env["XLA_SAVE_TENSORS_FILE"]).parent if env.get("XLA_SAVE_TENSORS_FILE") else None
     mapped = [side.project.map_arg(a, side.tree) for a in args]
-    cmd = [python, str(side.script), *mapped]
+    cmd = [python, *side.project.command(side.script), *mapped]
     out_path, err_path = Path(f"{prefix}.stdout"), Path(f"{prefix}.stderr")
     started = time.monotonic()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:

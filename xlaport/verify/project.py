@@ -2,7 +2,8 @@
 and one private copy of that tree for each side of a verification.
 
 * The **project root** is ``--root``, else the nearest directory above the
-  script that holds a ``.git`` or a ``pyproject.toml``/``setup.py``/
+  script (or the file of the module ``-m`` names, found from the working
+  directory as ``python -m`` finds it) that holds a ``.git`` or a ``pyproject.toml``/``setup.py``/
   ``setup.cfg``, else the script's own directory.  The user's working
   directory must lie inside it: that is where relative paths point.
 * Each **side** (the CPU reference, the XLA candidate) gets a copy of the
@@ -64,20 +65,49 @@ def _skipped(name: str) -> bool:
     return name in SKIP_DIRS or name.endswith(".egg-info") or (name.startswith(".") and name not in (".", ".."))
 
 
+def module_file(module: str, cwd: Path) -> Path:
+    """The file ``python -m MODULE`` runs from ``cwd`` when it is the
+    project's own (``tools.sample_ddpm`` -> ``tools/sample_ddpm.py``; a
+    package's ``__main__.py``)."""
+    parts = module.split(".")
+    if not module or not all(p.isidentifier() for p in parts):
+        raise ProjectError(f"-m {module}: not a module name")
+    base = cwd.joinpath(*parts)
+    for candidate in (base.with_name(base.name + ".py"), base / "__main__.py"):
+        if candidate.is_file():
+            return candidate
+    raise ProjectError(f"-m {module}: no {'/'.join(parts)}.py or {'/'.join(parts)}/__main__.py under the working "
+                       f"directory {cwd} (verify runs the project's own modules as `python -m`)")
+
+
 @dataclass
 class Project:
     root: Path
     script: Path
     cwd: Path
+    module: Optional[str] = None  # run as `python -m MODULE` from ``cwd`` (``script`` is its file)
 
     @classmethod
-    def of(cls, script: Path, root: Optional[Path] = None, cwd: Optional[Path] = None) -> "Project":
+    def of(cls, script: Optional[Path], root: Optional[Path] = None, cwd: Optional[Path] = None,
+           module: Optional[str] = None) -> "Project":
+        here = (cwd or Path.cwd()).resolve()
+        if module is not None:
+            script = module_file(module, here)
+        assert script is not None
         script = script.resolve()
         found = find_root(script, root)
-        here = (cwd or Path.cwd()).resolve()
         if not _inside(here, found):
+            if module is not None:
+                raise ProjectError(f"-m {module}: the working directory {here} is outside the project's root "
+                                   f"{found}")
             here = script.parent  # run from elsewhere: the script's own directory, inside the tree
-        return cls(found, script, here)
+        return cls(found, script, here, module)
+
+    def command(self, script: Path) -> List[str]:
+        """How a side's copy of the program is started, after the
+        interpreter: ``SCRIPT`` (that side's copy), or ``-m MODULE`` from the
+        side's working directory."""
+        return ["-m", self.module] if self.module else [str(script)]
 
     @property
     def rel_script(self) -> Path:

@@ -17,28 +17,30 @@ from xlaport.verify.project import Project, ProjectError, changed_files
 from xlaport.verify.session import Session
 
 
-def verify(script: Path, converted: Optional[Path] = None, args: Sequence[str] = (), rtol: Optional[float] = None,
+def verify(script: Optional[Path], converted: Optional[Path] = None, args: Sequence[str] = (), rtol: Optional[float] = None,
            atol: Optional[float] = None, timeout: float = 600, max_host_reads_per_step: Optional[float] = None,
            python: str = sys.executable, warmup_steps: int = 2, reference: str = "auto", device: str = "cpu",
            reference_runs: int = 2, lengths: Optional[str] = None, keep: bool = False,
            record_to: Optional[Path] = None, against: Optional[Path] = None, root: Optional[Path] = None,
            device_rng: bool = False, cwd: Optional[Path] = None,
-           converted_args: Optional[Sequence[str]] = None, target: str = DEFAULT_TARGET) -> Report:
+           converted_args: Optional[Sequence[str]] = None, target: str = DEFAULT_TARGET,
+           module: Optional[str] = None) -> Report:
     """Run the reference and the candidate, compare, and judge (see the README).
 
     ``record_to``: run only the reference and store it there; ``against``:
     compare with such a record instead of running the original.  Temporary
     directories are removed unless ``keep`` -- also when the verification is
-    interrupted (KeyboardInterrupt goes on to the caller)."""
+    interrupted (KeyboardInterrupt goes on to the caller).  ``module``: the
+    program is ``python -m module`` from ``cwd`` (``script`` is not read)."""
     opts = Options(rtol, atol, timeout, max_host_reads_per_step, python, warmup_steps, reference, device,
                    max(1, reference_runs), lengths, keep, record_to, against, root, device_rng,
                    list(converted_args) if converted_args is not None else None, target)
     try:
-        project = Project.of(Path(script), root, cwd)
+        project = Project.of(Path(script) if script is not None else None, root, cwd, module)
     except ProjectError as exc:
         return Report("error", error=str(exc))
     config: Dict[str, object] = {
-        "script": str(project.script), "root": str(project.root), "cwd": str(project.cwd),
+        "script": str(project.script), "module": module, "root": str(project.root), "cwd": str(project.cwd),
         "converted": str(converted) if converted else None, "args": list(args), "rtol": rtol, "atol": atol,
         "warmup_steps": warmup_steps, "reference": reference, "device": device, "reference_runs": reference_runs,
         "lengths": lengths, "against": str(against) if against else None, "device_rng": device_rng,
