@@ -324,12 +324,18 @@ def test_an_assignment_whose_read_computes_the_value_computes_it_before_the_barr
     end, the read runs the graph up to the value and the barrier the rest;
     computed into the target before the barrier, the barrier's one graph
     holds it and the read copies it."""
-    out, findings = convert_text(DECODE.replace(*COMPUTED_READ))
-    assert ("        y = x.sum() * 2\n        torch_xla.sync()\n        y = y.cpu()\n"
-            "        out.append(round(y.item(), 5))\n        x = torch.tanh(x)\nprint(out)") in out, out
+    placed(COMPUTED_READ, "        y = x.sum() * 2\n        torch_xla.sync()\n        y = y.cpu()\n"
+                          "        out.append(round(y.item(), 5))\n        x = torch.tanh(x)\nprint(out)",
+           "right before its first host read, the value it reads computed first")
+
+
+def placed(change, text: str, where: str) -> None:
+    """DECODE with ``change`` converts to hold ``text``, XLA302 saying the
+    barrier went ``where``; the conversion converts to itself."""
+    out, findings = convert_text(DECODE.replace(*change))
+    assert text in out, out
     assert [f.message for f in findings if f.code == "XLA302"] == [
-        "step loop: `torch_xla.sync()` added right before its first host read, the value it reads computed first (it "
-        "finds the pass computed: one graph execution per pass)"]
+        f"step loop: `torch_xla.sync()` added {where} (it finds the pass computed: one graph execution per pass)"]
     assert convert_text(out)[0] == out
 
 
@@ -441,13 +447,9 @@ def test_a_read_in_a_loop_inside_the_pass_gets_the_barrier_before_that_loop():
     """``for k in range(n): log.append(loss.item())`` inside the pass: with
     the barrier at the end a pass runs two graphs (the read's, the
     barrier's); before the loop, one."""
-    out, findings = convert_text(DECODE.replace(*IN_A_LOOP))
-    assert ("        y = x.sum()\n        torch_xla.sync()\n        for k in range(2):\n            if k == 1:\n"
-            "                out.append(round(y.item(), 5))\n        x = torch.tanh(x)\nprint(out)") in out, out
-    assert [f.message for f in findings if f.code == "XLA302"] == [
-        "step loop: `torch_xla.sync()` added right before the loop that holds its first host read (it finds the "
-        "pass computed: one graph execution per pass)"]
-    assert convert_text(out)[0] == out
+    placed(IN_A_LOOP, "        y = x.sum()\n        torch_xla.sync()\n        for k in range(2):\n            if k == 1:\n"
+                      "                out.append(round(y.item(), 5))\n        x = torch.tanh(x)\nprint(out)",
+           "right before the loop that holds its first host read")
 
 
 @pytest.mark.parametrize("change", [
