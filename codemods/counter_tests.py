@@ -33,6 +33,7 @@ from codemods.base import Rule, find_all
 from codemods.loop_codemod import LoopCodemod
 from codemods.step_callers import counter_calls
 from codemods.syntax import imports
+from codemods.syntax.nodes import param_names
 
 COUNTER_TEST = Rule(
     code="XLA415",
@@ -111,8 +112,7 @@ class CounterTests(LoopCodemod):
 
 def _tests_a_parameter(fn: cst.FunctionDef) -> bool:
     """Does ``fn`` test one of its parameters against a number?"""
-    params = {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)}
-    return bool(host_tests(fn, params))
+    return bool(host_tests(fn, param_names(fn)))
 
 
 __all__ = ["CounterTests", "COUNTER_TEST"]

@@ -67,7 +67,7 @@ from codemods.analysis.steps import SCALAR_READS
 from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP
 from codemods.base import Rule, call_name, find_all
 from codemods.syntax import imports
-from codemods.syntax.nodes import is_stored, walk
+from codemods.syntax.nodes import is_stored, param_names, walk
 
 DEVICE_INDEX = Rule(
     code="XLA411",
@@ -283,7 +283,7 @@ def _whole(part: cst.BaseSlice) -> bool:
 
 def _slices_by_a_parameter(fn: cst.FunctionDef) -> bool:
     """Does ``fn`` slice something from one of its parameters (``source[i:...]``)?"""
-    params = {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)}
+    params = param_names(fn)
     return any(part.lower is not None and any(isinstance(n, cst.Name) and n.value in params for n in walk(part.lower))
                for part in find_all(fn.body, cst.Slice))  # type: ignore[attr-defined]
 
@@ -299,7 +299,7 @@ def _first(sub: cst.Subscript, index: cst.BaseExpression) -> cst.Subscript:
 def _indexes_by_a_parameter(fn: cst.FunctionDef) -> bool:
     """Does ``fn`` index something with a plain expression of one of its
     parameters (``self.alphas[t]``, ``self.betas.to(x.device)[t - 1]``)?"""
-    params = {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)}
+    params = param_names(fn)
     return any(_plain_index(sub) is not None and any(isinstance(n, cst.Name) and n.value in params
                                                      for n in walk(sub.slice[0].slice))
                for sub in find_all(fn.body, cst.Subscript))  # type: ignore[attr-defined]

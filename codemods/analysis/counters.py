@@ -230,13 +230,22 @@ def counter_through_call(tree: TreeCache, call: cst.Call, counters: Set[str], te
     return ThroughCall(fn, hits, passed, tests) if hits or tests else None
 
 
+def _tensor_chain(node: cst.BaseExpression) -> Tuple[cst.BaseExpression, List[str]]:
+    """``torch.as_tensor(i).long().to(d)`` -> (the call it starts from,
+    the methods after it: ``["to", "long"]``, last first)."""
+    methods: List[str] = []
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+            node.func.attr.value in _TENSOR_METHODS:
+        methods.append(node.func.attr.value)
+        node = node.func.value
+    return node, methods
+
+
 def made_tensor(node: cst.BaseExpression) -> bool:
     """``torch.as_tensor(i)``, ``torch.full((n,), i)``, and those moved,
     cast or reshaped (``.to(device)``, ``.long()``, ``.unsqueeze(0)``)."""
-    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
-            node.func.attr.value in _TENSOR_METHODS:
-        node = node.func.value
-    return isinstance(node, cst.Call) and (dotted(node.func) or "") in _TENSOR_MAKERS
+    start, _ = _tensor_chain(node)
+    return isinstance(start, cst.Call) and (dotted(start.func) or "") in _TENSOR_MAKERS
 
 
 _TENSOR_METHODS = frozenset({"to", "cuda", "long", "int", "unsqueeze", "reshape", "view", "expand", "repeat"})
@@ -248,12 +257,9 @@ def sent_to_device(node: cst.BaseExpression) -> bool:
     (``torch.as_tensor(i).to(device)``, ``torch.tensor([i], device=d)``)."""
     if not made_tensor(node):
         return False
-    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
-            node.func.attr.value in _TENSOR_METHODS:
-        if node.func.attr.value in ("to", "cuda"):
-            return True
-        node = node.func.value
-    return any(a.keyword is not None and a.keyword.value == "device" for a in node.args)  # type: ignore[attr-defined]
+    start, methods = _tensor_chain(node)
+    return bool({"to", "cuda"} & set(methods)) or \
+        any(a.keyword is not None and a.keyword.value == "device" for a in start.args)  # type: ignore[attr-defined]
 
 
 _COMPARE = (cst.Equal, cst.NotEqual, cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual)

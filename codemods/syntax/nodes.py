@@ -156,6 +156,12 @@ def walk(node: cst.CSTNode, stop: Tuple[type, ...] = ()) -> Iterator[cst.CSTNode
 _TARGET_OF = (cst.AugAssign, cst.AnnAssign, cst.WithItem, cst.For, cst.CompFor)
 
 
+def param_names(fn: cst.FunctionDef) -> Set[str]:
+    """The names of ``fn``'s named parameters (positional-only, plain and
+    keyword-only; not ``*args``/``**kwargs``)."""
+    return {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)}
+
+
 def is_stored(node: cst.CSTNode, ancestors: Iterator[cst.CSTNode]) -> bool:
     """``node`` is (part of) a target something is assigned to, or deleted
     (``x[i] = v``, ``a, x[i] = ...``, ``for x[i] in``, ``del x[i]``);
