@@ -43,10 +43,11 @@ def load_config(paths: Sequence[str], explicit: Optional[str] = None,
     ``overrides`` are ``KEY = VALUE`` TOML lines (``--config``) that win over
     the file."""
     path = Path(explicit) if explicit else _find(paths)
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        return {}
+    if path is not None or overrides:  # (a hook run on a file of no project does not import tomllib)
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10
+            return {}
     table: Dict[str, object] = {}
     if path is not None:
         try:

@@ -91,15 +91,23 @@ _ROOTS: Dict[Path, Optional[Path]] = {}
 
 
 def _root_of(directory: Path) -> Optional[Path]:
-    """The repository holding ``directory`` (looked up once per directory)."""
-    directory = directory.resolve()
-    if directory not in _ROOTS:
-        cur: Optional[Path] = directory
-        root = None
-        while cur is not None:
-            if (cur / ".git").exists():
-                root = cur
-                break
-            cur = cur.parent if cur.parent != cur else None
-        _ROOTS[directory] = root
-    return _ROOTS[directory]
+    """The repository holding ``directory`` (looked up once per directory,
+    as given and resolved; a walk up stops at a folder already looked up)."""
+    if directory in _ROOTS:  # (most files share their directory)
+        return _ROOTS[directory]
+    walked = [directory]
+    cur = directory.resolve()
+    root: Optional[Path] = None
+    while cur not in _ROOTS:
+        walked.append(cur)
+        if (cur / ".git").exists():
+            root = cur
+            break
+        if cur.parent == cur:
+            break
+        cur = cur.parent
+    else:
+        root = _ROOTS[cur]
+    for d in walked:
+        _ROOTS[d] = root
+    return root

@@ -27,8 +27,9 @@ _CONSULTED: Dict[str, Set[str]] = {}
 
 
 def consulted(filename: str) -> Set[str]:
-    """The other files and directories read for answers about ``filename``
-    beyond those it imports (the results cache checks them too)."""
+    """The files and directories read for answers about ``filename``
+    beyond those it imports (the results cache checks them too): where its
+    own folder was listed, the file itself is among them."""
     return _CONSULTED.get(os.path.abspath(filename), set())
 
 
@@ -103,9 +104,8 @@ def _candidates(path: str, asked: Optional[str] = None) -> List[str]:
     seen = _CONSULTED.setdefault(asked or path, set())
     seen.update(dirs)
     found = [os.path.join(d, e) for d in dirs for e in sorted(listed(d)) if e.endswith(".py")]
-    found = [f for f in found if f != path]
-    seen.update(found)
-    return found
+    seen.update(found)  # (the file itself too: every module of a folder consults the same files, one cache group)
+    return [f for f in found if f != path]
 
 
 def _script_dirs(root: str) -> List[str]:
