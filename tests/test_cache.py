@@ -190,3 +190,5 @@ def test_the_files_an_entry_depends_on_are_groups_its_folder_shares(tmp_path):
         group.write_text(group.read_text().replace("[", "[ ", 1))
     fresh = Cache(tmp_path / "cache", Settings())
     assert not any(fresh.get(f"{k:02d}entry") for k in range(5))
+    fresh.put("00entry", {"input": "x", "deps": near})  # the next answer made writes its group again
+    assert Cache(tmp_path / "cache", Settings()).get("00entry")
