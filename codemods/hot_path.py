@@ -146,10 +146,7 @@ class HotPathCodemod(LoopCodemod):
         found = tree.memo.get("element_loops")
         if found is None:
             found = tree.memo["element_loops"] = [
-                lp for lp in tree.nodes((cst.For,))
-                if isinstance(loop_iterable(lp), (cst.Name, cst.Attribute))  # type: ignore[arg-type]
-                and placement(tree, loop_iterable(lp)) == DEVICE  # type: ignore[arg-type]
-                and "module" not in values(tree).of(loop_iterable(lp))]  # type: ignore[arg-type]
+                lp for lp in tree.nodes((cst.For,)) if walks_device_tensor(tree, loop_iterable(lp))]  # type: ignore[arg-type]
         return found  # type: ignore[return-value]
 
     def _report(self, node: cst.CSTNode, rule: Rule, what: str, related: Sequence[cst.CSTNode] = ()) -> None:
@@ -169,6 +166,14 @@ class HotPathCodemod(LoopCodemod):
 
     def _on_device(self, node: cst.CSTNode) -> bool:
         return on_device(self.tree, node, self.tensors)
+
+
+def walks_device_tensor(tree: TreeCache, iterable: Optional[cst.CSTNode]) -> bool:
+    """Is ``iterable`` (what a ``for`` or a comprehension walks) a device
+    tensor, by name or attribute: each element it yields is a graph of its
+    own.  Not a module moved there (``nn.ModuleList([...]).to(device)``)."""
+    return (isinstance(iterable, (cst.Name, cst.Attribute)) and placement(tree, iterable) == DEVICE
+            and "module" not in values(tree).of(iterable))
 
 
 def code(node: cst.CSTNode) -> str:

@@ -19,7 +19,7 @@ from codemods.analysis.syncs import is_barrier_call
 from codemods.generation import GENERATION_WINDOW
 from codemods.analysis.values import TENSOR, values
 from codemods.base import Rule, call_name, dotted, find_all
-from codemods.hot_path import HotPathCodemod, code
+from codemods.hot_path import HotPathCodemod, code, walks_device_tensor
 
 DYNAMIC = Rule(
     code="XLA405",
@@ -62,9 +62,10 @@ COUNTER_INDEX = Rule(
     name="loop-counter-index",
     summary="a device tensor iterated or indexed with the Python loop counter",
     why=(
-        "`for t in timesteps_on_device` or `alphas[i]` bakes the index into the graph as a "
-        "constant: every step traces a different graph and compiles again. Iterate a host "
-        "copy (`timesteps.tolist()` once, before the loop) or pass the index as a tensor."
+        "`for t in timesteps_on_device`, `[itos[int(i)] for i in tokens_on_device]` or `alphas[i]` bakes the "
+        "index into the graph as a constant: every step traces a different graph and compiles again (and a walk "
+        "reads each element on the host on its own). Iterate a host copy (`timesteps.tolist()` once, before the "
+        "loop) or pass the index as a tensor."
     ),
     before=(
         "import torch\n\nalphas = torch.linspace(0, 1, 10, device=\"cuda\")\nfor i in range(10):\n    x = model(x) * alphas[i]\n"
@@ -250,6 +251,14 @@ class ShapeTraps(HotPathCodemod):
             self._report(node.iter, COUNTER_INDEX, f"iterating device tensor `{code(it)}` takes each element as a "
                                                    "graph of its own (a new one per index): iterate a host copy, "
                                                    "read once (`.tolist()`), or use tensor ops")
+
+    def visit_CompFor(self, node: cst.CompFor) -> None:
+        """``[itos[int(i)] for i in y]``, ``y`` on the device: one graph and
+        one transfer per element, where ``y.tolist()`` reads it once."""
+        if walks_device_tensor(self.tree, node.iter):
+            self._report(node.iter, COUNTER_INDEX, f"a comprehension over device tensor `{code(node.iter)}` takes each "
+                                                   "element as a graph of its own and reads it on the host one by one: "
+                                                   f"read it once (`{code(node.iter)}.tolist()`) and walk the copy")
 
 
 def _number(node: cst.CSTNode) -> bool:

@@ -192,3 +192,28 @@ def test_the_files_an_entry_depends_on_are_groups_its_folder_shares(tmp_path):
     assert not any(fresh.get(f"{k:02d}entry") for k in range(5))
     fresh.put("00entry", {"input": "x", "deps": near})  # the next answer made writes its group again
     assert Cache(tmp_path / "cache", Settings()).get("00entry")
+
+
+def test_a_warm_lint_reads_no_output_and_convert_reads_a_checked_one(cached, tmp_path, monkeypatch):
+    """Outputs are kept beside the entries, named by their digests: a warm
+    `lint` shows findings and reads none (a corpus's entries were 89% output
+    text); `convert` reads them, and one that is gone is a miss, worked out
+    again."""
+    src = _tree(tmp_path)
+    expected = tmp_path / "expected"
+    CliRunner().invoke(main, ["convert", "--no-cache", "-j", "1", str(src), "-o", str(expected)])
+    cold = CliRunner().invoke(main, ["lint", "--verbose", "-j", "1", str(src)])
+    kept = sorted((next(cached.glob("*/out"))).iterdir())
+    assert len(kept) == 2  # train.py's output and gpu.py's (plain.py is left as it is)
+    assert not any({"output", "output_text", "styled"} & set(json.loads(p.read_text())) for p in cached.rglob("*.json"))
+    for path in kept:
+        path.unlink()
+    with monkeypatch.context() as m:
+        _no_work(m)
+        warm = CliRunner().invoke(main, ["lint", "--verbose", "-j", "1", str(src)])
+    assert warm.output == cold.output
+    assert "train.py: changed" in warm.output and "gpu.py: changed" in warm.output
+    done = CliRunner().invoke(main, ["convert", "-j", "1", str(src)])  # (the outputs gone: misses)
+    assert done.exit_code == 0, done.output
+    for name in ("train.py", "gpu.py", "plain.py"):
+        assert (src / name).read_bytes() == (expected / name).read_bytes()

@@ -142,8 +142,17 @@ def test_a_planted_cache_entry_never_reaches_a_source_file(cache_dir, tmp_path):
     assert entry.exists()
     clean = json.loads(entry.read_text())
     planted = "aW1wb3J0IG9zOyBvcy5zeXN0ZW0oJ2V2aWwnKQo="  # base64 of `import os; os.system('evil')`
-    for field in ("output", "styled"):
+    for field in ("output", "styled"):  # (fields of an older format: not read)
         entry.write_text(json.dumps({**clean, field: planted, "same": False}))
+        assert xlaport("convert", "--diff", f).exit_code == 1
+        assert xlaport("convert", f).exit_code == 0
+        assert "evil" not in f.read_text() and "torch_xla" in f.read_text()
+        f.write_text(CUDA)
+    # the outputs an entry names by their digests, planted in their files
+    outputs = sorted((entry.parent.parent / "out").iterdir())
+    assert len(outputs) == 1  # (the output, which Ruff leaves as it is: one text, kept once)
+    for kept in outputs:
+        kept.write_text("import os; os.system('evil')\n")
         assert xlaport("convert", "--diff", f).exit_code == 1
         assert xlaport("convert", f).exit_code == 0
         assert "evil" not in f.read_text() and "torch_xla" in f.read_text()

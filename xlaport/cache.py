@@ -7,7 +7,9 @@ the code of xlaport itself (the version, plus the size and mtime of every
 module of the rules and the engine, so that an edited checkout never reads
 stale answers).  Entries are small JSON files written through a temporary
 file and a rename, so runs in parallel (pre-commit's batches) never read a
-half-written one; a damaged entry is a miss.
+half-written one; a damaged entry is a miss.  A rewritten file's output is
+kept beside its entry, named by its digest (:meth:`Cache.output`): `lint`
+shows findings, and a warm `lint` reads no output at all.
 
 The cache lives in ``.xlaport_cache/`` under the current directory (Ruff's
 ``.ruff_cache`` convention), or ``$XLAPORT_CACHE_DIR``; ``--no-cache`` skips
@@ -16,13 +18,12 @@ it.  It holds its own ``.gitignore`` and a ``CACHEDIR.TAG``.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Dict, List, Optional, Set
+from typing import Callable, Dict, List, Optional, Set
 
 from codemods.rule import Finding
 from xlaport import __version__
@@ -30,7 +31,7 @@ from xlaport.settings import Settings
 
 DIR_NAME = ".xlaport_cache"
 _PACKAGES = ("codemods", "xlaport")
-FORMAT = "5"  # of an entry; part of the key
+FORMAT = "6"  # of an entry; part of the key
 
 
 @lru_cache(maxsize=None)
@@ -49,6 +50,17 @@ def code_fingerprint() -> str:
 
 # the option `lint` sets when it needs findings alone (xlaport.runner); the key leaves it out
 FINDINGS_ONLY = "findings_only"
+
+
+class _Unread:
+    """The output of a rewritten file that was not read (:func:`decode`
+    without ``read_output``): the run knows it changes, not how."""
+
+    def __repr__(self) -> str:
+        return "UNREAD"
+
+
+UNREAD = _Unread()
 
 
 def settings_fingerprint(settings: Settings) -> str:
@@ -146,6 +158,24 @@ class Cache:
             known.update(stamps(unseen))
         return all(known[p] == stamp for p, stamp in deps.items())
 
+    def output(self, sha: str) -> bytes:
+        """The output whose digest is ``sha`` (:meth:`put` keeps it); one
+        that is missing or is not its digest's raises ValueError (a miss),
+        and a damaged one is removed so that the next put writes it again."""
+        name = f"{self.dir}{os.sep}out{os.sep}{sha}"
+        try:
+            with open(name, "rb") as f:
+                data = f.read()
+        except OSError:
+            raise ValueError("a missing output") from None
+        if hashlib.sha256(data).hexdigest() != sha:
+            try:
+                os.unlink(name)
+            except OSError:
+                pass
+            raise ValueError("an output that does not match its digest")
+        return data
+
     def _group_name(self, ref: str) -> str:
         return f"{self.dir}{os.sep}deps{os.sep}{ref}.json"  # (beside the entries' two-letter folders)
 
@@ -170,10 +200,18 @@ class Cache:
             refs.append(ref)
         return refs
 
-    def put(self, key: str, entry: Dict[str, object]) -> None:
+    def put(self, key: str, entry: Dict[str, object], *outputs: Optional[bytes]) -> None:
+        """Keep ``entry`` under ``key``, and ``outputs``, the texts it names
+        by their digests (``output_sha``, ``styled_sha``; each kept once)."""
         target = self._file(key)
         try:
             self._prepare()
+            named = {entry.get("output_sha"), entry.get("styled_sha")}
+            for data in filter(None, outputs):
+                sha = _sha(data)
+                name = f"{self.dir}{os.sep}out{os.sep}{sha}"
+                if sha in named and not os.path.exists(name):
+                    _write_whole(Path(name), data)
             deps = entry.get("deps")
             if isinstance(deps, dict):
                 entry = {**entry, "deps": self._put_groups(deps)}
@@ -237,7 +275,8 @@ def encode(output: Optional[bytes], original: bytes, findings: List[Finding], pr
            styled: Optional[bytes] = None, restyled: bool = False, imports=None, path: str = "",
            deps: Optional[Dict[str, List[int]]] = None) -> Dict[str, object]:  # type: ignore[no-untyped-def]
     """An entry, tied to the input it answers for and to its own output by
-    their digests (checked on read: see :func:`decode`).  ``restyled``: the
+    their digests (checked on read: see :func:`decode`); a changed output
+    itself goes to :meth:`Cache.put` beside it.  ``restyled``: the
     entry also holds ``styled``, the output as `convert` writes it (None:
     the same).  ``imports``: the import requests the output still lacks
     (``engine.finish_imports``; an entry `lint` made).  ``deps``: the other
@@ -247,7 +286,6 @@ def encode(output: Optional[bytes], original: bytes, findings: List[Finding], pr
         **(encode_style(styled, path) if restyled else {}),
         **({"imports": [[list(r) for r in imports[0]], [list(r) for r in imports[1]]]} if imports else {}),
         "input": _sha(original),
-        **_output_field(output if changed else None),
         "output_sha": _sha(output) if changed else None,  # type: ignore[arg-type]
         "same": output is not None and output == original,
         "findings": [[f.code, f.message, f.line, f.col, f.fix, f.hot, f.cell, f.end_line, f.end_col,
@@ -256,18 +294,6 @@ def encode(output: Optional[bytes], original: bytes, findings: List[Finding], pr
         "cuda": list(cuda),
         **({"deps": deps} if deps else {}),
     }
-
-
-def _output_field(output: Optional[bytes]) -> Dict[str, object]:
-    """An output as JSON holds it: its text where it is UTF-8 (read back at
-    the speed of a JSON string: a warm run reads every output), else
-    base64."""
-    if output is None:
-        return {"output": None}
-    try:
-        return {"output_text": output.decode("utf-8")}
-    except UnicodeDecodeError:
-        return {"output": base64.b64encode(output).decode()}
 
 
 def nothing(original: bytes, deps: Optional[Dict[str, List[int]]] = None) -> Dict[str, object]:
@@ -290,12 +316,15 @@ def _finding_ok(row: object) -> bool:
             and all(isinstance(s, list) and len(s) == 2 and all(_int(v) for v in s) for s in row[9]))
 
 
-def decode(entry: Dict[str, object], original: bytes, path: str):
+def decode(entry: Dict[str, object], original: bytes, path: str,
+           read_output: Optional[Callable[[str], bytes]] = None):  # type: ignore[no-untyped-def]
     """``(output, findings, problem, cuda)`` as ``runner._work`` returns
-    them, or None for a file with nothing to look at.  An entry that is not
-    for these bytes, whose output does not match its digest, or whose
-    fields are not of their types raises ValueError (a miss): the cache is
-    never trusted to put text into a source file unchecked."""
+    them, or None for a file with nothing to look at.  A changed output is
+    read with ``read_output`` (:meth:`Cache.output`), or is :data:`UNREAD`
+    without it.  An entry that is not for these bytes, whose output does
+    not match its digest, or whose fields are not of their types raises
+    ValueError (a miss): the cache is never trusted to put text into a
+    source file unchecked."""
     if entry.get("input") != _sha(original):
         raise ValueError("an entry for other bytes")
     if entry.get("nothing") is True:
@@ -303,13 +332,9 @@ def decode(entry: Dict[str, object], original: bytes, path: str):
     out: Optional[bytes]
     if entry.get("same") is True:
         out = original
-    elif isinstance(entry.get("output_text"), str) or isinstance(entry.get("output"), str):
-        text = entry.get("output_text")
-        out = (text.encode("utf-8") if isinstance(text, str)
-               else base64.b64decode(entry["output"], validate=True))  # type: ignore[arg-type]
-        if entry.get("output_sha") != _sha(out):
-            raise ValueError("an output that does not match its digest")
-    elif entry.get("output") is None:
+    elif isinstance(entry.get("output_sha"), str):
+        out = UNREAD if read_output is None else read_output(entry["output_sha"])  # type: ignore[arg-type,assignment]
+    elif entry.get("output_sha") is None:
         out = None
     else:
         raise ValueError("output of the wrong type")
@@ -351,20 +376,20 @@ def encode_style(styled: Optional[bytes], path: str) -> Dict[str, object]:
     it."""
     from xlaport.style import style_key
 
-    return {"ruff": style_key(path), "styled": base64.b64encode(styled).decode() if styled is not None else None,
-            "styled_sha": _sha(styled) if styled is not None else None}
+    return {"ruff": style_key(path), "styled_sha": _sha(styled) if styled is not None else None}
 
 
-def styled_output(entry: Dict[str, object], path: str):  # type: ignore[no-untyped-def]
+def styled_output(entry: Dict[str, object], path: str, read_output: Callable[[str], bytes]):  # type: ignore[no-untyped-def]
     """(known, styled output or None) from an entry: not known when it was
-    made without styling, or by another Ruff or Ruff configuration."""
+    made without styling, or by another Ruff or Ruff configuration; the
+    output is read with ``read_output`` (:meth:`Cache.output`)."""
     from xlaport.style import style_key
 
     if entry.get("ruff") != style_key(path):
         return False, None
-    if entry.get("styled") is None:
+    sha = entry.get("styled_sha")
+    if sha is None:
         return True, None
-    styled = base64.b64decode(entry["styled"], validate=True)  # type: ignore[arg-type]
-    if entry.get("styled_sha") != _sha(styled):
-        raise ValueError("a styled output that does not match its digest")
-    return True, styled
+    if not isinstance(sha, str):
+        raise ValueError("a styled output of the wrong type")
+    return True, read_output(sha)

@@ -13,7 +13,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from codemods import registry
 from codemods.rule import Finding
-from xlaport.cache import FINDINGS_ONLY, Cache, decode, depends_on, encode, encode_style, nothing, pending_imports
+from xlaport.cache import (FINDINGS_ONLY, UNREAD, Cache, decode, depends_on, encode, encode_style, nothing,
+                           pending_imports)
 from xlaport.files import Entry, FileProblem, read_bytes
 from xlaport.settings import Settings
 
@@ -38,6 +39,7 @@ class FileResult:
     parsed: bool = False
     partial: bool = False  # notebooks: some cells failed, the others converted
     cuda: Tuple[int, int] = (0, 0)  # CUDA references: in the input, left in the output
+    unread_change: bool = False  # changed, its output not read (a warm `lint`: xlaport.cache.UNREAD)
 
     @property
     def writable(self) -> bool:
@@ -49,7 +51,8 @@ class FileResult:
 
     @property
     def changed(self) -> bool:
-        return self.output is not None and self.original is not None and self.output != self.original
+        return self.unread_change or (
+            self.output is not None and self.original is not None and self.output != self.original)
 
     def error_finding(self) -> Finding:
         return Finding(
@@ -173,10 +176,11 @@ def process(entries: Sequence[Entry], settings: Settings, jobs: int = 0, cache: 
             hit = cache.get(key)
             if hit is not None:
                 try:
-                    outcome = decode(hit, data, str(entry.path))
+                    findings_only = settings.options.get(FINDINGS_ONLY)  # (no output shown: none read)
+                    outcome = decode(hit, data, str(entry.path), None if findings_only else cache.output)
                     if outcome is not None:
                         outcome = (*outcome, None, pending_imports(hit))
-                    if outcome is not None and outcome[5] is not None and not settings.options.get(FINDINGS_ONLY):
+                    if outcome is not None and outcome[5] is not None and not findings_only:
                         hit, outcome = _with_imports(cache, key, hit, outcome, data)
                     if outcome is not None and settings.options.get("restyle"):
                         outcome = _with_style(cache, key, hit, outcome, str(entry.path), data)
@@ -200,7 +204,7 @@ def process(entries: Sequence[Entry], settings: Settings, jobs: int = 0, cache: 
         if cache is not None and not (outcome is not None and outcome[2] is not None and outcome[2][0] == DIED):
             cache.put(key, nothing(job[1], deps) if outcome is None else encode(
                 outcome[0], job[1], *outcome[1:4], styled=outcome[4], restyled=bool(job[2].options.get("restyle")),
-                imports=outcome[5], path=job[0], deps=deps))
+                imports=outcome[5], path=job[0], deps=deps), *(outcome[0], outcome[4]) if outcome else ())
     return results
 
 
@@ -215,7 +219,7 @@ def _with_imports(cache: Cache, key: str, entry, outcome, data: bytes):  # type:
     except SourceError as exc:
         raise ValueError(exc.message) from None
     entry = encode(out, data, *outcome[1:4], deps=entry.get("deps"))
-    cache.put(key, entry)
+    cache.put(key, entry, out)
     return entry, (out, *outcome[1:5], None)
 
 
@@ -224,10 +228,10 @@ def _with_style(cache: Cache, key: str, entry, outcome, path: str, data: bytes):
     output the entry holds, or (an entry `lint` made) styled now and kept."""
     from xlaport.cache import styled_output
 
-    known, styled = styled_output(entry, path)
+    known, styled = styled_output(entry, path, cache.output)
     if not known and outcome[2] is None:
         styled = _styled(path, data, outcome[0])
-        cache.put(key, {**entry, **encode_style(styled, path)})
+        cache.put(key, {**entry, **encode_style(styled, path)}, styled)
     return (*outcome[:4], styled, outcome[5])
 
 
@@ -237,7 +241,8 @@ def _fill(result: FileResult, outcome) -> None:
         out = styled
     result.parsed = True
     result.cuda = tuple(cuda)  # type: ignore[assignment]
-    if out is not None:
+    result.unread_change = out is UNREAD
+    if out is not None and out is not UNREAD:
         result.output = out
     result.findings = findings
     if error is not None:

@@ -70,14 +70,17 @@ def changed_lines(base: str, start: Path) -> Dict[str, FrozenSet[int]]:
 def ignored(paths: List[Path]) -> Set[Path]:
     """The paths that git ignores (``.gitignore``, ``.git/info/exclude``),
     asked once per repository; nothing outside a repository."""
-    by_root: Dict[Path, List[Path]] = {}
+    by_root: Dict[Path, Dict[str, Path]] = {}
+    real_dirs: Dict[str, str] = {}
     for p in paths:
-        root = _root_of(p.parent)
-        if root is not None:
-            by_root.setdefault(root, []).append(p)
+        folder, name = os.path.split(p)
+        root = _root_of(folder)
+        if root is not None:  # (as git names it: its folder resolved, a link itself not followed)
+            if folder not in real_dirs:
+                real_dirs[folder] = os.path.realpath(folder or ".")
+            by_root.setdefault(root, {})[os.path.join(real_dirs[folder], name)] = p
     found: Set[Path] = set()
-    for root, group in by_root.items():
-        real = {str(p.resolve()): p for p in group}
+    for root, real in by_root.items():
         data = b"\0".join(os.fsencode(k) for k in real) + b"\0"
         try:  # (a tracked file is never ignored: git's own rule)
             out = _git(["check-ignore", "--stdin", "-z"], root, stdin=data, ok=(0, 1))
@@ -87,25 +90,27 @@ def ignored(paths: List[Path]) -> Set[Path]:
     return found
 
 
-_ROOTS: Dict[Path, Optional[Path]] = {}
+_ROOTS: Dict[str, Optional[Path]] = {}
 
 
-def _root_of(directory: Path) -> Optional[Path]:
+def _root_of(directory: str) -> Optional[Path]:
     """The repository holding ``directory`` (looked up once per directory,
-    as given and resolved; a walk up stops at a folder already looked up)."""
+    as given and resolved; a walk up stops at a folder already looked up).
+    Strings, not Paths: a warm run asks for every file of a tree."""
     if directory in _ROOTS:  # (most files share their directory)
         return _ROOTS[directory]
     walked = [directory]
-    cur = directory.resolve()
+    cur = os.path.realpath(directory or ".")
     root: Optional[Path] = None
     while cur not in _ROOTS:
         walked.append(cur)
-        if (cur / ".git").exists():
-            root = cur
+        if os.path.exists(os.path.join(cur, ".git")):
+            root = Path(cur)
             break
-        if cur.parent == cur:
+        parent = os.path.dirname(cur)
+        if parent == cur:
             break
-        cur = cur.parent
+        cur = parent
     else:
         root = _ROOTS[cur]
     for d in walked:
