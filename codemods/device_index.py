@@ -234,14 +234,9 @@ class DeviceIndex(LoopCodemod):
         """The one plain int expression ``node`` indexes with (``t``,
         ``t + 1``, ``i - self.offset``) on a table named by a name or an
         attribute; None for anything else (slices, tuples, tensors, calls)."""
-        if not isinstance(node.value, (cst.Name, cst.Attribute)) or len(node.slice) != 1:
+        if not isinstance(node.value, (cst.Name, cst.Attribute)):
             return None
-        part = node.slice[0].slice
-        if not isinstance(part, cst.Index) or part.star is not None:
-            return None
-        if not all(isinstance(n, _PLAIN) for n in walk(part.value)):
-            return None
-        return part.value
+        return _plain_index(node, attributes=True)
 
     def _in_function_below_loop(self, node: cst.CSTNode) -> bool:
         """A function or lambda between ``node`` and its loop: it runs when
@@ -305,13 +300,15 @@ def _indexes_by_a_parameter(fn: cst.FunctionDef) -> bool:
                for sub in find_all(fn.body, cst.Subscript))  # type: ignore[attr-defined]
 
 
-def _plain_index(sub: cst.Subscript) -> Optional[cst.BaseExpression]:
+def _plain_index(sub: cst.Subscript, attributes: bool = False) -> Optional[cst.BaseExpression]:
     """The one plain int expression of names and numbers ``sub`` indexes
-    with (``t``, ``t - 1``), whatever names the table."""
+    with (``t``, ``t - 1``; with ``attributes``, ``i - self.offset`` too),
+    whatever names the table."""
     if len(sub.slice) != 1 or not isinstance(sub.slice[0].slice, cst.Index) or sub.slice[0].slice.star is not None:
         return None
     index = sub.slice[0].slice.value
-    return index if all(isinstance(n, _PLAIN) and not isinstance(n, cst.Attribute) for n in walk(index)) else None
+    return index if all(isinstance(n, _PLAIN) and (attributes or not isinstance(n, cst.Attribute))
+                        for n in walk(index)) else None
 
 
 def _rewritable(sub: cst.Subscript, hit, param: str) -> bool:  # type: ignore[no-untyped-def]
