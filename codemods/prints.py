@@ -20,7 +20,7 @@ from typing import List
 
 import libcst as cst
 
-from codemods.analysis.bindings import binding_nodes
+from codemods.analysis.bindings import binding_nodes, binding_scope
 from codemods.syntax.nodes import tight_equal
 from codemods.analysis.prefilter import LOADER_LOOP, LOG_METHODS, OUTPUT_IN_LOOP, STEP_LOOP, WRITER_METHODS
 from codemods.analysis.loops import body_statements
@@ -61,6 +61,9 @@ HOT_PRINT = Rule(
     ),
     options=(("prints", "defer (default) | delete | keep"),),
 )
+
+# a name bound in these, read inside a deferred call, is the call's own
+_OWN_SCOPES = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.Lambda)
 
 
 class HotPrints(LoopCodemod):
@@ -170,6 +173,8 @@ class HotPrints(LoopCodemod):
             def visit_Name(self, node: cst.Name) -> None:
                 if node.value in names:
                     return
+                if isinstance(binding_scope(outer.tree, node), _OWN_SCOPES):
+                    return  # (a comprehension's own name, inside the call: nothing of the step's to bind)
                 for bound in binding_nodes(outer.tree, node):
                     if not isinstance(bound, (cst.Import, cst.ImportFrom, cst.FunctionDef, cst.ClassDef)):
                         names.append(node.value)

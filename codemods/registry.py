@@ -38,6 +38,7 @@ ORDER: Tuple[Tuple[str, str], ...] = (
     ("codemods.barriers", "StepBarrier"),
     ("codemods.device_index", "DeviceIndex"),  # before the host reads: what it fixes is not reported
     ("codemods.counter_tests", "CounterTests"),  # so is this
+    ("codemods.element_reads", "ElementReads"),  # and this (XLA407's walks it reads once)
     ("codemods.host_reads", "HostReads"),
     ("codemods.shape_traps", "ShapeTraps"),
     # after the barriers (a sync may follow the growth) and the shape traps (its masks filled at a fixed

@@ -243,6 +243,13 @@ def binding_nodes(tree: TreeCache, name: cst.Name) -> List[cst.CSTNode]:
     return _resolve(tree, name)[1]
 
 
+def binding_scope(tree: TreeCache, name: cst.Name) -> Optional[cst.CSTNode]:
+    """The node of the scope whose binding of ``name`` it reads (a
+    function, a lambda, a comprehension, a class, the module), or None."""
+    scope = _resolve(tree, name)[0]
+    return scope.node if scope is not None else None
+
+
 def _resolve(tree: TreeCache, name: cst.Name) -> Tuple[Optional[_Scope], List[cst.CSTNode]]:
     """The scope whose bindings of ``name`` it reads, and those bindings."""
     return _resolve_from(tree, _own_scope(tree, name), name.value)
@@ -444,7 +451,7 @@ def _prefix(scope: _Scope) -> Optional[str]:
     return ".".join(parts)
 
 
-__all__ = ["binding_nodes", "import_qualnames"]
+__all__ = ["binding_nodes", "binding_scope", "import_qualnames"]
 
 
 def read_from_module(tree: TreeCache, fn: cst.CSTNode, names: Set[str]) -> Set[str]:

@@ -1,0 +1,108 @@
+"""XLA416 (codemods/element_reads.py, the walk's conditions in
+codemods/analysis/element_walks.py): a walk over a device tensor that reads
+each element as a number reads the tensor once.  The rule's own examples run
+in tests/test_rules.py; fixtures/element_reads is the golden program, run
+here on XLA's CPU backend at two lengths against the original on the CPU and
+against its conversion with the rule turned off."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import convert_text
+from xlaport.engine import Settings, transform
+
+from test_runnable_ports import FIXTURES, OBSERVER, needs_xla
+
+LOOP = ("import torch\n\nmodel = torch.nn.Linear(4, 4).cuda()\n\n\ndef decode(loader, words):\n"
+        "    for x in loader:\n        y = model(x.cuda()).argmax(-1)\n{body}")
+
+
+def fixed(src):
+    out, findings = convert_text(src)
+    return out, [f.line for f in findings if f.code == "XLA416"]
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("        words.append([int(i) for i in y])\n", "        words.append([int(i) for i in y.flatten().tolist()])\n"),
+    ("        words.append({int(i): float(i) for i in y if bool(i)})\n",
+     "        words.append({int(i): float(i) for i in y.flatten().tolist() if bool(i)})\n"),
+    ("        words.append(sum(float(i) for i in y))\n",
+     "        words.append(sum(float(i) for i in y.flatten().tolist()))\n"),
+    ("        for i in y:\n            words.append(i.item())\n",
+     "        for i in y.flatten().tolist():\n            words.append(i)\n"),
+    # the element's name bound again by a later loop before it is read there
+    ("        for i in y:\n            words.append(int(i))\n        for i in range(3):\n            words.append(i)\n",
+     "        for i in y.flatten().tolist():\n            words.append(int(i))\n        for i in range(3):\n"
+     "            words.append(i)\n"),
+])
+def test_a_walk_that_reads_numbers_reads_the_tensor_once(body, expected):
+    out, lines = fixed(LOOP.format(body=body))
+    assert lines == [9], out
+    assert expected in out, out
+    assert transform(out.encode(), Settings()).code.decode() == out  # idempotent
+
+
+@pytest.mark.parametrize("body", [
+    "        words.append([i.sum() for i in y])\n",  # the element used as a tensor
+    "        words.append([int(i) + int(y[0]) for i in y])\n",  # the tensor named in the walk
+    "        for i in y:\n            y[0] = int(i)\n",  # written while walked (its elements are views)
+    "        for i in y:\n            words.append(int(i))\n        words.append(i)\n",  # read after the loop
+    "        for i in y:\n            words.append(int(i))\n        else:\n            words.append(int(i))\n",
+    "        for k, i in enumerate(y):\n            words.append(int(i))\n",  # not a plain walk
+    "        g = (int(i) for i in y)\n        words.append(g)\n",  # consumed later: it walks the tensor as it is then
+    "        words.append([int(i) for i in y.tolist()])\n",  # a host copy already
+    "        words.append([int(i) for i in range(3)])\n",
+])
+def test_what_is_not_a_walk_for_numbers_is_left(body):
+    out, lines = fixed(LOOP.format(body=body))
+    assert lines == [], out
+    assert ".flatten().tolist()" not in out
+
+
+def test_a_deferred_print_does_not_bind_its_comprehensions_own_name():
+    """The print rule binds what a deferred print reads as lambda defaults;
+    a comprehension's own name is not the step's (`i=i` raised NameError
+    where the lambda was made)."""
+    src = LOOP.format(body="        print(''.join([str(int(i)) for i in y]))\n")
+    out, _ = convert_text(src)
+    assert "lambda y=y: print(" in out, out
+    assert "i=i" not in out
+
+
+def _run(script, cwd, n, xla):
+    env = {**os.environ, "PJRT_DEVICE": "CPU"}
+    if xla:
+        env.update(PYTHONPATH=str(OBSERVER), XLAPORT_TEST_METRICS=str(cwd / f"m{n}.json"))
+    done = subprocess.run([sys.executable, script, "--batches", str(n)], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.xla
+@needs_xla
+def test_the_walks_run_one_execution_a_batch_and_print_the_originals_lines(tmp_path):
+    import json
+
+    original = _run(str(FIXTURES / "element_reads" / "input.py"), tmp_path, 8, xla=False)
+    source = (FIXTURES / "element_reads" / "input.py").read_bytes()
+    runs = {}
+    for name, settings in (("fixed", Settings()), ("left", Settings(ignore=("XLA416",)))):
+        work = tmp_path / name
+        work.mkdir()
+        (work / "main.py").write_bytes(transform(source, settings).code)
+        out = {n: _run("main.py", work, n, xla=True) for n in (4, 8)}
+        runs[name] = {n: json.loads((work / f"m{n}.json").read_text()) for n in (4, 8)}
+        assert out[8] == original  # the same labels, sums and counts, line for line
+    fixed_runs, left = runs["fixed"], runs["left"]
+    assert fixed_runs[8]["compiles"] == fixed_runs[4]["compiles"], fixed_runs
+    per_batch = (fixed_runs[8]["executions"] - fixed_runs[4]["executions"]) / 4
+    per_batch_left = (left[8]["executions"] - left[4]["executions"]) / 4
+    # measured: 3 compiles, 3 executions a batch (one read a walk); left: 13 compiles, 25 executions a batch
+    assert per_batch <= 3, runs  # one read a walk
+    assert per_batch_left >= 18, runs  # an element a graph: 3 walks of 6 elements
+    assert fixed_runs[8]["compiles"] < left[8]["compiles"], runs
+    assert not fixed_runs[8]["fallbacks"], runs  # (left: `aten::_local_scalar_dense` per element)
