@@ -21,7 +21,7 @@ import libcst as cst
 from codemods.analysis import hot_methods, loop_iterable, module_facts
 from codemods.analysis.loops import per_step_functions, step_functions
 from codemods.analysis.placement import DEVICE, HOST, on_device, placement
-from codemods.analysis.values import values
+from codemods.analysis.values import MODULE, TENSORS, values
 from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP, STEP_METHOD
 from codemods.base import Rule, TreeCache
 from codemods.loop_codemod import LoopCodemod
@@ -171,9 +171,10 @@ class HotPathCodemod(LoopCodemod):
 def walks_device_tensor(tree: TreeCache, iterable: Optional[cst.CSTNode]) -> bool:
     """Is ``iterable`` (what a ``for`` or a comprehension walks) a device
     tensor, by name or attribute: each element it yields is a graph of its
-    own.  Not a module moved there (``nn.ModuleList([...]).to(device)``)."""
+    own.  Not a module moved there (``nn.ModuleList([...]).to(device)``),
+    nor the pieces of a split (``y.split(1)``: a tuple of tensors)."""
     return (isinstance(iterable, (cst.Name, cst.Attribute)) and placement(tree, iterable) == DEVICE
-            and "module" not in values(tree).of(iterable))
+            and not values(tree).of(iterable) & {MODULE, TENSORS})
 
 
 def code(node: cst.CSTNode) -> str:

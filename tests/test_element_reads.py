@@ -55,6 +55,10 @@ def test_a_walk_that_reads_numbers_reads_the_tensor_once(body, expected):
     "        g = (int(i) for i in y)\n        words.append(g)\n",  # consumed later: it walks the tensor as it is then
     "        words.append([int(i) for i in y.tolist()])\n",  # a host copy already
     "        words.append([int(i) for i in range(3)])\n",
+    # the pieces of a split are a tuple of tensors: `.flatten()` is no method of a tuple
+    "        parts = y.split(1)\n        words.append([int(i) for i in parts])\n",
+    "        rows = y.unbind(0)\n        words.append([int(i) for i in rows])\n",
+    "        halves = torch.chunk(y, 2)\n        words.append([int(i) for i in halves])\n",
 ])
 def test_what_is_not_a_walk_for_numbers_is_left(body):
     out, lines = fixed(LOOP.format(body=body))

@@ -17,6 +17,10 @@ LOADER, DEVICE_LOADER, HOST, OBJECT = "loader", "device-loader", "host", "object
 # activation, a pooling): calling it makes a tensor, but it is no model
 STATELESS = "stateless"
 LOADED = "loaded"  # torch.load/pickle.load: a model when it is called, else anything
+TENSORS = "tensors"  # a tuple of tensors: what `x.split(1)`, `x.chunk(2)`, `x.unbind()` give
+# the ops (methods and torch functions) that give a tuple of tensors, not a tensor
+SPLITS = frozenset({"split", "chunk", "unbind", "tensor_split", "hsplit", "vsplit", "dsplit", "split_with_sizes",
+                    "unsafe_split", "unsafe_chunk"})
 UNKNOWN = "?"  # some of the values that reach a name could not be told
 NONE: Kinds = frozenset()
 
@@ -94,7 +98,7 @@ def library_kinds(qual: str, args: List[cst.Arg]) -> Optional[Kinds]:
     if qual.startswith("diffusers.") and last.endswith("Scheduler"):
         return frozenset({SAMPLER})
     if qual.startswith("torch.") and not qual.startswith(_NON_TENSOR_TORCH):
-        return frozenset({TENSOR})
+        return frozenset({TENSORS if last in SPLITS else TENSOR})
     return None
 
 

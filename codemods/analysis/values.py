@@ -51,8 +51,10 @@ from codemods.analysis.kinds import (  # noqa: F401 -- the kinds are part of thi
     PRETRAINED_METHODS,
     SAMPLER,
     SCALER,
+    SPLITS,
     STATELESS,
     TENSOR,
+    TENSORS,
     UNKNOWN,
     Kinds,
     definitely_not,
@@ -109,6 +111,8 @@ class Values:
             if fn is not None:
                 return self._returns(fn, index)
         whole = self.of(node)
+        if TENSORS in whole:  # (`a, b = x.chunk(2)`)
+            whole = whole | {TENSOR}
         return whole & {TENSOR, HOST}  # pieces of a tensor (or of a host value) are of the same kind
 
     # -- expressions -----------------------------------------------------
@@ -188,6 +192,8 @@ class Values:
                 return receiver
             if method == "step" and SAMPLER in receiver:
                 return frozenset({TENSOR})  # a scheduler's output (its .prev_sample)
+            if method in SPLITS and TENSOR in receiver:
+                return frozenset({TENSORS})
             if TENSOR in receiver or (MODULE in receiver and method in _MODEL_METHODS):
                 return frozenset({TENSOR})
             return frozenset({TENSOR}) if self.of(func) & {MODULE, STATELESS} else NONE  # self.unet(...)
@@ -274,7 +280,7 @@ def _iterated(values: Values, it: cst.BaseExpression, path: List[int]) -> Kinds:
     if isinstance(it, cst.Call) and call_name(it) == "range":
         return frozenset({HOST})
     source = values.of(it)
-    if source & {LOADER, DEVICE_LOADER, TENSOR}:
+    if source & {LOADER, DEVICE_LOADER, TENSOR, TENSORS}:
         return frozenset({TENSOR})  # batches
     return NONE
 
