@@ -259,3 +259,37 @@ def test_a_programs_own_messages_are_not_values(tmp_path):
     assert messages_only("Training finished!\ndone\n", [src])
     assert not messages_only("Training finished!\nKING RICHARD: thou art\n", [src])
     assert not messages_only("loss 0.5\n", [src])  # (no line without numbers: nothing to say)
+
+
+def test_a_global_the_conversion_holds_as_a_number_is_compared_by_its_value(tmp_path):
+    """XLA416 reads a walk's elements as numbers: a module-level `for i in y`
+    leaves `i` a 0-dim tensor in the original and an int in the conversion.
+    A run's leftover numbers are compared with a tensor the other run holds
+    there, by value; numbers on both sides (a device count, a timing) are not
+    compared at all."""
+    torch = pytest.importorskip("torch")
+    from xlaport.verify.outputs import LEFTOVERS, compare_files
+
+    def run(name, **values):
+        torch.save(values, tmp_path / name)
+        return {LEFTOVERS: tmp_path / name}
+
+    refs = [run("r1.pt", i=torch.tensor(4), w=torch.ones(2), gpus=0), run("r2.pt", i=torch.tensor(4),
+                                                                           w=torch.ones(2), gpus=0)]
+    for cand, ok in ((run("same.pt", i=4, w=torch.ones(2), gpus=1), True),
+                     (run("other.pt", i=3, w=torch.ones(2), gpus=1), False)):
+        out = Comparison()
+        compare_files(refs, cand, 1e-3, 1e-5, out)
+        by_key = {o.name: o.ok for o in out.outputs}
+        assert by_key == {f"{LEFTOVERS}[i]": ok, f"{LEFTOVERS}[w]": True}, by_key
+
+
+def test_a_runs_leftovers_hold_its_global_tensors_and_numbers(tmp_path):
+    torch = pytest.importorskip("torch")
+    from xlaport.verify.observer import _save_leftovers
+
+    path = tmp_path / "left.pt"
+    _save_leftovers({"i": 4, "lr": 0.5, "t": torch.ones(2), "flag": True, "name": "x", "mask": torch.ones(2) > 0,
+                     "_private": 3}, str(path))
+    saved = torch.load(path)
+    assert set(saved) == {"i", "lr", "t"} and saved["i"] == 4 and saved["lr"] == 0.5

@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from xlaport.verify.outputs import Compared
+from xlaport.verify.outputs import LEFTOVERS, Compared  # noqa: F401 -- LEFTOVERS: part of this module's API
 
-LEFTOVERS = "xlaport-leftovers.pt"  # the tensors a run leaves in its globals (xlaport.verify.observer)
 
 
 class VerifyError(Exception):

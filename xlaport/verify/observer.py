@@ -274,7 +274,8 @@ def _record(state: _State) -> None:
 
 def _save_leftovers(namespace: Dict[str, object], path: str) -> Dict[str, str]:
     """The tensors (not masks) and modules the script leaves in its globals, on the CPU,
-    so that they are compared like the files it saves.  Returns the device
+    so that they are compared like the files it saves (and its numbers: a
+    conversion may hold as a number what the original holds as a tensor).  Returns the device
     type each module was on (a conversion whose model stayed on the CPU)."""
     torch = sys.modules.get("torch")
     devices: Dict[str, str] = {}
@@ -293,6 +294,8 @@ def _save_leftovers(namespace: Dict[str, object], path: str) -> Dict[str, str]:
                                if isinstance(v, torch.Tensor) and v.dtype.is_floating_point}
             elif isinstance(value, torch.Tensor) and value.dtype != torch.bool:
                 found[name] = value.detach().cpu()  # values, and the integers a sampler drew (its tokens)
+            elif type(value) in (int, float):  # (compared only with a tensor the other run holds there)
+                found[name] = value
         except Exception:  # noqa: BLE001 -- a value that cannot be read back is simply not compared
             continue
     if found:

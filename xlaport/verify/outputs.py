@@ -23,7 +23,8 @@ ARRAY_FILES = {".npy", ".npz"}
 IMAGE_FILES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 IMAGE_ATOL = 1.0  # one level of 255: a float a hair off rounds to the next level
 TEXT_FILES = {".txt", ".json", ".csv", ".log", ".yaml", ".yml", ".md", ".tsv"}
-HARNESS_FILES = {".xlaport-result.json", "xlaport-leftovers.pt"}
+LEFTOVERS = "xlaport-leftovers.pt"  # the tensors a run leaves in its globals (xlaport.verify.observer)
+HARNESS_FILES = {".xlaport-result.json", LEFTOVERS}
 
 
 @dataclass
@@ -49,7 +50,7 @@ def output_files(workdir: Path, script_name: str) -> Dict[str, Path]:
         rel = p.relative_to(workdir).as_posix()
         if not p.is_file() or rel == script_name or "__pycache__" in p.parts:
             continue
-        if rel in HARNESS_FILES and rel != "xlaport-leftovers.pt":
+        if rel in HARNESS_FILES and rel != LEFTOVERS:
             continue
         found[rel] = p
     return found
@@ -267,7 +268,7 @@ def leaves(prefix: str, a, b) -> Iterator[Tuple[str, object, object]]:
     import torch
 
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        yield prefix, _dense(a), _dense(b)
+        yield prefix, *_as_tensors(_dense(a), _dense(b))
     elif isinstance(a, dict) and isinstance(b, dict):
         for k in sorted(set(a) | set(b), key=str):
             yield from leaves(f"{prefix}[{k}]", a.get(k), b.get(k))
@@ -276,6 +277,20 @@ def leaves(prefix: str, a, b) -> Iterator[Tuple[str, object, object]]:
             yield from leaves(f"{prefix}[{i}]", x, y)
     elif isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
         yield prefix, a, b
+
+
+def _as_tensors(a, b):  # type: ignore[no-untyped-def]
+    """A one-element tensor and a number (a walk's element read once as a
+    number by the conversion, a sum kept on the device): both as tensors of
+    the tensor's shape and dtype, so that their values are compared."""
+    import torch
+
+    for x, y, flip in ((a, b, False), (b, a, True)):
+        if isinstance(x, torch.Tensor) and x.numel() == 1 and isinstance(y, (bool, int, float)):
+            made = torch.tensor(y, dtype=x.dtype if x.dtype.is_floating_point or not isinstance(y, float)
+                                else torch.float64).reshape(x.shape)
+            return (made, x) if flip else (x, made)
+    return a, b
 
 
 def _dense(x):  # type: ignore[no-untyped-def]
@@ -399,15 +414,21 @@ def _compare_saved(name: str, refs: List[Path], cand: Path, rtol: float, atol: f
     except Exception as exc:  # noqa: BLE001 -- anything torch.load raises
         out.not_compared.append(f"{name}: cannot load ({type(exc).__name__}: {str(exc)[:80]})")
         return
+    def pairs(a, b):  # type: ignore[no-untyped-def]
+        found = leaves(name, a, b)
+        if name == LEFTOVERS:  # (a run's global numbers: compared only with a tensor of the other run)
+            found = ((k, x, y) for k, x, y in found if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor))
+        return found
+
     varying = set()
     for other in loaded[1:]:
-        for key, x, y in leaves(name, loaded[0], other):
+        for key, x, y in pairs(loaded[0], other):
             abs_err, _, same_shape = _errors(x, y)
             if not same_shape or abs_err > 0:
                 varying.add(key)
     out.varies += sorted(varying)
     count = 0
-    for key, x, y in leaves(name, loaded[0], mine):
+    for key, x, y in pairs(loaded[0], mine):
         count += 1
         if key in varying:
             continue
@@ -426,7 +447,7 @@ def _compare_saved(name: str, refs: List[Path], cand: Path, rtol: float, atol: f
         else:
             ok = _close(float(x), float(y), rtol, atol)  # type: ignore[arg-type]
         out.outputs.append(Compared(key, ok, abs_err, rel_err))
-    if not count:
+    if not count and name != LEFTOVERS:
         out.not_compared.append(f"{name}: holds no tensors or numbers to compare")
 
 
