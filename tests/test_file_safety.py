@@ -159,6 +159,29 @@ def test_a_planted_cache_entry_never_reaches_a_source_file(cache_dir, tmp_path):
         f.write_text(CUDA)
 
 
+def test_what_a_cache_entry_names_is_never_read_or_removed_outside_the_cache(cache_dir, tmp_path):
+    """An entry names its output and its dependency groups by digest; the
+    cache removes a damaged one.  A name that is a path (`../../victim`)
+    is a miss: nothing outside the cache is opened or removed."""
+    f = tmp_path / "train.py"
+    f.write_text(CUDA)
+    assert xlaport("convert", "--check", f).exit_code == 1  # fills the cache
+    entry = _entry_file(cache_dir, f, CUDA.encode())
+    clean = json.loads(entry.read_text())
+    victim = tmp_path / "victim"
+    victim.write_text("keep me\n")
+    (tmp_path / "victim.json").write_text("keep me too\n")
+    (entry.parent.parent / "deps").mkdir(exist_ok=True)  # (so that a path through it resolves)
+    up = os.path.relpath(victim, entry.parent.parent / "out")
+    for planted in ({"output_sha": up, "styled_sha": up, "same": False},
+                    {"deps": [os.path.relpath(victim, entry.parent.parent / "deps")]}):
+        entry.write_text(json.dumps({**clean, **planted}))
+        assert xlaport("convert", f).exit_code == 0
+        assert victim.read_text() == "keep me\n" and (tmp_path / "victim.json").read_text() == "keep me too\n"
+        assert "torch_xla" in f.read_text()
+        f.write_text(CUDA)
+
+
 def test_a_cache_entry_of_the_wrong_shape_is_a_miss_not_a_crash(cache_dir, tmp_path):
     f = tmp_path / "train.py"
     f.write_text(CUDA)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Set
@@ -126,7 +127,7 @@ class Cache:
         if not isinstance(refs, list):
             return False
         for ref in refs:
-            ok = self._checked.get(ref) if isinstance(ref, str) else False
+            ok = self._checked.get(ref) if _is_digest(ref) else False  # (a name, never a path)
             if ok is None:
                 ok = self._checked[ref] = self._group_unchanged(ref)
             if not ok:
@@ -144,10 +145,7 @@ class Cache:
         except ValueError:
             deps = None
         if not isinstance(deps, dict):  # (named by its digest: a damaged group is a miss, written again by a put)
-            try:
-                os.unlink(self._group_name(ref))
-            except OSError:
-                pass
+            _discard(self._group_name(ref))
             return False
         known = self._stamps
         unseen = [p for p in deps if p not in known]
@@ -162,19 +160,21 @@ class Cache:
         """The output whose digest is ``sha`` (:meth:`put` keeps it); one
         that is missing or is not its digest's raises ValueError (a miss),
         and a damaged one is removed so that the next put writes it again."""
-        name = f"{self.dir}{os.sep}out{os.sep}{sha}"
+        if not _is_digest(sha):
+            raise ValueError("an output named by no digest")  # (a name, never a path)
+        name = self._output_name(sha)
         try:
             with open(name, "rb") as f:
                 data = f.read()
         except OSError:
             raise ValueError("a missing output") from None
-        if hashlib.sha256(data).hexdigest() != sha:
-            try:
-                os.unlink(name)
-            except OSError:
-                pass
+        if _sha(data) != sha:
+            _discard(name)
             raise ValueError("an output that does not match its digest")
         return data
+
+    def _output_name(self, sha: str) -> str:
+        return f"{self.dir}{os.sep}out{os.sep}{sha}"
 
     def _group_name(self, ref: str) -> str:
         return f"{self.dir}{os.sep}deps{os.sep}{ref}.json"  # (beside the entries' two-letter folders)
@@ -209,7 +209,7 @@ class Cache:
             named = {entry.get("output_sha"), entry.get("styled_sha")}
             for data in filter(None, outputs):
                 sha = _sha(data)
-                name = f"{self.dir}{os.sep}out{os.sep}{sha}"
+                name = self._output_name(sha)
                 if sha in named and not os.path.exists(name):
                     _write_whole(Path(name), data)
             deps = entry.get("deps")
@@ -248,6 +248,23 @@ def depends_on(path: str, data: bytes) -> Dict[str, List[int]]:
 
 def _group_ref(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:24]
+
+
+_DIGEST = re.compile(r"[0-9a-f]{24,64}\Z")
+
+
+def _is_digest(name: object) -> bool:
+    """A group's or an output's name as the cache makes them (hex digits):
+    what an entry names is opened, and removed when damaged, only then."""
+    return isinstance(name, str) and _DIGEST.match(name) is not None
+
+
+def _discard(path: str) -> None:
+    """Remove a damaged group or output (named by its digest: the next put writes it again)."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _write_whole(target: Path, data: bytes) -> None:

@@ -19,7 +19,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from codemods.findings import KEPT_SWITCH_CODE
 from xlaport.engine import Settings
 from xlaport.verify import observer, syncs
-from xlaport.verify.model import LEFTOVERS, NothingToPort, Run, VerifyError
+from xlaport.verify.model import NothingToPort, Run, VerifyError
+from xlaport.verify.outputs import LEFTOVERS
 from xlaport.verify.project import Project, Side
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from xlaport.verify.outputs import LEFTOVERS, Compared  # noqa: F401 -- LEFTOVERS: part of this module's API
-
+from xlaport.verify.outputs import Compared
 
 
 class VerifyError(Exception):

@@ -18,11 +18,11 @@ from xlaport.verify import growth, record
 from xlaport.verify.core import run_side
 from xlaport.verify.crashes import needs_cuda
 from xlaport.verify.model import (
-    LEFTOVERS,
     Options,
     Run,
     VerifyError,
 )
+from xlaport.verify.outputs import LEFTOVERS
 from xlaport.verify.project import Project, Side, build_side
 from xlaport.verify.sources import Sources
 from xlaport.verify.syncs import read_graphs
