@@ -12,7 +12,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from codemods.analysis.project import imported_modules, resolve, sparse_returns
+from codemods.analysis.project import imported_modules, resolve, sparse_returns, tensor_returns
 from xlaport.cli import main
 
 UTILS = '''\
@@ -171,3 +171,78 @@ def test_a_module_imported_whole_is_read_too(program):
         "= load_data()", "= utils.load_data()"))
     found = _codes(_lint("--no-cache", program / "train.py").output)
     assert (5, "XLA118") in found and (9, "XLA158") in found, found
+
+
+# -- tensors another module's function returns (TCN: `data_generator`) --------
+
+GENERATOR_TENSORS = '''\
+import torch
+from torch.autograd import Variable
+
+
+def data_generator(n, length):
+    seq = torch.rand(n, length)
+    x = torch.cat((seq, seq), 1)
+    y = torch.zeros(n).long()
+    return Variable(x), y
+
+
+def sizes(x):
+    return x.size(0), len(x)
+'''
+
+GENERATOR_LOADERS = '''\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def data_generator(n, length):
+    ds = TensorDataset(torch.rand(n, length), torch.zeros(n))
+    return DataLoader(ds, batch_size=4), DataLoader(ds, batch_size=4)
+'''
+
+STEPS = '''\
+import torch
+
+from utils import data_generator
+
+device = torch.device("cuda")
+model = torch.nn.Linear(8, 2).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+train_x, train_y = data_generator(16, 8)
+train_x = train_x.to(device)
+for epoch in range(2):
+    for batch in train_x:
+        loss = model(batch).sum()
+        loss.backward()
+        opt.step()
+'''
+
+
+def test_which_functions_return_a_tensor_and_where_in_the_tuple(tmp_path):
+    (tmp_path / "utils.py").write_text(GENERATOR_TENSORS)
+    # made by torch (`Variable` is torch's too), through a method that keeps a
+    # tensor (`.long()`); `.size(0)` and `len` are numbers
+    assert tensor_returns(tmp_path / "utils.py") == {"data_generator": frozenset({0, 1})}
+    (tmp_path / "utils.py").write_text(GENERATOR_LOADERS)
+    assert tensor_returns(tmp_path / "utils.py") == {}
+
+
+def test_a_function_named_like_a_model_holds_tensors_only_where_its_module_returns_them(tmp_path):
+    """TCN's `data_generator` returns tensors in one program and loaders in
+    another; the name (`generator`) said tensors for both: XLA407 on walking
+    `train_loader`.  The project module that defines it says which."""
+    root = tmp_path / "prog"
+    root.mkdir()
+    (root / "train.py").write_text(STEPS)
+    (root / "utils.py").write_text(GENERATOR_TENSORS)
+    assert (11, "XLA407") in _codes(_lint("--no-cache", root / "train.py").output)
+    # (loaders are not moved: `pmnist_test.py` walks them as they come)
+    (root / "train.py").write_text(STEPS.replace("train_x = train_x.to(device)\n", ""))
+    assert (10, "XLA407") in _codes(_lint("--no-cache", root / "train.py").output)  # (the module's tensors)
+    (root / "utils.py").write_text(GENERATOR_LOADERS)
+    assert "XLA407" not in _lint("--no-cache", root / "train.py").output
+    # a library's function named like a model: no tensor by its name alone
+    (root / "train.py").write_text(STEPS.replace("train_x = train_x.to(device)\n", "").replace(
+        "from utils import data_generator", "from somelib.data import data_generator"))
+    assert "XLA407" not in _lint("--no-cache", root / "train.py").output

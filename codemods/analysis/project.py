@@ -11,7 +11,10 @@ questions about the modules a file imports names from:
   the repository's root); an installed library is not looked into;
 * :func:`sparse_returns` says which functions of such a file return a sparse
   tensor (or which elements of the tuple they return), read with Python's
-  ``ast``, not LibCST (no tree is built for another file);
+  ``ast``, not LibCST (no tree is built for another file); :func:`tensor_returns`
+  the same for a tensor torch makes, asked where a callee's name alone would
+  say "a model's output" (``analysis.tensors``); :func:`returned` asks either
+  of a call in this file;
 * :func:`sibling_fact` lets a codemod run on a file whose own bytes lack its
   trigger words when a module it imports from holds such a fact for a name
   the file mentions (``SIBLING_FACTS``).
@@ -51,7 +54,8 @@ def makes_sparse(qualname: str) -> bool:
 # -- other files' bytes and facts, read once per process ---------------------
 
 _BYTES: Dict[str, Tuple[Tuple[int, int], bytes]] = {}  # (per process) path -> (stat, bytes)
-_FACTS: Dict[str, Tuple[Tuple[int, int], Dict[str, FrozenSet[Optional[int]]]]] = {}
+# (per process) (kind, path) -> (stat, what its functions return: _returns)
+_FACTS: Dict[Tuple[str, str], Tuple[Tuple[int, int], Dict[str, FrozenSet[Optional[int]]]]] = {}
 
 
 def file_stamp(path: Path) -> Optional[Tuple[int, int]]:
@@ -239,17 +243,32 @@ def sparse_returns(path: Path) -> Dict[str, FrozenSet[Optional[int]]]:
     """The module-level functions of the file at ``path`` that return a sparse
     tensor: name -> the positions it is at (None: the value returned; ``i``:
     element ``i`` of the tuple returned)."""
+    return _returns(path, SPARSE)
+
+
+def tensor_returns(path: Path) -> Dict[str, FrozenSet[Optional[int]]]:
+    """Like :func:`sparse_returns`, for a tensor a torch call makes (TCN's
+    ``data_generator`` of ``copy_memory/utils.py``: ``x = torch.cat(...)``,
+    ``return x, y``)."""
+    return _returns(path, TENSOR)
+
+
+SPARSE, TENSOR = "sparse", "tensor"  # what a function of another module may return
+_WORDS = {SPARSE: b"sparse", TENSOR: b"torch"}  # (a file without the word returns none)
+
+
+def _returns(path: Path, kind: str) -> Dict[str, FrozenSet[Optional[int]]]:
     stamp, data = _read(path)
-    known = _FACTS.get(str(path))
+    known = _FACTS.get((kind, str(path)))
     if known is not None and known[0] == stamp:
         return known[1]
     facts: Dict[str, FrozenSet[Optional[int]]] = {}
-    if b"sparse" in data:
+    if _WORDS[kind] in data:
         try:
-            facts = _SparseReturns(ast.parse(data)).facts()
+            facts = _Returns(ast.parse(data), kind).facts()
         except (SyntaxError, ValueError, RecursionError):
             facts = {}
-    _FACTS[str(path)] = (stamp or (0, 0), facts)
+    _FACTS[(kind, str(path))] = (stamp or (0, 0), facts)
     return facts
 
 
@@ -296,11 +315,13 @@ def calls(path: Path, qualname: str) -> bool:
     return found
 
 
-class _SparseReturns:
-    """:func:`sparse_returns` for one parsed module (flow-insensitive but for
-    the last assignment of a name before each ``return``)."""
+class _Returns:
+    """:func:`sparse_returns` or :func:`tensor_returns` (``kind``) for one
+    parsed module (flow-insensitive but for the last assignment of a name
+    before each ``return``)."""
 
-    def __init__(self, module: ast.Module) -> None:
+    def __init__(self, module: ast.Module, kind: str) -> None:
+        self.kind = kind
         self.aliases = _aliases(module)  # local name -> what it imports
         self.functions = [n for n in module.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         self.known: Dict[str, FrozenSet[Optional[int]]] = {}
@@ -325,30 +346,47 @@ class _SparseReturns:
         for ret in (n for n in ast.walk(fn) if isinstance(n, ast.Return) and n.value is not None):
             value = ret.value
             if isinstance(value, ast.Tuple):
-                out |= {i for i, e in enumerate(value.elts) if self._sparse(e, ret.lineno, assigns, 0)}
-            elif self._sparse(value, ret.lineno, assigns, 0):  # type: ignore[arg-type]
+                out |= {i for i, e in enumerate(value.elts) if self._made(e, ret.lineno, assigns, 0)}
+            elif self._made(value, ret.lineno, assigns, 0):  # type: ignore[arg-type]
                 out.add(None)
         return frozenset(out)
 
-    def _sparse(self, e: ast.expr, line: int, assigns: Dict[str, List[Tuple[int, ast.expr]]], depth: int) -> bool:
+    def _made(self, e: ast.expr, line: int, assigns: Dict[str, List[Tuple[int, ast.expr]]], depth: int) -> bool:
         if depth > 8:
             return False
         if isinstance(e, ast.Name):
             before = [v for at, v in assigns.get(e.id, ()) if at < line]
-            return bool(before) and self._sparse(before[-1], line, assigns, depth + 1)
+            return bool(before) and self._made(before[-1], line, assigns, depth + 1)
         if not isinstance(e, ast.Call):
             return False
         func = e.func
-        if isinstance(func, ast.Attribute) and func.attr in SPARSE_METHODS and not e.args:
-            return True
+        if isinstance(func, ast.Attribute):
+            if self.kind == SPARSE and func.attr in SPARSE_METHODS and not e.args:
+                return True
+            if self.kind == TENSOR and self._keeps_tensor(func.attr) and self._made(func.value, line, assigns,
+                                                                                    depth + 1):
+                return True  # `torch.cat(...).long()`
         text = _dotted(func)
         if text is None:
             return False
         root, _, rest = text.partition(".")
         full = self.aliases.get(root)
-        if full is not None and makes_sparse(f"{full}.{rest}" if rest else full):
+        if full is not None and self._makes(f"{full}.{rest}" if rest else full):
             return True
         return None in self.known.get(text, frozenset())  # a function of this module that returns one
+
+    def _makes(self, qualname: str) -> bool:
+        if self.kind == SPARSE:
+            return makes_sparse(qualname)
+        from codemods.analysis.kinds import TENSOR as TENSOR_KIND, library_kinds  # (LibCST: not on the CLI's path)
+
+        return library_kinds(qualname, []) == frozenset({TENSOR_KIND})
+
+    @staticmethod
+    def _keeps_tensor(method: str) -> bool:
+        from codemods.analysis.tensors import NON_TENSOR_METHODS
+
+        return method not in NON_TENSOR_METHODS
 
 
 def _dotted(node: ast.expr) -> Optional[str]:
@@ -369,21 +407,38 @@ def sparse_from_siblings(tree: "TreeCache", filename: Optional[str]) -> Set[str]
     from codemods.syntax.tree import dotted as cst_dotted
 
     out: Set[str] = set()
-    source = tree.source or (tree.text if tree.text is not None else tree.module.code).encode("utf-8")
-    modules = imported_modules(filename, source) if filename else {}
-    if not modules:
+    if not _modules_of(tree, filename):
         return out
     for assign in tree.nodes((cst.Assign,)):
         call = assign.value  # type: ignore[attr-defined]
         if not isinstance(call, cst.Call):
             continue
-        for qualname in tree.import_qualnames(call.func) or ():
-            module, _, name = qualname.rpartition(".")
-            path = modules.get(module)
-            found = sparse_returns(path).get(name, frozenset()) if path is not None else frozenset()
-            for target in (t.target for t in assign.targets) if found else ():  # type: ignore[attr-defined]
+        found = returned(tree, filename, call, SPARSE)
+        if found:
+            for target in (t.target for t in assign.targets):  # type: ignore[attr-defined]
                 if None in found:
                     out.add(cst_dotted(target) or "")
                 elif isinstance(target, (cst.Tuple, cst.List)):
                     out |= {cst_dotted(e.value) or "" for i, e in enumerate(target.elements) if i in found}
     return out - {""}
+
+
+def returned(tree: "TreeCache", filename: Optional[str], call: object, kind: str) -> FrozenSet[Optional[int]]:
+    """Where ``call`` (a LibCST ``Call`` of a name imported from a project
+    module) returns a ``kind`` value (:func:`sparse_returns`,
+    :func:`tensor_returns`): None, the value; ``i``, element ``i``."""
+    modules = _modules_of(tree, filename)
+    for qualname in tree.import_qualnames(call.func) or () if modules else ():  # type: ignore[attr-defined]
+        module, _, name = qualname.rpartition(".")
+        path = modules.get(module)
+        found = _returns(path, kind).get(name) if path is not None else None
+        if found:
+            return found
+    return frozenset()
+
+
+def _modules_of(tree: "TreeCache", filename: Optional[str]) -> Dict[str, Path]:
+    if not filename:
+        return {}
+    source = tree.source or (tree.text if tree.text is not None else tree.module.code).encode("utf-8")
+    return imported_modules(filename, source)

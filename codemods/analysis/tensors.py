@@ -8,6 +8,7 @@ from typing import Callable, Iterable, Optional, Set
 
 import libcst as cst
 
+from codemods.analysis.project import TENSOR, returned
 from codemods.syntax.tree import call_name, dotted, find_all
 
 QualNames = Callable[[cst.CSTNode], Set[str]]
@@ -19,7 +20,7 @@ _MODEL_RE = re.compile(
     re.IGNORECASE,
 )
 
-_NON_TENSOR_METHODS = {"item", "tolist", "size", "dim", "numel", "nelement", "ndimension", "type",
+NON_TENSOR_METHODS = {"item", "tolist", "size", "dim", "numel", "nelement", "ndimension", "type",
                        "data_ptr", "element_size", "is_contiguous", "stride", "get_device", "__len__",
                        "is_floating_point", "is_complex", "is_signed", "is_pinned", "is_shared"}
 
@@ -34,7 +35,8 @@ _NON_TENSOR_TORCH = ("torch.device", "torch.Size", "torch.dtype", "torch.cuda.",
 def is_tensor_expr(node: cst.CSTNode, tensors: Set[str], qualnames: QualNames, values: object = None) -> bool:
     """``node`` evaluates to a tensor: a tensor name, a torch op, a tensor
     method, a model's output (a callee the dataflow knows holds a model --
-    ``codemods.analysis.values`` -- or, failing that, named like one)."""
+    ``codemods.analysis.values`` -- or, failing that, named like one: a name
+    of this module, or a project module's function that returns a tensor)."""
     if isinstance(node, cst.Name):
         return node.value in tensors
     if isinstance(node, cst.Call):
@@ -43,12 +45,17 @@ def is_tensor_expr(node: cst.CSTNode, tensors: Set[str], qualnames: QualNames, v
             return True
         func = node.func
         if isinstance(func, cst.Attribute):
-            if func.attr.value in _NON_TENSOR_METHODS:
+            if func.attr.value in NON_TENSOR_METHODS:
                 return False
             if is_tensor_expr(func.value, tensors, qualnames):
                 return True
         callee = dotted(func) or ""
-        if callee and _MODEL_RE.search(callee):
+        # named like a model: a name of this module, or a function of another
+        # project module that returns a tensor (TCN's `data_generator` gives
+        # tensors in one program, loaders in another; a library's
+        # `is_deepspeed_zero3_enabled` or `MODEL_NAMES.values()` none)
+        if callee and _MODEL_RE.search(callee) and (not q or (values is not None and returned(
+                values.tree, values.tree.filename, node, TENSOR))):  # type: ignore[attr-defined]
             return True
         if values is not None and (isinstance(func, cst.Name) or callee.startswith("self.")):
             return bool(values.of(func) & {"module", "loaded"})  # type: ignore[attr-defined]
