@@ -35,7 +35,7 @@ def render() -> str:
     for cls in classes:
         lines.append(f"    ({cls.__module__!r}, {cls.__name__!r}, {tuple(cls.TRIGGERS)!r}, {tuple(cls.NEEDS)!r}, (")
         for r in cls.RULES:
-            lines.append(f"        ({r.code!r}, {r.name!r}, {r.summary!r}, {r.fix!r}),")
+            lines.append(f"        ({r.code!r}, {r.name!r}, {r.summary!r}, {r.fixes_by_default!r}),")
         lines.append(f"    ), {tuple(cls.SIBLING_FACTS)!r}),")
     lines.append(")")
     return "\n".join(lines) + "\n"

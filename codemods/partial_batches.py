@@ -1,4 +1,5 @@
-"""XLA413: a DataLoader that keeps its last, partial batch (reported, with the fix).
+"""XLA413: a DataLoader that keeps its last, partial batch (reported, with the
+fix; the fix made on a shuffled loader with ``--unsafe-fixes``).
 
 A loader of ``batch_size=B`` hands the loop ``len(dataset) % B`` rows in its
 last batch of every epoch, unless that is 0.  XLA traces that step again at
@@ -8,11 +9,13 @@ forward for an evaluation loader.  It is a fixed cost, not growth -- the same
 sizes recur every epoch, and verify reports them as ``new_graph`` events --
 but on a TPU a training step's compile can take minutes.
 
-Not rewritten: ``drop_last=True`` leaves rows out of every epoch, and padding
-needs the metric to leave the padded rows out; either changes what the
-program computes, so the choice is the user's.  A shuffled loader is told
-``drop_last=True`` (it leaves out different rows each epoch); an unshuffled
-one, to pad its dataset to a multiple of the batch size.
+``drop_last=True`` leaves rows out of every epoch, and padding needs the
+metric to leave the padded rows out; either changes what the program
+computes, so the choice is the user's.  A shuffled loader is told
+``drop_last=True`` (it leaves out different rows each epoch), and
+``--unsafe-fixes`` (Ruff's name for a fix that may change what the code
+does) adds it; an unshuffled one is told to pad its dataset to a multiple of
+the batch size, and left.
 
 Speaks only in code being ported (``analysis.cuda.being_ported``), where the
 loader is made.
@@ -20,16 +23,20 @@ loader is made.
 
 from __future__ import annotations
 
+from typing import List, Sequence
+
 import libcst as cst
 
 from codemods.analysis.cuda import being_ported, ported_needs
 from codemods.analysis.data_loaders import DATALOADER_NAMES, batching, first_batch_only
 from codemods.base import Rule, XlaCodemod
+from codemods.syntax.nodes import keyword_arg
 
 PARTIAL_BATCH = Rule(
     code="XLA413",
     name="partial-last-batch",
-    summary="a DataLoader keeps its last, smaller batch: XLA compiles the step once more for it (reported)",
+    summary="a DataLoader keeps its last, smaller batch: XLA compiles the step once more for it (reported; "
+            "`drop_last=True` on a shuffled one with --unsafe-fixes)",
     why=(
         "XLA compiles a graph for every shape it meets. A DataLoader with `batch_size=B` and no `drop_last` "
         "ends each epoch with a batch of `len(dataset) % B` rows (unless that is 0), so the step is traced and "
@@ -38,13 +45,21 @@ PARTIAL_BATCH = Rule(
         "reports it as a `new_graph` event), but a training step's compile on a TPU can take minutes. A shuffled "
         "training loader usually takes `drop_last=True` (it leaves out different rows every epoch); an evaluation "
         "loader whose metric needs every row can pad its dataset to a multiple of the batch size and leave the "
-        "padded rows out of the metric. Either changes what the program computes, so `convert` only reports it."
+        "padded rows out of the metric. Either changes what the program computes, so `convert` reports it, and "
+        "adds `drop_last=True` to a shuffled loader only when asked to make such fixes (`--unsafe-fixes`, or "
+        "`unsafe-fixes = true` in `[tool.xlaport]`)."
     ),
     before=(
         "import torch\nfrom torch.utils.data import DataLoader\n\nmodel = model.cuda()\n"
         "loader = DataLoader(ds, batch_size=64, shuffle=True)\n"
     ),
-    after=None,
+    after=(
+        "import torch\nfrom torch.utils.data import DataLoader\n\nmodel = model.cuda()\n"
+        "loader = DataLoader(ds, batch_size=64, shuffle=True, drop_last=True)\n"
+    ),
+    example_options=(("unsafe_fixes", True),),
+    unsafe=True,
+    options=(("unsafe_fixes", "add `drop_last=True` to a shuffled loader (its epochs leave out up to B - 1 rows)"),),
     valid=(
         # the default batch size is 1: no batch is partial
         "import torch\nfrom torch.utils.data import DataLoader\n\nmodel = model.cuda()\nloader = DataLoader(ds)\n",
@@ -68,7 +83,7 @@ PARTIAL_BATCH = Rule(
 
 
 class PartialBatches(XlaCodemod):
-    DESCRIPTION = "Report DataLoaders whose last, partial batch XLA compiles a graph of its own for."
+    DESCRIPTION = "Report DataLoaders whose last, partial batch XLA compiles a graph of its own for (with unsafe fixes: drop it)."
     RULES = (PARTIAL_BATCH,)
     TRIGGERS = (b"DataLoader",)
     NEEDS = ported_needs("name:DataLoader")
@@ -80,18 +95,44 @@ class PartialBatches(XlaCodemod):
     def regions(self, tree):
         return tree.statements_where(lambda n: n.value == "DataLoader", (cst.Name,))
 
-    def visit_Call(self, node: cst.Call) -> None:
-        if not self.qualnames(node.func) & DATALOADER_NAMES:
-            return
-        found = batching(self.tree, node)
-        if found is None or found.batch_size is None or found.drops_last or first_batch_only(self.tree, node):
-            return
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if not self.qualnames(original_node.func) & DATALOADER_NAMES:
+            return updated_node
+        found = batching(self.tree, original_node)
+        if found is None or found.batch_size is None or found.drops_last or first_batch_only(self.tree, original_node):
+            return updated_node
         size = cst.Module([]).code_for_node(found.batch_size)
+        if found.shuffled and self.option("unsafe_fixes", False) and not _names_drop_last(original_node):
+            if self.flag(original_node, PARTIAL_BATCH.code, f"`drop_last=True` added (an unsafe fix: every epoch "
+                         f"leaves out its last `len(dataset) % {size}` rows, other ones each epoch as it shuffles): "
+                         "no smaller last batch for XLA to compile the step once more for", fix=True):
+                return updated_node.with_changes(args=_appended(updated_node.args, keyword_arg(
+                    "drop_last", cst.Name("True"))))
+            return updated_node
         pad = f"pad its dataset to a multiple of `{size}` and leave the padding out of the metric"
-        fix = (f"`drop_last=True` suits a shuffled training loader; an evaluation loader can {pad}" if found.shuffled
-               else f"{pad}, or accept the one graph more")
-        self.flag(node, PARTIAL_BATCH.code, f"DataLoader keeps a smaller last batch (unless the dataset's length is a "
-                  f"multiple of `{size}`): XLA compiles the step once more for it; {fix}", fix=False)
+        fix = (f"`drop_last=True` suits a shuffled training loader (`--unsafe-fixes` adds it); an evaluation loader "
+               f"can {pad}" if found.shuffled else f"{pad}, or accept the one graph more")
+        self.flag(original_node, PARTIAL_BATCH.code, f"DataLoader keeps a smaller last batch (unless the dataset's "
+                  f"length is a multiple of `{size}`): XLA compiles the step once more for it; {fix}", fix=False)
+        return updated_node
+
+
+def _names_drop_last(call: cst.Call) -> bool:
+    """A ``drop_last`` written in the call itself (``drop_last=False``: the
+    user's choice, said and left)."""
+    return any(a.keyword is not None and a.keyword.value == "drop_last" for a in call.args)
+
+
+def _appended(args: Sequence[cst.Arg], new: cst.Arg) -> List[cst.Arg]:
+    """``args`` and ``new`` after them, laid out as they are: the comma
+    between the last two separates the new one, which takes the last one's
+    own (a trailing comma stays trailing)."""
+    if not args:
+        return [new]
+    last = args[-1]
+    between = args[-2].comma if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else \
+        cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    return [*args[:-1], last.with_changes(comma=between), new.with_changes(comma=last.comma)]
 
 
 __all__ = ["PartialBatches", "PARTIAL_BATCH"]

@@ -92,7 +92,7 @@ def _infos() -> Tuple[CodemodInfo, ...]:
         else:
             cls = getattr(importlib.import_module(module), name)
             triggers, needs, siblings = tuple(cls.TRIGGERS), tuple(cls.NEEDS), tuple(cls.SIBLING_FACTS)
-            rule_rows = tuple((r.code, r.name, r.summary, r.fix) for r in cls.RULES)
+            rule_rows = tuple((r.code, r.name, r.summary, r.fixes_by_default) for r in cls.RULES)
         # (shortest first: the commonest, which ends the search soonest; the set is the same)
         triggers = tuple(sorted(dict.fromkeys(triggers), key=len))
         out.append(CodemodInfo(module, name, triggers, tuple(needs), tuple(RuleInfo(*r) for r in rule_rows),

@@ -32,10 +32,18 @@ class Rule:
     example_target: str = ""  # the target the example converts to (default: the default target)
     # rules whose rewrites this one judges: selected with it when its examples run
     requires: Tuple[str, ...] = ()
+    # its rewrite changes what the program computes: made only when asked
+    # (``--unsafe-fixes``, Ruff's name; option ``unsafe_fixes``), else reported
+    unsafe: bool = False
 
     @property
     def fix(self) -> bool:
         return self.after is not None
+
+    @property
+    def fixes_by_default(self) -> bool:
+        """``convert`` rewrites it unless told otherwise (not an unsafe fix)."""
+        return self.fix and not self.unsafe
 
 
 @dataclass

@@ -1,10 +1,12 @@
 """Golden tests: fixtures/<name>/input.py -> fixtures/<name>/expected.py."""
 
+import json
 from pathlib import Path
 
 import libcst as cst
 import pytest
 
+from codemods.target import DEFAULT_TARGET
 from xlaport.engine import Settings, transform
 
 FIXTURES = sorted(p for p in (Path(__file__).parent.parent / "fixtures").iterdir() if (p / "input.py").exists())
@@ -12,9 +14,11 @@ FIXTURES = sorted(p for p in (Path(__file__).parent.parent / "fixtures").iterdir
 
 def settings_for(fixture: Path) -> Settings:
     """The settings a fixture converts with: its ``target`` file names a
-    target other than the default (``torchtpu``)."""
-    target = fixture / "target"
-    return Settings(target=target.read_text().strip()) if target.exists() else Settings()
+    target other than the default (``torchtpu``), its ``options`` file (JSON)
+    the options (``{"unsafe_fixes": true}``)."""
+    target, options = fixture / "target", fixture / "options"
+    return Settings(target=target.read_text().strip() if target.exists() else DEFAULT_TARGET,
+                    options=json.loads(options.read_text()) if options.exists() else {})
 
 
 @pytest.mark.parametrize("fixture", FIXTURES, ids=lambda p: p.name)

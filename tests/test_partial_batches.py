@@ -2,8 +2,9 @@
 partial batch is reported where it is made, its keywords read through the
 dicts pytorch/examples builds them in; fixtures/partial_batches shows on
 XLA's CPU backend what the report claims (one graph more for each loader,
-the same however many epochs) and why it is not rewritten (``drop_last``
-changes the numbers)."""
+the same however many epochs) and why it is not rewritten by default
+(``drop_last`` changes the numbers); fixtures/drop_last, what
+``--unsafe-fixes`` makes of a shuffled loader (``drop_last=True``)."""
 
 import os
 import subprocess
@@ -137,3 +138,85 @@ def test_verify_ties_the_graph_of_the_last_batch_to_the_loader_lint_reported():
         f"XLA413 at line {at['train_loader = DataLoader']}", f"XLA413 at line {at['test_loader = DataLoader']}", None]
     assert events[0]["detail"] == f"d; the last, smaller batch of the loader made at line " \
                                   f"{at['train_loader = DataLoader']} (predicted by XLA413)"
+
+
+# -- the unsafe fix: `drop_last=True` on a shuffled loader (--unsafe-fixes) ---
+
+UNSAFE = {"options": {"unsafe_fixes": True}}
+
+
+def test_an_unsafe_fix_drops_the_last_batch_of_a_shuffled_loader_only():
+    source = HEAD + ("train = DataLoader(\n    ds,\n    batch_size=4,\n    shuffle=True,\n)\n"
+                     "kw = {'batch_size': 8, 'shuffle': True}\nother = DataLoader(ds, **kw)\n"
+                     "test = DataLoader(ds, batch_size=4)\n"
+                     "kept = DataLoader(ds, batch_size=4, shuffle=True, drop_last=False)\n")
+    out, findings = convert_text(source, **UNSAFE)
+    # laid out as written: a trailing comma stays trailing; after a ** dict whose keys hold no drop_last
+    assert "    shuffle=True,\n    drop_last=True,\n)\n" in out
+    assert "other = DataLoader(ds, **kw, drop_last=True)\n" in out
+    # unshuffled (an evaluation loader: its metric needs every row), or drop_last=False written: said, left
+    assert "test = DataLoader(ds, batch_size=4)\n" in out and "drop_last=False)\n" in out
+    said = {f.line: f for f in findings if f.code == "XLA413"}
+    assert sorted(said) == [5, 11, 12, 13] and [said[n].fix for n in (5, 11, 12, 13)] == [True, True, False, False]
+    assert "an unsafe fix: every epoch leaves out its last `len(dataset) % 4` rows" in said[5].message
+    again, more = convert_text(out, **UNSAFE)
+    assert again == out and not [f for f in more if f.fix and f.code == "XLA413"]
+    # by default: reported, with the way to ask for it
+    plain, reports = convert_text(source)
+    assert "drop_last=True" not in plain
+    assert "(`--unsafe-fixes` adds it)" in [f.message for f in reports if f.code == "XLA413"][0]
+
+
+def test_the_unsafe_fix_is_asked_for_on_the_command_line_or_in_the_config(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from xlaport.cli import main
+
+    monkeypatch.setenv("XLAPORT_CACHE_DIR", str(tmp_path / "cache"))
+    source = HEAD + "loader = DataLoader(ds, batch_size=4, shuffle=True)\n"
+    prog = tmp_path / "prog"
+    prog.mkdir()
+    (prog / "train.py").write_text(source)
+
+    def converted(*args):
+        result = CliRunner().invoke(main, ["convert", "--diff", *args, str(prog / "train.py")])
+        assert result.exit_code in (0, 1), result.output
+        return "+loader = DataLoader(ds, batch_size=4, shuffle=True, drop_last=True)" in result.output
+
+    # (each answer from the cache the second time: the option is part of its key)
+    assert [converted(), converted("--unsafe-fixes"), converted(), converted("--unsafe-fixes")] == [
+        False, True, False, True]
+    (prog / "pyproject.toml").write_text("[tool.xlaport]\nunsafe-fixes = true\n")
+    assert converted() and not converted("--no-unsafe-fixes")
+    (prog / "pyproject.toml").write_text("[tool.xlaport]\nunsafe-fixes = 'yes'\n")
+    bad = CliRunner().invoke(main, ["convert", "--diff", str(prog / "train.py")])
+    assert bad.exit_code == 2 and "unsafe-fixes must be true or false" in bad.output
+
+
+@pytest.mark.xla
+@needs_xla
+def test_the_unsafe_fix_leaves_the_training_steps_one_graph_at_two_lengths(tmp_path):
+    """fixtures/drop_last converted with --unsafe-fixes: 12 rows and 14 rows
+    compile the training step once (the shuffled loader drops its last 2
+    rows); only the evaluation loader, reported, compiles once more.  The
+    numbers are the original's with `drop_last=True` made by hand."""
+    from xlaport.engine import Settings
+
+    def run(tag, *args):
+        result, stdout, _, _ = run_on_xla("drop_last", tmp_path / tag, *args,
+                                          settings=Settings(options={"unsafe_fixes": True}))
+        return result["metrics"], stdout
+
+    full, _ = run("a", "--rows", "12")
+    one, _ = run("b", "--rows", "14")
+    two, out2 = run("c", "--rows", "14", "--epochs", "2")
+    assert one["compiles"] == full["compiles"] + 1, (full, one)  # the evaluation forward's smaller batch only
+    assert two["compiles"] == one["compiles"], (one, two)
+    by_hand = tmp_path / "by_hand.py"
+    by_hand.write_text((FIXTURES / "drop_last" / "input.py").read_text().replace(
+        "shuffle=True,\n    )", "shuffle=True,\n        drop_last=True,\n    )"))
+    assert "drop_last=True" in by_hand.read_text()
+    original = subprocess.run([sys.executable, str(by_hand), "--rows", "14", "--epochs", "2"], capture_output=True,
+                              text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert original.returncode == 0, original.stderr
+    assert out2 == original.stdout

@@ -32,7 +32,7 @@ needs_xla = pytest.mark.skipif(not HAVE_XLA, reason="needs torch_xla (make setup
 OBSERVER = Path(__file__).resolve().parent / "observe"  # a sitecustomize that only reads torch_xla's metrics
 
 
-def run_on_xla(name: str, tmp_path: Path, *args: str):
+def run_on_xla(name: str, tmp_path: Path, *args: str, settings: Settings = Settings()):
     """The fixture's conversion run as its user runs it -- plain `python`, from
     its own directory, on XLA's CPU backend, nothing of ours imported into it
     (tests/observe/sitecustomize.py reads the compile and execution counts at
@@ -42,7 +42,7 @@ def run_on_xla(name: str, tmp_path: Path, *args: str):
     work = tmp_path / name
     work.mkdir(parents=True, exist_ok=True)
     script = work / "main.py"
-    script.write_bytes(transform((FIXTURES / name / "input.py").read_bytes(), Settings()).code)
+    script.write_bytes(transform((FIXTURES / name / "input.py").read_bytes(), settings).code)
     metrics = work.parent / f"{name}-metrics.json"
     env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": str(OBSERVER), "XLAPORT_TEST_METRICS": str(metrics)}
     done = subprocess.run([sys.executable, "main.py", *args], cwd=work, env=env, capture_output=True, text=True,

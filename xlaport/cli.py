@@ -72,6 +72,9 @@ def common_options(fn):
                      help="Keep progress bars; only drop their tensor-reading postfixes."),
         click.option("--prints", type=click.Choice(["defer", "delete", "keep"]), default=None,
                      help="Hot-loop prints that read tensors: defer to a step closure (default), delete, or keep."),
+        click.option("--unsafe-fixes/--no-unsafe-fixes", "unsafe_fixes", default=None,
+                     help="Also make the rewrites that change what the program computes (`drop_last=True` on a "
+                          "shuffled loader: XLA413); each is said."),
         click.option("--config", "config_args", multiple=True, metavar="PATH | KEY=VALUE",
                      help="A pyproject.toml to read [tool.xlaport] from (default: the nearest), or a "
                           "`KEY = VALUE` TOML setting that overrides it (repeatable)."),
@@ -145,7 +148,7 @@ def _echo(message: str, err: bool = False) -> None:
 
 
 def _prepare(paths, select, ignore, target, exclude, force_exclude, no_gitignore, diff_base, stdin_filename,
-             port_cpu, keep_progress, prints, config_args, no_prefilter, fmt, output_file, statistics, quiet, verbose, jobs,
+             port_cpu, keep_progress, prints, unsafe_fixes, config_args, no_prefilter, fmt, output_file, statistics, quiet, verbose, jobs,
              no_cache) -> Run:
     config_path = [c for c in config_args if "=" not in c or Path(c).is_file()]
     overrides = [c for c in config_args if c not in config_path]
@@ -153,7 +156,7 @@ def _prepare(paths, select, ignore, target, exclude, force_exclude, no_gitignore
         raise click.UsageError("--config names more than one file")
     config = load_config(paths if paths != ("-",) else ([stdin_filename] if stdin_filename else ()),
                          config_path[0] if config_path else None, overrides)
-    settings = _settings(config, select, ignore, target, keep_progress, prints)
+    settings = _settings(config, select, ignore, target, keep_progress, prints, unsafe_fixes)
     settings.prefilter = not no_prefilter
     excludes = list(exclude) + list(config.get("exclude", []))  # type: ignore[call-overload]
     force = force_exclude if force_exclude is not None else bool(config.get("force_exclude", False))
@@ -211,7 +214,7 @@ def _process(entries, settings: Settings, jobs: int, no_cache: bool, show_progre
         os._exit(_exit_status(stop))
 
 
-def _settings(config, select, ignore, target, keep_progress, prints) -> Settings:
+def _settings(config, select, ignore, target, keep_progress, prints, unsafe_fixes=None) -> Settings:
     sel = _codes(select) if select is not None else config.get("select")
     ign = (_codes(ignore) or []) + list(config.get("ignore", []))
     extend = list(config.get("extend_select", []))
@@ -230,6 +233,10 @@ def _settings(config, select, ignore, target, keep_progress, prints) -> Settings
         options["keep_progress"] = keep_progress
     if prints is not None:
         options["prints"] = prints
+    if unsafe_fixes is not None:
+        options["unsafe_fixes"] = unsafe_fixes
+    if not options.get("unsafe_fixes"):
+        options.pop("unsafe_fixes", None)  # (off is the default: one cache key for both)
     target_name = target or config.get("target") or DEFAULT_TARGET
     if target_name not in TARGETS:
         raise click.UsageError(f"[tool.xlaport] target {target_name!r} is not one of {', '.join(sorted(TARGETS))}")

@@ -2,7 +2,8 @@
 
 Keys: ``select``, ``extend-select``, ``ignore``, ``exclude`` (lists),
 ``per-file-ignores`` (glob -> codes), ``target`` (string), ``keep-progress``
-(bool), ``prints`` ("defer" | "delete" | "keep"), ``port-cpu`` (bool: convert a
+(bool), ``prints`` ("defer" | "delete" | "keep"), ``unsafe-fixes`` (bool: also
+the rewrites that change what the program computes), ``port-cpu`` (bool: convert a
 program with no CUDA code too), ``force-exclude`` (bool:
 ``exclude`` applies to files named on the command line too, as pre-commit
 passes them), ``respect-gitignore`` (bool, default true).  Unknown keys and
@@ -32,7 +33,7 @@ def _find(paths: Sequence[str]) -> Optional[Path]:
 
 
 KNOWN_KEYS = ("select", "extend-select", "ignore", "exclude", "per-file-ignores", "target", "keep-progress", "prints",
-              "force-exclude", "respect-gitignore", "port-cpu")
+              "unsafe-fixes", "force-exclude", "respect-gitignore", "port-cpu")
 PRINTS = ("defer", "delete", "keep")
 
 
@@ -87,10 +88,11 @@ def load_config(paths: Sequence[str], explicit: Optional[str] = None,
             raise click.UsageError(f"{where} target must be a string, not {table['target']!r}")
         config["target"] = table["target"]
     options: Dict[str, object] = {}
-    if "keep-progress" in table:
-        if not isinstance(table["keep-progress"], bool):
-            raise click.UsageError(f"{where} keep-progress must be true or false, not {table['keep-progress']!r}")
-        options["keep_progress"] = table["keep-progress"]
+    for key in ("keep-progress", "unsafe-fixes"):
+        if key in table:
+            if not isinstance(table[key], bool):
+                raise click.UsageError(f"{where} {key} must be true or false, not {table[key]!r}")
+            options[key.replace("-", "_")] = table[key]
     if "prints" in table:
         if table["prints"] not in PRINTS:
             raise click.UsageError(f"{where} prints must be one of {', '.join(PRINTS)}, not {table['prints']!r}")
