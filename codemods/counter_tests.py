@@ -23,7 +23,7 @@ would run its graph to be copied: left as it is.
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Tuple
 
 import libcst as cst
 
@@ -76,27 +76,32 @@ class CounterTests(LoopCodemod):
     NEEDS = (STEP_LOOP, LOADER_LOOP)
     SIBLING_FACTS = ("step_callers",)  # (a scheduler's method that another module's sampling loop calls)
 
-    def _tests(self) -> Dict[int, str]:
-        """id of each comparison to rewrite -> the parameter it tests, where a
-        call of its function hands the parameter a tensor made from a
-        counter and sent to a device (the rewrite keeps an int's answer too)."""
+    def regions(self, tree):
+        self.know_steps()
+        return [comparison for comparison, _ in self._tests().values()]
+
+    def _tests(self) -> Dict[int, Tuple[cst.Comparison, str]]:
+        """id of each comparison to rewrite -> it and the parameter it tests,
+        where a call of its function hands the parameter a tensor made from
+        a counter and sent to a device (the rewrite keeps an int's answer too)."""
         memo = self.tree.memo.get("counter_tests")
         if memo is not None:
             return memo  # type: ignore[return-value]
         helpers = {fn.name.value for fn in find_all(self.tree.module, cst.FunctionDef)  # type: ignore[attr-defined]
                    if _tests_a_parameter(fn)}  # (a cheap look first)
-        found: Dict[int, str] = {}
+        found: Dict[int, Tuple[cst.Comparison, str]] = {}
         for hit in counter_calls(self, helpers):
             for comparison, param in hit.tests:
                 if sent_to_device(hit.passed[param]):
-                    found[id(comparison)] = param
+                    found[id(comparison)] = (comparison, param)
         self.tree.memo["counter_tests"] = found
         return found
 
     def leave_Comparison(self, original_node: cst.Comparison, updated_node: cst.Comparison) -> cst.BaseExpression:
-        param = self._tests().get(id(original_node))
-        if param is None:
+        test = self._tests().get(id(original_node))
+        if test is None:
             return updated_node
+        param = test[1]
         code = cst.Module([]).code_for_node
         if not self.flag(original_node, COUNTER_TEST.code, f"`{code(original_node)}` reads `{param}`, the counter a "
                          "step loop hands this function as a device tensor, on the host: a graph of its own each "

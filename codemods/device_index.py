@@ -55,13 +55,14 @@ number (``torch.full(shape, alphas[t])``, ``float(alphas[t])``,
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Set
+from typing import Dict, Optional, Set, Tuple
 
 import libcst as cst
 
 from codemods.loop_codemod import LoopCodemod
 from codemods.step_callers import counter_calls
 from codemods.analysis.counters import loop_counters, made_tensor
+from codemods.analysis.loops import module_facts
 from codemods.analysis.placement import fill_argument, on_device
 from codemods.analysis.steps import SCALAR_READS
 from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP
@@ -131,8 +132,13 @@ class DeviceIndex(LoopCodemod):
         return set().union(*(loop_counters(self.tree, loop) for loop, _, _ in self.loop_stack[:hot[-1] + 1]
                              if isinstance(loop, cst.For)))
 
+    def regions(self, tree):
+        # the hot loops (their counters index here) and the helpers' subscripts a loop hands its counter to
+        self.know_steps()
+        return module_facts(tree).hot_loops + [sub for sub, _ in self._through_calls().values()]
+
     def leave_Subscript(self, original_node: cst.Subscript, updated_node: cst.Subscript) -> cst.BaseExpression:
-        through = self._through_calls().get(id(original_node))
+        through = self._through_calls().get(id(original_node), (None, None))[1]
         if through is not None and _slice_parts(original_node) is None:
             return self._sent(original_node, updated_node, through)
         if through is not None:
@@ -164,19 +170,19 @@ class DeviceIndex(LoopCodemod):
         return _first(updated_node, cst.parse_expression(f"torch.tensor([{code(index)}], device={code(table)}.device)"))
 
     # -- the counter handed to a helper ---------------------------------------
-    def _through_calls(self) -> Dict[int, str]:
+    def _through_calls(self) -> Dict[int, Tuple[cst.Subscript, str]]:
         """id of each subscript of a helper that a step or loader loop hands
-        its counter to, rewritable where it stands -> the counter."""
+        its counter to, rewritable where it stands -> it and the counter."""
         memo = self.tree.memo.get("device_index:through")
         if memo is not None:
             return memo  # type: ignore[return-value]
-        found: Dict[int, str] = {}
+        found: Dict[int, Tuple[cst.Subscript, str]] = {}
         helpers = {fn.name.value for fn in find_all(self.tree.module, cst.FunctionDef)  # type: ignore[attr-defined]
                    if _slices_by_a_parameter(fn) or _indexes_by_a_parameter(fn)}  # (a cheap look first)
         for hit in counter_calls(self, helpers):
             for sub, _, param in hit.hits:
                 if _rewritable(sub, hit, param) and not self._read_on_host(sub):
-                    found.setdefault(id(sub), param)
+                    found.setdefault(id(sub), (sub, param))
         self.tree.memo["device_index:through"] = found
         return found
 

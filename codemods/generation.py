@@ -34,6 +34,7 @@ from typing import Dict
 import libcst as cst
 
 from codemods.analysis.growth import sequence_reads, windowed_growth
+from codemods.analysis.loops import module_facts
 from codemods.analysis.prefilter import STEP_LOOP
 from codemods.base import Rule
 from codemods.loop_codemod import LoopCodemod
@@ -83,6 +84,10 @@ class GenerationWindow(LoopCodemod):
     RULES = (GENERATION_WINDOW,)
     TRIGGERS = (b"cat",)
     NEEDS = (STEP_LOOP,)
+
+    def regions(self, tree):
+        # (the loops it may rewrite: step loops, found as `is_step_loop` finds them)
+        return [loop for loop in module_facts(tree).step_loops if isinstance(loop, cst.For)]
 
     def rewrite_loop(self, original, updated):  # type: ignore[no-untyped-def]
         if not isinstance(original, cst.For) or not self.is_step_loop(original) or not updated.deep_equals(original):

@@ -54,8 +54,15 @@ class LoopCodemod(XlaCodemod):
         return text.encode("utf-8", "surrogateescape") if isinstance(text, str) else self.tree.module.code.encode()
 
     # -- walking state -------------------------------------------------------
+    def know_steps(self) -> None:
+        """The module's step functions, which every step-loop question reads:
+        set when the walk starts (``visit_Module``), or before it by a
+        ``regions`` that asks such questions."""
+        module = self.tree.module
+        self.steps = self._memo("steps", module, lambda: step_functions(module))
+
     def visit_Module(self, node: cst.Module) -> None:
-        self.steps = self._memo("steps", node, lambda: step_functions(node))
+        self.know_steps()
         self.tensor_stack.append(self._tensor_names(node))
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:

@@ -52,6 +52,7 @@ No LibCST here.
 from __future__ import annotations
 
 import ast
+import hashlib
 import re
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
@@ -158,13 +159,27 @@ def facts_of(source: bytes) -> Optional[FrozenSet[str]]:
 
 def file_facts(source: bytes) -> Optional[FrozenSet[str]]:
     """The facts that can hold for ``source``; None when ``ast`` cannot read
-    it (then nothing is filtered and LibCST reports the problem)."""
+    it (then nothing is filtered and LibCST reports the problem).  Read once
+    per process for the same bytes (by their digest): a module's facts are
+    asked when it is linted and when a neighbour's importers are looked for
+    (``analysis.importers``), in either order."""
+    key = hashlib.blake2b(source, digest_size=16).digest()
+    if key in _FACTS_BY_DIGEST:
+        return _FACTS_BY_DIGEST[key]
     tree = pyast.parse(source)
-    if tree is None:
-        return None
-    seen = _Seen(source)
-    _walk(tree, seen)
-    return seen.facts_found()
+    facts = None
+    if tree is not None:
+        seen = _Seen(source)
+        _walk(tree, seen)
+        facts = seen.facts_found()
+    if len(_FACTS_BY_DIGEST) >= _KEEP_FACTS:
+        _FACTS_BY_DIGEST.pop(next(iter(_FACTS_BY_DIGEST)))  # (the oldest)
+    _FACTS_BY_DIGEST[key] = facts
+    return facts
+
+
+_FACTS_BY_DIGEST: Dict[bytes, Optional[FrozenSet[str]]] = {}  # (per process) digest of the bytes -> their facts
+_KEEP_FACTS = 4096
 
 
 class _Seen:
