@@ -79,13 +79,21 @@ def ported_importer(filename: Optional[str], source: bytes) -> bool:
         return False
     path = os.path.abspath(filename)
     between: List[str] = []
+    imports: Dict[str, FrozenSet[str]] = {}  # (each file's imports, its stamp checked once for this answer)
+
+    def imported_by(other: str) -> FrozenSet[str]:
+        found = imports.get(other)
+        if found is None:
+            found = imports[other] = _imports(other)
+        return found
+
     for other in _candidates(path):
-        if path in _imports(other):
+        if path in imported_by(other):
             if _ported(other):
                 return True
             between.append(other)
     for middle in between:  # one module between (``train.py`` -> ``trainer.py`` -> ``models.py``)
-        if any(middle in _imports(o) and _ported(o) for o in _candidates(middle, path) if o != path):
+        if any(middle in imported_by(o) and _ported(o) for o in _candidates(middle, path) if o != path):
             return True
     return False
 

@@ -197,6 +197,8 @@ class _Seen:
         self.model_source = b"torch.nn" in source or b"load(" in source or b"jit." in source
         self.any_loader = b"DataLoader" in source
         self.may_tie = any(f"{a} = self.".encode() in source for a in TIE_ATTRS)
+        self.ties: List[int] = []  # lines of tying assignments (TIED_WEIGHTS)
+        self.untied_classes: List[Tuple[int, int]] = []  # lines of classes without a re-tie method
         self.may_call_library = LIBRARY.encode() in source
         self.strings: List[str] = []  # string constants of one word (prose left out: see code~W above)
         self.torch_roots: Set[str] = set()  # names bound to torch or a torch module (`import torch.nn as nn`)
@@ -231,18 +233,24 @@ class _Seen:
             self.loops.append(node)
 
     def class_def(self, node: ast.ClassDef) -> None:
-        if self.may_tie and TIED_WEIGHTS not in self.facts and not any(
-                isinstance(m, _FUNCS) and m.name in RETIE_METHODS for m in node.body):
-            if any(type(n) is ast.Assign and len(n.targets) == 1 and type(n.targets[0]) is ast.Attribute
-                   and is_tie(_dotted(n.targets[0]), _dotted(n.value)) for n in ast.walk(node)):
-                self.facts.add(TIED_WEIGHTS)
+        if self.may_tie and not any(isinstance(m, _FUNCS) and m.name in RETIE_METHODS for m in node.body):
+            self.untied_classes.append((node.lineno, node.end_lineno or node.lineno))
         for stmt in node.body:
             if isinstance(stmt, _FUNCS) and (
                     stmt.name == "step" or (stmt.name.endswith("_step") and not stmt.name.startswith("set_"))):
                 self.facts.add(STEP_METHOD)
 
+    def assigned(self, node: ast.Assign) -> None:
+        """A tie of two modules' weights (``self.head.weight = self.embed.weight``):
+        read by ``facts_found`` where a class without a re-tie method holds it."""
+        if len(node.targets) == 1 and type(node.targets[0]) is ast.Attribute \
+                and is_tie(_dotted(node.targets[0]), _dotted(node.value)):
+            self.ties.append(node.lineno)
+
     def facts_found(self) -> FrozenSet[str]:
         facts = self.facts
+        if any(first <= line <= last for line in self.ties for first, last in self.untied_classes):
+            facts.add(TIED_WEIGHTS)  # (a tie inside a class, at any depth, that does not re-tie)
         # what the dataflow of codemods.analysis.values can find a model in: a
         # variable, or a function of the file that calls one (or a step-like name)
         called_by: Dict[str, Set[str]] = {}
@@ -320,7 +328,7 @@ def _walk(tree: ast.AST, seen: _Seen) -> None:
     kinds are handled inline, the rare ones by ``seen``'s methods)."""
     facts, names, loop_calls, step_functions = seen.facts, seen.names, seen.loop_calls, seen.step_functions
     calls_of, attrs_of, strings = seen.calls_of, seen.attrs_of, seen.strings
-    may_call_library, called_chains = seen.may_call_library, seen.called_chains
+    may_call_library, called_chains, may_tie = seen.may_call_library, seen.called_chains, seen.may_tie
     # (node, inside a loop?, enclosing function names, inside a model's own
     # forward/backward/__init__ -- where no loop is a step loop)
     stack: List[Tuple[ast.AST, bool, Tuple[str, ...], bool]] = [(tree, False, (), False)]
@@ -368,6 +376,8 @@ def _walk(tree: ast.AST, seen: _Seen) -> None:
         elif kind in _ASSIGNS:
             for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):  # type: ignore[attr-defined]
                 seen.variables.update(_target_names(target))
+            if may_tie and kind is ast.Assign:
+                seen.assigned(node)  # type: ignore[arg-type]
         elif kind is ast.arg:
             seen.variables.add(node.arg)  # type: ignore[attr-defined]
             ann = node.annotation  # type: ignore[attr-defined]
