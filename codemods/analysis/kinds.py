@@ -21,6 +21,10 @@ TENSORS = "tensors"  # a tuple of tensors: what `x.split(1)`, `x.chunk(2)`, `x.u
 # the ops (methods and torch functions) that give a tuple of tensors, not a tensor
 SPLITS = frozenset({"split", "chunk", "unbind", "tensor_split", "hsplit", "vsplit", "dsplit", "split_with_sizes",
                     "unsafe_split", "unsafe_chunk"})
+# the methods of a tensor that give no tensor (a number, a list, a size, a flag)
+NON_TENSOR_METHODS = frozenset({"item", "tolist", "size", "dim", "numel", "nelement", "ndimension", "type",
+                                "data_ptr", "element_size", "is_contiguous", "stride", "get_device", "__len__",
+                                "is_floating_point", "is_complex", "is_signed", "is_pinned", "is_shared"})
 UNKNOWN = "?"  # some of the values that reach a name could not be told
 NONE: Kinds = frozenset()
 

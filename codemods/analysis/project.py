@@ -384,7 +384,7 @@ class _Returns:
 
     @staticmethod
     def _keeps_tensor(method: str) -> bool:
-        from codemods.analysis.tensors import NON_TENSOR_METHODS
+        from codemods.analysis.kinds import NON_TENSOR_METHODS  # (LibCST: not on the CLI's path)
 
         return method not in NON_TENSOR_METHODS
 

@@ -8,6 +8,7 @@ from typing import Callable, Iterable, Optional, Set
 
 import libcst as cst
 
+from codemods.analysis.kinds import NON_TENSOR_METHODS
 from codemods.analysis.project import TENSOR, returned
 from codemods.syntax.tree import call_name, dotted, find_all
 
@@ -19,10 +20,6 @@ _MODEL_RE = re.compile(
     r"transformer|classifier|head|backbone|generator|discriminator)s?(\.|$|_)",
     re.IGNORECASE,
 )
-
-NON_TENSOR_METHODS = {"item", "tolist", "size", "dim", "numel", "nelement", "ndimension", "type",
-                       "data_ptr", "element_size", "is_contiguous", "stride", "get_device", "__len__",
-                       "is_floating_point", "is_complex", "is_signed", "is_pinned", "is_shared"}
 
 _NON_TENSOR_TORCH = ("torch.device", "torch.Size", "torch.dtype", "torch.cuda.", "torch.no_grad",
                      "torch.manual_seed", "torch.Generator", "torch.is_tensor", "torch.is_floating_point",
