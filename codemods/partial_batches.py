@@ -47,7 +47,8 @@ PARTIAL_BATCH = Rule(
         "loader whose metric needs every row can pad its dataset to a multiple of the batch size and leave the "
         "padded rows out of the metric. Either changes what the program computes, so `convert` reports it, and "
         "adds `drop_last=True` to a shuffled loader only when asked to make such fixes (`--unsafe-fixes`, or "
-        "`unsafe-fixes = true` in `[tool.xlaport]`)."
+        "`unsafe-fixes = true` in `[tool.xlaport]`); a dataset of fewer rows than a batch then gives no batch "
+        "at all."
     ),
     before=(
         "import torch\nfrom torch.utils.data import DataLoader\n\nmodel = model.cuda()\n"
@@ -104,8 +105,9 @@ class PartialBatches(XlaCodemod):
         size = cst.Module([]).code_for_node(found.batch_size)
         if found.shuffled and self.option("unsafe_fixes", False) and not _names_drop_last(original_node):
             if self.flag(original_node, PARTIAL_BATCH.code, f"`drop_last=True` added (an unsafe fix: every epoch "
-                         f"leaves out its last `len(dataset) % {size}` rows, other ones each epoch as it shuffles): "
-                         "no smaller last batch for XLA to compile the step once more for", fix=True):
+                         f"leaves out its last `len(dataset) % {size}` rows, other ones each epoch as it shuffles, and a "
+                         f"dataset of fewer than `{size}` rows gives no batch at all): no smaller last batch for XLA "
+                         "to compile the step once more for", fix=True):
                 return updated_node.with_changes(args=_appended(updated_node.args, keyword_arg(
                     "drop_last", cst.Name("True"))))
             return updated_node
