@@ -33,12 +33,14 @@ ORDER: Tuple[Tuple[str, str], ...] = (
     # before the prints (a print of the sum it moves to the device is deferred to a step closure) and the
     # barriers (none is placed for a host read it removes)
     ("codemods.accumulators", "DeviceAccumulators"),
+    # before the prints too: a walk in a print (`''.join([itos[int(i)] for i in y])`) is read once there,
+    # then deferred with it (in a step closure it runs after the step, a graph per element all the same)
+    ("codemods.element_reads", "ElementReads"),
     ("codemods.prints", "HotPrints"),
     ("codemods.loaders", "DeviceLoader"),
     ("codemods.barriers", "StepBarrier"),
     ("codemods.device_index", "DeviceIndex"),  # before the host reads: what it fixes is not reported
-    ("codemods.counter_tests", "CounterTests"),  # so is this
-    ("codemods.element_reads", "ElementReads"),  # and this (XLA407's walks it reads once)
+    ("codemods.counter_tests", "CounterTests"),  # so is this (and ElementReads', above: XLA407's walks)
     ("codemods.host_reads", "HostReads"),
     ("codemods.shape_traps", "ShapeTraps"),
     # after the barriers (a sync may follow the growth) and the shape traps (its masks filled at a fixed

@@ -67,6 +67,9 @@ CODEMODS = (
     ('codemods.accumulators', 'DeviceAccumulators', (b'.item(',), ('step_loop', 'loader_loop'), (
         ('XLA412', 'device-accumulator', 'a number summed from `.item()` every step (`total += loss.item()`) is summed on the device, read after the loop', True),
     ), ()),
+    ('codemods.element_reads', 'ElementReads', (b'.item(', b'.tolist(', b'.numpy(', b'.cpu(', b'float(', b'int(', b'bool(', b'if ', b'while ', b'nonzero', b'masked_select', b'unique', b'where(', b'[', b'for '), ('step_loop', 'loader_loop', 'step_method', 'option:include_cold'), (
+        ('XLA416', 'element-number-walk', 'a walk over a device tensor that reads each element as a number (`int(i)`) reads it once: `y.flatten().tolist()`', True),
+    ), ()),
     ('codemods.prints', 'HotPrints', (b'print', b'log', b'add_scalar'), ('step_loop&output_in_loop', 'loader_loop&output_in_loop'), (
         ('XLA210', 'hot-loop-tensor-print', 'print/log of a tensor value in the hot loop: defer it to a step closure', True),
     ), ()),
@@ -82,9 +85,6 @@ CODEMODS = (
     ('codemods.counter_tests', 'CounterTests', (b'if ', b'assert ', b'while '), ('step_loop', 'loader_loop'), (
         ('XLA415', 'device-counter-test', "a test of the step's counter handed as a device tensor (`if t == 0:`) compares its host copy", True),
     ), ('step_callers',)),
-    ('codemods.element_reads', 'ElementReads', (b'.item(', b'.tolist(', b'.numpy(', b'.cpu(', b'float(', b'int(', b'bool(', b'if ', b'while ', b'nonzero', b'masked_select', b'unique', b'where(', b'[', b'for '), ('step_loop', 'loader_loop', 'step_method', 'option:include_cold'), (
-        ('XLA416', 'element-number-walk', 'a walk over a device tensor that reads each element as a number (`int(i)`) reads it once: `y.flatten().tolist()`', True),
-    ), ()),
     ('codemods.host_reads', 'HostReads', (b'.item(', b'.tolist(', b'.numpy(', b'.cpu(', b'float(', b'int(', b'bool(', b'if ', b'while ', b'nonzero', b'masked_select', b'unique', b'where(', b'[', b'for '), ('step_loop', 'loader_loop', 'step_method', 'option:include_cold'), (
         ('XLA401', 'host-read-item', '`.item()` on the hot path reads a tensor on the host every step', False),
         ('XLA402', 'host-read-transfer', '`.tolist()` / `.numpy()` / `.cpu()` / `.to("cpu")` on the hot path copies a tensor to the host', False),

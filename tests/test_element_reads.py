@@ -71,9 +71,14 @@ def test_a_deferred_print_does_not_bind_its_comprehensions_own_name():
     a comprehension's own name is not the step's (`i=i` raised NameError
     where the lambda was made)."""
     src = LOOP.format(body="        print(''.join([str(int(i)) for i in y]))\n")
-    out, _ = convert_text(src)
+    out, findings = convert_text(src)
     assert "lambda y=y: print(" in out, out
     assert "i=i" not in out
+    # the walk is read once in the print, before the print is deferred (in the step closure it would still
+    # take a graph per element)
+    assert "xm.add_step_closure(lambda y=y: print(''.join([str(int(i)) for i in y.flatten().tolist()])))" in out
+    assert {"XLA210", "XLA416"} <= {f.code for f in findings if f.line == 9}
+    assert transform(out.encode(), Settings()).code.decode() == out  # idempotent
 
 
 def _run(script, cwd, n, xla):
