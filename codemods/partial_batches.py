@@ -48,7 +48,8 @@ PARTIAL_BATCH = Rule(
         "padded rows out of the metric. Either changes what the program computes, so `convert` reports it, and "
         "adds `drop_last=True` to a shuffled loader only when asked to make such fixes (`--unsafe-fixes`, or "
         "`unsafe-fixes = true` in `[tool.xlaport]`); a dataset of fewer rows than a batch then gives no batch "
-        "at all."
+        "at all, and a shuffled loader is taken for a training one: an evaluation loader that shuffles "
+        "(pytorch/examples' mnist, under CUDA) gets `drop_last=True` too, and its metric counts fewer rows."
     ),
     before=(
         "import torch\nfrom torch.utils.data import DataLoader\n\nmodel = model.cuda()\n"
