@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 from click.testing import CliRunner
@@ -32,7 +33,7 @@ needs_xla = pytest.mark.skipif(not HAVE_XLA, reason="needs torch_xla (make setup
 OBSERVER = Path(__file__).resolve().parent / "observe"  # a sitecustomize that only reads torch_xla's metrics
 
 
-def run_on_xla(name: str, tmp_path: Path, *args: str, settings: Settings = Settings()):
+def run_on_xla(name: str, tmp_path: Path, *args: str, settings: Optional[Settings] = None):
     """The fixture's conversion run as its user runs it -- plain `python`, from
     its own directory, on XLA's CPU backend, nothing of ours imported into it
     (tests/observe/sitecustomize.py reads the compile and execution counts at
@@ -42,7 +43,9 @@ def run_on_xla(name: str, tmp_path: Path, *args: str, settings: Settings = Setti
     work = tmp_path / name
     work.mkdir(parents=True, exist_ok=True)
     script = work / "main.py"
-    script.write_bytes(transform((FIXTURES / name / "input.py").read_bytes(), settings).code)
+    # (the module's Settings, looked up now: tests replace it to turn a rule off)
+    chosen = settings if settings is not None else Settings()
+    script.write_bytes(transform((FIXTURES / name / "input.py").read_bytes(), chosen).code)
     metrics = work.parent / f"{name}-metrics.json"
     env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": str(OBSERVER), "XLAPORT_TEST_METRICS": str(metrics)}
     done = subprocess.run([sys.executable, "main.py", *args], cwd=work, env=env, capture_output=True, text=True,
