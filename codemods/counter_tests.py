@@ -77,7 +77,6 @@ class CounterTests(LoopCodemod):
     SIBLING_FACTS = ("step_callers",)  # (a scheduler's method that another module's sampling loop calls)
 
     def regions(self, tree):
-        self.know_steps()
         return [comparison for comparison, _ in self._tests().values()]
 
     def _tests(self) -> Dict[int, Tuple[cst.Comparison, str]]:

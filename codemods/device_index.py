@@ -134,7 +134,6 @@ class DeviceIndex(LoopCodemod):
 
     def regions(self, tree):
         # the hot loops (their counters index here) and the helpers' subscripts a loop hands its counter to
-        self.know_steps()
         return module_facts(tree).hot_loops + [sub for sub, _ in self._through_calls().values()]
 
     def leave_Subscript(self, original_node: cst.Subscript, updated_node: cst.Subscript) -> cst.BaseExpression:

@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 import libcst as cst
 
 from codemods.analysis import hot_methods, loop_iterable, module_facts
-from codemods.analysis.loops import per_step_functions, step_functions
+from codemods.analysis.loops import per_step_functions
 from codemods.analysis.placement import DEVICE, HOST, on_device, placement
 from codemods.analysis.values import MODULE, TENSORS, values
 from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP, STEP_METHOD
@@ -67,7 +67,6 @@ class HotPathCodemod(LoopCodemod):
         """The module's loops that really are step or loader loops (judged as
         the walk judges them, with the module's step functions)."""
         module = self.tree.module
-        self.steps = self._memo("steps", module, lambda: step_functions(module))
         return self._memo("real_hot_loops", module, lambda: [  # type: ignore[no-any-return]
             lp for lp in module_facts(self.tree).hot_loops
             if self.is_step_loop(lp) or (isinstance(lp, cst.For) and self.loaders.is_loader_loop(lp))])  # type: ignore[arg-type]

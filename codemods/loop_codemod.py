@@ -56,8 +56,9 @@ class LoopCodemod(XlaCodemod):
     # -- walking state -------------------------------------------------------
     def know_steps(self) -> None:
         """The module's step functions, which every step-loop question reads:
-        set when the walk starts (``visit_Module``), or before it by a
-        ``regions`` that asks such questions."""
+        set when the walk starts (``visit_Module``), or by the first such
+        question asked before it (a ``regions``): an answer memoised with
+        none known would be wrong for every codemod on the tree."""
         module = self.tree.module
         self.steps = self._memo("steps", module, lambda: step_functions(module))
 
@@ -95,6 +96,7 @@ class LoopCodemod(XlaCodemod):
         return self._memo("step_loop", loop, lambda: self._is_step_loop(loop, called))
 
     def _is_step_loop(self, loop: Loop, called: Set[str]) -> bool:
+        self.know_steps()
         kind = loop_step_kind(self.tree, loop, self.steps)
         if kind is None or in_model_code(loop, self.tree.parents, called):
             return False
