@@ -92,10 +92,12 @@ class Reports:
         fix: bool,
         hot: Optional[bool] = None,
         related: Sequence[cst.CSTNode] = (),
+        unsafe_fix: bool = False,
     ) -> bool:
         """Record a finding on ``node`` (an *original* node); ``related``:
         other nodes of the tree it is about (their lines become the
-        finding's ``related`` spans).
+        finding's ``related`` spans); ``unsafe_fix``: a report that
+        ``--unsafe-fixes`` would make a rewrite.
 
         Returns True when the rule is enabled and not suppressed on that line,
         i.e. when the caller may go on and rewrite.
@@ -118,7 +120,7 @@ class Reports:
             ok = False
         else:
             ok = True
-        finding = Finding(code, message, 0, 0, fix, hot)
+        finding = Finding(code, message, 0, 0, fix, hot, unsafe_fix=unsafe_fix and not fix)
         self._unplaced.append((finding, node, tuple(related)))
         findings: List[Finding] = self.context.scratch.setdefault(FINDINGS_KEY, [])  # type: ignore[assignment]
         findings.append(finding)

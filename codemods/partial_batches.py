@@ -116,7 +116,8 @@ class PartialBatches(XlaCodemod):
         fix = (f"`drop_last=True` suits a shuffled training loader (`--unsafe-fixes` adds it); an evaluation loader "
                f"can {pad}" if found.shuffled else f"{pad}, or accept the one graph more")
         self.flag(original_node, PARTIAL_BATCH.code, f"DataLoader keeps a smaller last batch (unless the dataset's "
-                  f"length is a multiple of `{size}`): XLA compiles the step once more for it; {fix}", fix=False)
+                  f"length is a multiple of `{size}`): XLA compiles the step once more for it; {fix}", fix=False,
+                  unsafe_fix=found.shuffled and not _names_drop_last(original_node))
         return updated_node
 
 

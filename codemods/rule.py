@@ -64,6 +64,9 @@ class Finding:
     # spans: the callee's line a trap is reached through, the loop a value
     # grows in (SARIF's relatedLocations; verify ties run-time events to them)
     related: Tuple[Tuple[int, int], ...] = ()
+    # a problem reported (``fix=False``) that ``--unsafe-fixes`` would
+    # rewrite: what Ruff's summary counts as a hidden fix
+    unsafe_fix: bool = False
 
     def map_lines(self, move: Callable[[int], int]) -> None:
         """Move every line the finding holds through ``move`` (a line map),
@@ -102,6 +105,8 @@ class Finding:
             d["end_col"] = self.end_col
         if self.related:
             d["related"] = [list(span) for span in self.related]
+        if self.unsafe_fix:
+            d["unsafe_fix"] = True
         return d
 
 

@@ -6,6 +6,7 @@ the same however many epochs) and why it is not rewritten by default
 (``drop_last`` changes the numbers); fixtures/drop_last, what
 ``--unsafe-fixes`` makes of a shuffled loader (``drop_last=True``)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -161,10 +162,13 @@ def test_an_unsafe_fix_drops_the_last_batch_of_a_shuffled_loader_only():
     assert "an unsafe fix: every epoch leaves out its last `len(dataset) % 4` rows" in said[5].message
     again, more = convert_text(out, **UNSAFE)
     assert again == out and not [f for f in more if f.fix and f.code == "XLA413"]
-    # by default: reported, with the way to ask for it
+    # by default: reported, with the way to ask for it; the two it would fix are hidden fixes
     plain, reports = convert_text(source)
     assert "drop_last=True" not in plain
     assert "(`--unsafe-fixes` adds it)" in [f.message for f in reports if f.code == "XLA413"][0]
+    hidden = {f.line: f.unsafe_fix for f in reports if f.code == "XLA413"}
+    assert hidden == {5: True, 11: True, 12: False, 13: False}
+    assert not [f for f in findings if f.unsafe_fix]  # (made: none hidden)
 
 
 def test_the_unsafe_fix_is_asked_for_on_the_command_line_or_in_the_config(tmp_path, monkeypatch):
@@ -188,6 +192,17 @@ def test_the_unsafe_fix_is_asked_for_on_the_command_line_or_in_the_config(tmp_pa
         False, True, False, True]
     (prog / "pyproject.toml").write_text("[tool.xlaport]\nunsafe-fixes = true\n")
     assert converted() and not converted("--no-unsafe-fixes")
+    # Ruff's summary line for what the option would fix, in text; a field in JSON; the same from the cache
+    (prog / "pyproject.toml").unlink()
+    for _ in range(2):
+        lint = CliRunner().invoke(main, ["lint", str(prog / "train.py")])
+        assert "1 hidden fix can be enabled with the `--unsafe-fixes` option" in lint.output, lint.output
+        assert "`xlaport explain XLA413`" in lint.output
+        as_json = CliRunner().invoke(main, ["lint", "--format", "json", str(prog / "train.py")])
+        rows = [r for r in json.loads(as_json.stdout)["findings"] if r["code"] == "XLA413"]
+        assert [r.get("unsafe_fix") for r in rows] == [True]
+    made = CliRunner().invoke(main, ["lint", "--unsafe-fixes", str(prog / "train.py")])
+    assert "hidden fix" not in made.output and "XLA413" in made.output
     (prog / "pyproject.toml").write_text("[tool.xlaport]\nunsafe-fixes = 'yes'\n")
     bad = CliRunner().invoke(main, ["convert", "--diff", str(prog / "train.py")])
     assert bad.exit_code == 2 and "unsafe-fixes must be true or false" in bad.output

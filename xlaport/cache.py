@@ -32,7 +32,7 @@ from xlaport.settings import Settings
 
 DIR_NAME = ".xlaport_cache"
 _PACKAGES = ("codemods", "xlaport")
-FORMAT = "6"  # of an entry; part of the key
+FORMAT = "7"  # of an entry; part of the key
 
 
 @lru_cache(maxsize=None)
@@ -306,7 +306,7 @@ def encode(output: Optional[bytes], original: bytes, findings: List[Finding], pr
         "output_sha": _sha(output) if changed else None,  # type: ignore[arg-type]
         "same": output is not None and output == original,
         "findings": [[f.code, f.message, f.line, f.col, f.fix, f.hot, f.cell, f.end_line, f.end_col,
-                      [list(span) for span in f.related]] for f in findings],
+                      [list(span) for span in f.related], f.unsafe_fix] for f in findings],
         "problem": list(problem) if problem is not None else None,
         "cuda": list(cuda),
         **({"deps": deps} if deps else {}),
@@ -327,10 +327,11 @@ def _optional(value: object, check) -> bool:  # type: ignore[no-untyped-def]
 
 
 def _finding_ok(row: object) -> bool:
-    return (isinstance(row, list) and len(row) == 10 and isinstance(row[0], str) and isinstance(row[1], str)
+    return (isinstance(row, list) and len(row) == 11 and isinstance(row[0], str) and isinstance(row[1], str)
             and _int(row[2]) and _int(row[3]) and type(row[4]) is bool and _optional(row[5], lambda v: type(v) is bool)
             and _optional(row[6], _int) and _int(row[7]) and _int(row[8]) and isinstance(row[9], list)
-            and all(isinstance(s, list) and len(s) == 2 and all(_int(v) for v in s) for s in row[9]))
+            and all(isinstance(s, list) and len(s) == 2 and all(_int(v) for v in s) for s in row[9])
+            and type(row[10]) is bool)
 
 
 def decode(entry: Dict[str, object], original: bytes, path: str,
@@ -364,8 +365,8 @@ def decode(entry: Dict[str, object], original: bytes, path: str,
     if not (isinstance(cuda, list) and len(cuda) == 2 and all(_int(c) for c in cuda)):
         raise ValueError("CUDA counts of the wrong shape")
     findings = [Finding(c, m, line, col, fix, hot, path=path, cell=cell, end_line=end_line, end_col=end_col,
-                        related=tuple((a, b) for a, b in related))
-                for c, m, line, col, fix, hot, cell, end_line, end_col, related in rows]
+                        related=tuple((a, b) for a, b in related), unsafe_fix=unsafe)
+                for c, m, line, col, fix, hot, cell, end_line, end_col, related, unsafe in rows]
     return out, findings, tuple(problem) if problem is not None else None, tuple(cuda)
 
 

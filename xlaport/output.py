@@ -329,6 +329,11 @@ def summary_by_rule(results: Sequence[FileResult], fixes_done: bool) -> List[str
     if review_rows:
         lines.append("Needs review (not rewritten):")
         lines += [f"  {n:5d}  {code}  {name}" for n, code, name in review_rows]
+    hidden = [f.code for f in rows(results) if f.unsafe_fix]
+    if hidden:
+        lines.append(f"{len(hidden)} hidden fix{'es' if len(hidden) != 1 else ''} can be enabled with the "
+                     "`--unsafe-fixes` option (they change what the program computes: "
+                     f"{', '.join(f'`xlaport explain {c}`' for c in sorted(set(hidden)))}).")
     return lines
 
 
