@@ -432,3 +432,35 @@ def test_an_epochs_first_step_after_reads_at_its_end_is_no_recompilation(tmp_pat
     assert report["metrics"]["steady_state_recompiles"] == 0
     fresh = [e for e in report["events"] if e["kind"] == "new_graph"]
     assert fresh and fresh[0]["count"] == 2 and "each compiled once" in fresh[0]["detail"], fresh
+
+
+SHUFFLED = ("import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n"
+            "device = torch.device(\"cuda\" if torch.cuda.is_available() else \"cpu\")\ntorch.manual_seed(0)\n"
+            "loader = DataLoader(TensorDataset(torch.arange(14.0).unsqueeze(1)), batch_size=4, shuffle=True)\n"
+            "total = torch.zeros((), device=device)\nfor (x,) in loader:\n    total = total + x.to(device).sum()\n"
+            "print(\"sum\", total.item())\n")
+
+
+def test_the_conversion_verified_is_the_one_the_projects_config_asks_for(tmp_path):
+    """verify converts as `xlaport convert` does from the project's root: its
+    [tool.xlaport] unsafe-fixes drops the shuffled loader's last 2 rows
+    (XLA413), the sum differs, and the report says why; --no-unsafe-fixes
+    over it converts without, and passes.  (Before: verify converted with
+    every rule's default, whatever the project asked for.)"""
+    prog = tmp_path / "prog"
+    prog.mkdir()
+    (prog / "train.py").write_text(SHUFFLED)
+    (prog / "pyproject.toml").write_text("[tool.xlaport]\nunsafe-fixes = true\n")
+    result, report = verify_in(prog, "train.py", report=tmp_path / "unsafe.json")
+    assert result.exit_code == 1 and report["verdict"] == "fail", result.output
+    assert report["config"]["conversion_options"] == {"unsafe_fixes": True}
+    assert any(f.startswith("stdout line 1: sum 91.0") for f in report["failures"]), report["failures"]
+    assert "converted with unsafe fixes" in result.output
+    result, report = verify_in(prog, "--no-unsafe-fixes", "train.py", report=tmp_path / "safe.json")
+    assert result.exit_code == 0 and report["verdict"] == "pass", result.output
+    assert report["config"]["conversion_options"] == {} and "unsafe" not in result.output
+    # a target verify cannot check, named in the config: said before anything runs
+    (prog / "pyproject.toml").write_text("[tool.xlaport]\ntarget = \"cpu\"\n")
+    result, report = verify_in(prog, "train.py", report=tmp_path / "cpu.json")
+    assert result.exit_code == 2 and report is None
+    assert "[tool.xlaport] target 'cpu': verify checks a conversion for" in result.output

@@ -14,32 +14,19 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional
 
 import click
 
 from codemods import registry
 from codemods.target import DEFAULT_TARGET, TARGETS
 from xlaport import output
-from xlaport.config import load_config
+from xlaport.config import load_config, settings_for
 from xlaport.files import Entry, discover, remove_stale_temps, same_file, undo_interrupted, write_report
 from xlaport.runner import ERROR_CODE, FILE_ERROR, FINDINGS_ONLY, FileResult, process
 from xlaport.program import leave_alone, nothing_to_port
 from xlaport.settings import Settings
 from xlaport.writes import PlanError, check_output_root, destinations, to_written_lines, write_in_place, write_tree
-
-
-def _codes(value: Optional[str]) -> Optional[List[str]]:
-    if value is None:
-        return None
-    return [c.strip().upper() for c in value.split(",") if c.strip()]
-
-
-def _check_codes(codes: Optional[Sequence[str]], option: str) -> None:
-    known = [r.code for r in registry.rules()]
-    for c in codes or ():
-        if c != "ALL" and not any(k.startswith(c) for k in known):
-            raise click.BadParameter(f"no rule code starts with {c!r} (see `xlaport rules`)", param_hint=option)
 
 
 def common_options(fn):
@@ -156,7 +143,7 @@ def _prepare(paths, select, ignore, target, exclude, force_exclude, no_gitignore
         raise click.UsageError("--config names more than one file")
     config = load_config(paths if paths != ("-",) else ([stdin_filename] if stdin_filename else ()),
                          config_path[0] if config_path else None, overrides)
-    settings = _settings(config, select, ignore, target, keep_progress, prints, unsafe_fixes)
+    settings = settings_for(config, select, ignore, target, keep_progress, prints, unsafe_fixes)
     settings.prefilter = not no_prefilter
     excludes = list(exclude) + list(config.get("exclude", []))  # type: ignore[call-overload]
     force = force_exclude if force_exclude is not None else bool(config.get("force_exclude", False))
@@ -212,35 +199,6 @@ def _process(entries, settings: Settings, jobs: int, no_cache: bool, show_progre
         # not sys.exit: the pool's exit hook would join its manager thread,
         # which can wait forever on the workers just killed
         os._exit(_exit_status(stop))
-
-
-def _settings(config, select, ignore, target, keep_progress, prints, unsafe_fixes=None) -> Settings:
-    sel = _codes(select) if select is not None else config.get("select")
-    ign = (_codes(ignore) or []) + list(config.get("ignore", []))
-    extend = list(config.get("extend_select", []))
-    per_file = dict(config.get("per_file_ignores", {}))
-    _check_codes(sel, "--select")
-    _check_codes(ign, "--ignore")
-    _check_codes(extend, "extend-select")
-    for codes in per_file.values():
-        _check_codes(codes, "per-file-ignores")
-    if sel is not None and "ALL" in sel:
-        sel = None
-    if sel is not None and extend:
-        sel = list(sel) + extend
-    options: Dict[str, object] = dict(config.get("options", {}))
-    if keep_progress is not None:
-        options["keep_progress"] = keep_progress
-    if prints is not None:
-        options["prints"] = prints
-    if unsafe_fixes is not None:
-        options["unsafe_fixes"] = unsafe_fixes
-    if not options.get("unsafe_fixes"):
-        options.pop("unsafe_fixes", None)  # (off is the default: one cache key for both)
-    target_name = target or config.get("target") or DEFAULT_TARGET
-    if target_name not in TARGETS:
-        raise click.UsageError(f"[tool.xlaport] target {target_name!r} is not one of {', '.join(sorted(TARGETS))}")
-    return Settings(select=sel, ignore=ign, target=target_name, options=options, per_file_ignores=per_file)
 
 
 # ------------------------------------------------------------------ output helpers

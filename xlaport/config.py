@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import click
+
+from codemods import registry
+from codemods.target import DEFAULT_TARGET, TARGETS
+from xlaport.settings import Settings
 
 
 def _find(paths: Sequence[str]) -> Optional[Path]:
@@ -104,3 +108,50 @@ def load_config(paths: Sequence[str], explicit: Optional[str] = None,
             config[key.replace("-", "_")] = table[key]
     config["options"] = options
     return config
+
+
+def settings_for(config: Dict[str, object], select: Optional[str] = None, ignore: Optional[str] = None,
+                 target: Optional[str] = None, keep_progress: Optional[bool] = None, prints: Optional[str] = None,
+                 unsafe_fixes: Optional[bool] = None) -> Settings:
+    """What a run is asked to do: ``config`` (:func:`load_config`) with the
+    command line's options over it (None: not given).  An unknown code or
+    target stops the run (exit 2), as the table's own errors do."""
+    sel = _codes(select) if select is not None else config.get("select")
+    ign = (_codes(ignore) or []) + list(config.get("ignore", []))
+    extend = list(config.get("extend_select", []))
+    per_file = dict(config.get("per_file_ignores", {}))
+    _check_codes(sel, "--select")
+    _check_codes(ign, "--ignore")
+    _check_codes(extend, "extend-select")
+    for codes in per_file.values():
+        _check_codes(codes, "per-file-ignores")
+    if sel is not None and "ALL" in sel:
+        sel = None
+    if sel is not None and extend:
+        sel = list(sel) + extend
+    options: Dict[str, object] = dict(config.get("options", {}))
+    if keep_progress is not None:
+        options["keep_progress"] = keep_progress
+    if prints is not None:
+        options["prints"] = prints
+    if unsafe_fixes is not None:
+        options["unsafe_fixes"] = unsafe_fixes
+    if not options.get("unsafe_fixes"):
+        options.pop("unsafe_fixes", None)  # (off is the default: one cache key for both)
+    target_name = target or config.get("target") or DEFAULT_TARGET
+    if target_name not in TARGETS:
+        raise click.UsageError(f"[tool.xlaport] target {target_name!r} is not one of {', '.join(sorted(TARGETS))}")
+    return Settings(select=sel, ignore=ign, target=target_name, options=options, per_file_ignores=per_file)
+
+
+def _codes(value: Optional[str]) -> Optional[List[str]]:
+    if value is None:
+        return None
+    return [c.strip().upper() for c in value.split(",") if c.strip()]
+
+
+def _check_codes(codes: Optional[Sequence[str]], option: str) -> None:
+    known = [r.code for r in registry.rules()]
+    for c in codes or ():
+        if c != "ALL" and not any(k.startswith(c) for k in known):
+            raise click.BadParameter(f"no rule code starts with {c!r} (see `xlaport rules`)", param_hint=option)

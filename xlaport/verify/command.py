@@ -34,9 +34,14 @@ RUNS_THE_PROGRAM = ("verify runs your program, unsandboxed and with your rights,
                    "every module of the project into a temporary copy).")
 @click.option("--device", type=click.Choice(["cpu", "tpu"]), default="cpu", show_default=True,
               help="PJRT device for the XLA run.")
-@click.option("--target", type=click.Choice(sorted(VERIFIED_TARGETS)), default=DEFAULT_TARGET, show_default=True,
-              help="What the conversion targets. torchtpu: on a host without a TPU its device-generic port runs its "
-                   "CPU path, and the report says so.")
+@click.option("--target", type=click.Choice(sorted(VERIFIED_TARGETS)), default=None,
+              help=f"What the conversion targets (default: the project's [tool.xlaport] target, else {DEFAULT_TARGET}). "
+                   "torchtpu: on a host without a TPU its device-generic port runs its CPU path, and the report "
+                   "says so.")
+@click.option("--unsafe-fixes/--no-unsafe-fixes", "unsafe_fixes", default=None,
+              help="Convert with the rewrites that change what the program computes, as `convert --unsafe-fixes` "
+                   "(default: the project's [tool.xlaport] unsafe-fixes). The conversion made here reads the "
+                   "project's [tool.xlaport] as `xlaport convert` run from its root does.")
 @click.option("--reference", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="Run the original on CUDA (auto: when there is a GPU) or retargeted to the CPU.")
 @click.option("--rtol", type=float, default=None,
@@ -74,7 +79,7 @@ RUNS_THE_PROGRAM = ("verify runs your program, unsandboxed and with your rights,
               help="Write a per-step compiles/executions/transfers plot to this PNG (needs matplotlib).")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
 @click.option("-v", "--verbose", is_flag=True, help="Also print the whole report as JSON (on stderr).")
-def verify(script, script_args, module, root, converted, device, target, reference, rtol, atol, warmup_steps, max_host_reads_per_step,
+def verify(script, script_args, module, root, converted, device, target, unsafe_fixes, reference, rtol, atol, warmup_steps, max_host_reads_per_step,
            timeout, json_out, html_out, reference_runs, lengths, converted_args, device_rng, record_to, against, keep,
            torchrun, plot, quiet, verbose):
     """Run SCRIPT as the reference and its XLA conversion; compare outputs and compile behaviour.
@@ -99,6 +104,7 @@ def verify(script, script_args, module, root, converted, device, target, referen
     except ProjectError as exc:
         raise click.UsageError(str(exc)) from None
     script = str(project.script)
+    settings = _conversion_settings(project, target, unsafe_fixes)
     _check_outputs(project, script, converted, against, json_out=json_out, html=html_out, plot=plot,
                    record=record_to)
     if record_to and against:
@@ -127,7 +133,7 @@ def verify(script, script_args, module, root, converted, device, target, referen
                             reference_runs=reference_runs, lengths=lengths, keep=keep,
                             record_to=Path(record_to) if record_to else None,
                             against=Path(against) if against else None, root=Path(root) if root else None,
-                            device_rng=device_rng, converted_args=converted_args, target=target, module=module)
+                            device_rng=device_rng, converted_args=converted_args, module=module, settings=settings)
     if json_out:
         _write(Path(json_out), json.dumps(report.as_dict(), indent=2))
     if html_out:
@@ -158,6 +164,20 @@ def verify(script, script_args, module, root, converted, device, target, referen
             click.echo("verify: --plot needs matplotlib: pip install matplotlib", err=True)
             sys.exit(2)
     sys.exit(0 if report.verdict == "pass" else 1)
+
+
+def _conversion_settings(project, target: Optional[str], unsafe_fixes: Optional[bool]):  # type: ignore[no-untyped-def]
+    """What the conversion verify makes is asked to do: the project's
+    ``[tool.xlaport]`` (found from its root, as ``xlaport convert ROOT``
+    finds it) with the command line's ``--target`` and ``--unsafe-fixes``
+    over it: the conversion checked is the one the user gets."""
+    from xlaport.config import load_config, settings_for
+
+    settings = settings_for(load_config([str(project.root)]), target=target, unsafe_fixes=unsafe_fixes)
+    if settings.target not in VERIFIED_TARGETS:
+        raise click.UsageError(f"[tool.xlaport] target {settings.target!r}: verify checks a conversion for "
+                               f"{' or '.join(sorted(VERIFIED_TARGETS))} (--target chooses one)")
+    return settings
 
 
 def _check_outputs(project, script: str, converted: Optional[str], against: Optional[str], **outputs) -> None:  # type: ignore[no-untyped-def]

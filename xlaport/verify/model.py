@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from xlaport.settings import Settings
 from xlaport.verify.outputs import Compared
 
 
@@ -95,3 +96,6 @@ class Options:
     # the conversion's own arguments, where they differ from the reference's (a device named on the command line)
     converted_args: Optional[List[str]] = None
     target: str = DEFAULT_TARGET  # what the conversion targets (torchtpu: a device-generic, eager port)
+    # what the conversion made here is asked to do, as `convert` would be from the project's root: its
+    # [tool.xlaport] and verify's --unsafe-fixes (None: every rule's default for ``target``)
+    settings: Optional[Settings] = None

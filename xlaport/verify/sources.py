@@ -40,7 +40,7 @@ class Sources:
         on the import path (a converted package beside it)."""
         converted = self.converted
         if converted is None:
-            return convert_sources(self.project, self.opts.target, kept=self.kept), None, []
+            return convert_sources(self.project, self.opts.target, self.opts.settings, kept=self.kept), None, []
         converted = converted.resolve()
         if converted.is_dir():
             return {}, converted, []
@@ -50,7 +50,7 @@ class Sources:
             tree = tree.parent
         if converted.name == rel.name and (tree / rel).resolve() == converted and tree != self.project.root:
             return {}, tree, []
-        sources = dict(convert_sources(self.project, self.opts.target))
+        sources = dict(convert_sources(self.project, self.opts.target, self.opts.settings))
         sources[rel.as_posix()] = converted.read_bytes()
         return sources, None, [str(converted.parent)]
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Dict, Optional, Sequence
 
 from codemods.target import DEFAULT_TARGET
+from xlaport.settings import Settings
 from xlaport.verify import record
 from xlaport.verify.core import _inside, kill_all
 from xlaport.verify.model import Options, Report, VerifyError
@@ -24,17 +25,20 @@ def verify(script: Optional[Path], converted: Optional[Path] = None, args: Seque
            record_to: Optional[Path] = None, against: Optional[Path] = None, root: Optional[Path] = None,
            device_rng: bool = False, cwd: Optional[Path] = None,
            converted_args: Optional[Sequence[str]] = None, target: str = DEFAULT_TARGET,
-           module: Optional[str] = None) -> Report:
+           module: Optional[str] = None, settings: Optional[Settings] = None) -> Report:
     """Run the reference and the candidate, compare, and judge (see the README).
 
     ``record_to``: run only the reference and store it there; ``against``:
     compare with such a record instead of running the original.  Temporary
     directories are removed unless ``keep`` -- also when the verification is
     interrupted (KeyboardInterrupt goes on to the caller).  ``module``: the
-    program is ``python -m module`` from ``cwd`` (``script`` is not read)."""
+    program is ``python -m module`` from ``cwd`` (``script`` is not read).
+    ``settings``: what the conversion made here is asked to do (its target
+    wins over ``target``; default: every rule's default)."""
+    target = settings.target if settings is not None else target
     opts = Options(rtol, atol, timeout, max_host_reads_per_step, python, warmup_steps, reference, device,
                    max(1, reference_runs), lengths, keep, record_to, against, root, device_rng,
-                   list(converted_args) if converted_args is not None else None, target)
+                   list(converted_args) if converted_args is not None else None, target, settings)
     try:
         project = Project.of(Path(script) if script is not None else None, root, cwd, module)
     except ProjectError as exc:
@@ -45,6 +49,7 @@ def verify(script: Optional[Path], converted: Optional[Path] = None, args: Seque
         "warmup_steps": warmup_steps, "reference": reference, "device": device, "reference_runs": reference_runs,
         "lengths": lengths, "against": str(against) if against else None, "device_rng": device_rng,
         "converted_args": list(converted_args) if converted_args is not None else None, "target": target,
+        "conversion_options": dict(settings.options) if settings is not None else {},
         "environment": record.environment(python),
     }
     scratch = Path(tempfile.mkdtemp(prefix="xlaport-verify-", dir=_scratch_base(project.root)))
