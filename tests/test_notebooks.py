@@ -127,3 +127,19 @@ def test_notebook_is_one_program_with_one_added_import_cell(tmp_path):
     assert code[3].rstrip().endswith("torch_xla.sync()")
     compile("\n".join(c for c in code if not c.startswith("%")).replace("%matplotlib inline", ""), "nb", "exec")
     assert run("convert", "--check", f).exit_code == 0  # idempotent
+
+
+def test_a_cell_whose_first_import_goes_is_converted_not_refused(tmp_path):
+    """rasbt/LLMs-from-scratch ch07: a cell beginning `from tqdm import tqdm`
+    whose bar goes (XLA201) lost the cell marker above the import, and the
+    notebook was refused ("could not be cut back into its cells", XLA001)."""
+    f = tmp_path / "n.ipynb"
+    cells = ["import torch\nx = torch.zeros(2).cuda()\n",
+             "from tqdm import tqdm  # a progress bar tool\n\n\nfor i in tqdm(range(2)):\n    print(i, x)\n",
+             "print(x)\n"]
+    _notebook(f, cells)
+    result = run("convert", f)
+    assert result.exit_code == 0 and "XLA001" not in result.output, result.output
+    code = ["".join(c["source"]) for c in json.loads(f.read_text())["cells"] if c["cell_type"] == "code"]
+    assert code[2] == "for i in range(2):\n    print(i, x)\n", code
+    assert code[3] == cells[2]

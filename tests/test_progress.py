@@ -101,3 +101,20 @@ def test_a_bar_block_whose_loop_gained_a_barrier_ends_on_the_users_last_line():
     loop = next(f for f in findings if f.code == "XLA302")
     for span in (block, loop):
         assert (span.end_line, span.end_col) == (11, len(lines[10]) + 1), (span.code, span.end_line, span.end_col)
+
+
+def test_the_comment_above_a_removed_import_stays():
+    """LibCST's RemoveImportsVisitor drops the comment lines above an import
+    statement it removes; they stay (above the next statement, or at the end
+    of the block), as Ruff's fix of an unused import keeps them."""
+    src = ("import os\n\n# a progress bar tool, explained\nfrom tqdm import tqdm  # (this goes with it)\nimport torch\n\n"
+           "def f():\n    # the bar, again\n    from tqdm import tqdm\n\n    for x in tqdm(range(3)):\n"
+           "        print(x, os.sep, torch.ones(1).cuda())\n\n\n"
+           "for x in tqdm(range(3)):\n    print(x)\n")
+    out, findings = convert_text(src)
+    assert "tqdm" not in out, out
+    assert "# a progress bar tool, explained\nimport torch\n" in out
+    assert "def f():\n    # the bar, again\n\n    for x in range(3):\n" in out
+    assert "(this goes with it)" not in out  # (the statement's own comment: Ruff's fix takes it too)
+    assert [f.code for f in findings if f.code == "XLA201"] == ["XLA201", "XLA201"]
+    assert convert_text(out)[0] == out

@@ -148,6 +148,8 @@ def transform_notebook(data: bytes, settings: Settings, filename: str = "") -> R
         if not source.endswith("\n") and new.endswith("\n"):
             new = new[:-1]
         new = markers.show(new, saved)
+        if not source.startswith("\n"):  # (its first statement went: the blank lines after it lead now)
+            new = new.lstrip("\n")
         if new != source:
             new_sources[index] = new
     if not new_sources and not added.strip():

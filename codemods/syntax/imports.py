@@ -123,11 +123,68 @@ def _remove(unused: List[Request], tree: cst.Module, head: int) -> cst.Module:
     ctx = CodemodContext()
     for module, obj, asname in unused:
         RemoveImportsVisitor.remove_unused_import(ctx, module, obj, asname)
+    visitor = _keeping_comments(RemoveImportsVisitor)
     if not head:
-        return Codemod.transform_module(RemoveImportsVisitor(ctx), tree)
+        return Codemod.transform_module(visitor(ctx), tree)
     body = list(tree.body)
-    new_head = Codemod.transform_module(RemoveImportsVisitor(ctx), tree.with_changes(body=body[:head], footer=()))
-    return tree.with_changes(header=_kept(tree.header, new_head.header), body=[*new_head.body, *body[head:]])
+    new_head = Codemod.transform_module(visitor(ctx), tree.with_changes(body=body[:head], footer=()))
+    rest, footer = body[head:], tree.footer
+    if new_head.footer:  # comments above the last import of the head, which went: above what follows it
+        if rest:
+            rest[0] = rest[0].with_changes(leading_lines=[*new_head.footer, *rest[0].leading_lines])
+        else:
+            footer = [*new_head.footer, *footer]
+    return tree.with_changes(header=_kept(tree.header, new_head.header), body=[*new_head.body, *rest], footer=footer)
+
+
+def _keeping_comments(base: type) -> type:
+    """``base`` (LibCST's RemoveImportsVisitor), keeping the comment lines
+    above an import statement it removes: they go above the statement that
+    follows it in its block, or to the block's end (as Ruff's fix of an unused
+    import keeps them).  LibCST drops them with the statement: a comment the
+    user wrote, or the cell marker of a notebook (xlaport.notebook)."""
+
+    class KeepingComments(base):  # type: ignore[misc,valid-type]
+        def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            super().__init__(*args, **kwargs)
+            self._gone: Dict[int, cst.SimpleStatementLine] = {}  # id -> a stand-in holding the lines
+
+        def leave_SimpleStatementLine(self, original_node, updated_node):  # type: ignore[no-untyped-def]
+            if updated_node.body or all(line.comment is None for line in updated_node.leading_lines):
+                return updated_node
+            stand_in = cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=updated_node.leading_lines)
+            self._gone[id(stand_in)] = stand_in
+            return stand_in
+
+        def _carried(self, body: Sequence[cst.BaseStatement]) -> Tuple[List[cst.BaseStatement], List[cst.EmptyLine]]:
+            out: List[cst.BaseStatement] = []
+            carried: List[cst.EmptyLine] = []
+            for stmt in body:
+                if id(stmt) in self._gone:
+                    carried += list(stmt.leading_lines)  # type: ignore[attr-defined]
+                    continue
+                if carried:
+                    stmt = stmt.with_changes(leading_lines=[*carried, *stmt.leading_lines])  # type: ignore[attr-defined]
+                    carried = []
+                out.append(stmt)
+            return out, carried
+
+        def leave_IndentedBlock(self, original_node, updated_node):  # type: ignore[no-untyped-def]
+            if not self._gone:
+                return updated_node
+            body, carried = self._carried(updated_node.body)
+            if not body:
+                body = [cst.SimpleStatementLine(body=[cst.Pass()])]
+            return updated_node.with_changes(body=body, footer=[*carried, *updated_node.footer])
+
+        def leave_Module(self, original_node, updated_node):  # type: ignore[no-untyped-def]
+            updated_node = super().leave_Module(original_node, updated_node)
+            if not self._gone:
+                return updated_node
+            body, carried = self._carried(updated_node.body)
+            return updated_node.with_changes(body=body, footer=[*carried, *updated_node.footer])
+
+    return KeepingComments
 
 
 def _add(needed: List[Request], tree: cst.Module) -> cst.Module:
