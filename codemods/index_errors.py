@@ -31,6 +31,7 @@ import libcst as cst
 from codemods.analysis.counters import int_arithmetic
 from codemods.analysis.cuda import ported_needs
 from codemods.analysis.placement import HOST, placement
+from codemods.analysis.prefilter_traps import CATCHING_INDEX_ERROR, CAUGHT_INDEX
 from codemods.analysis.tensors import is_tensor_expr
 from codemods.analysis.values import TENSOR, values
 from codemods.base import Rule, XlaCodemod, find_all
@@ -64,14 +65,13 @@ INDEX_ERROR = Rule(
     ),
 )
 
-_CATCHING = frozenset({"IndexError", "LookupError", "Exception", "BaseException"})
 
 
 class CaughtIndexErrors(XlaCodemod):
     DESCRIPTION = "Index a 0-dim tensor on the host where the program catches the IndexError the index raises."
     RULES = (INDEX_ERROR,)
     TRIGGERS = (b"except",)
-    NEEDS = ported_needs()
+    NEEDS = ported_needs(CAUGHT_INDEX)
 
     def regions(self, tree):
         return [t for t in tree.nodes((cst.Try,)) if _catching(t)]  # type: ignore[attr-defined]
@@ -148,7 +148,7 @@ def _catches_index_error(handler: cst.ExceptHandler) -> bool:
             names.add(expr.value)
         elif isinstance(expr, cst.Attribute):
             names.add(expr.attr.value)
-    return bool(names & _CATCHING)
+    return bool(names & CATCHING_INDEX_ERROR)
 
 
 def _catching(node: cst.Try) -> bool:

@@ -30,6 +30,7 @@ from codemods.analysis.cuda import being_ported, ported_needs
 from codemods.analysis.dataflow import dataflow
 from codemods.analysis.growth import grown_in
 from codemods.analysis.placement import DEVICE, FACTORIES, placement
+from codemods.analysis.prefilter_traps import FROM_THE_END
 from codemods.analysis.project import SPARSE_CALLS, SPARSE_METHODS, sparse_from_siblings
 from codemods.analysis.values import TENSOR, values
 from codemods.base import Rule, XlaCodemod, dotted, find_all
@@ -146,7 +147,7 @@ class XlaLimits(XlaCodemod):
     SIBLING_FACTS = ("sparse_returns",)  # a sparse tensor another module's function returns, moved here
     NEEDS = ("name~sparse", "name:spmm", "name:smm", "name:hspmm", "name:share_memory",  # XLA158: anywhere
              *ported_needs(*(f"name:{n}" for n in sorted(_FALLBACK_NAMES))),  # XLA159: in code being ported
-             *ported_needs())  # XLA160: likewise (a negative bound has no name to find it by)
+             *ported_needs(FROM_THE_END))  # XLA160: likewise (a slice bound `-n`)
 
     def regions(self, tree):
         # names the module binds to a sparse tensor (coarsely: by their text, module-wide): moving one fails

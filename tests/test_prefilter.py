@@ -360,3 +360,26 @@ def test_a_fact_that_names_a_word_may_hold_only_where_the_bytes_hold_it():
     assert not may_hold("name~Scaler", b"import torch\n") and may_hold("name~Scaler", b"s = GradScaler()\n")
     assert not may_hold(f"{STEP_LOOP}&code~cuda", b"for x in loader:\n    opt.step()\n")
     assert may_hold(STEP_LOOP, b"") and may_hold(IMPORTS_TORCH, b"")  # (no word to look for)
+
+
+@pytest.mark.parametrize("source, expected", [
+    # XLA161's try: a handler that catches IndexError, `name = <call>[...]` in its body (at any depth)
+    ("try:\n    i = torch.squeeze(c.nonzero())[j]\nexcept IndexError:\n    i = 0\n", {"caught_index"}),
+    ("try:\n    if k:\n        i = f(c)[0]\nexcept (KeyError, LookupError):\n    pass\n", {"caught_index"}),
+    ("try:\n    i = f(c)[0]\nexcept:\n    pass\n", {"caught_index"}),
+    ("try:\n    i = f(c)[0]\nexcept builtins.Exception:\n    pass\n", {"caught_index"}),
+    ("try:\n    i = f(c)[0]\nexcept KeyError:\n    pass\n", set()),  # (does not catch it)
+    ("try:\n    i = items[0]\nexcept IndexError:\n    pass\n", set()),  # (a name's subscript: no tensor op)
+    ("try:\n    pass\nexcept IndexError:\n    i = f(c)[0]\n", set()),  # (in the handler)
+    # XLA160's slice bound counted from the end by what is not a number
+    ("y = x[-n:]\n", {"from_the_end"}),
+    ("y = x[:, :-self.block]\n", {"from_the_end"}),
+    ("y = x[-1:]\nz = x[:-2]\nw = x[-n]\n", set()),
+])
+def test_the_facts_of_two_rare_traps(source, expected):
+    assert {f for f in file_facts(source.encode()) if f in ("caught_index", "from_the_end")} == expected
+    # (each a superset of what the rule acts on: a file without it is not parsed for the rule)
+    codemods = {c.name for c in registry.applicable(("import torch\nx = torch.ones(2).cuda()\n" + source).encode(),
+                                                    ["XLA160", "XLA161"])}
+    assert ("CaughtIndexErrors" in codemods) == ("caught_index" in expected)
+    assert ("XlaLimits" in codemods) == ("from_the_end" in expected)

@@ -38,7 +38,8 @@ from one ``ast`` walk, which of the facts the loop codemods need can hold:
   ``torch:X`` -- ``X`` is imported from torch, or read along an attribute
   chain rooted at a name an import binds to torch (``torch.load``,
   ``dist.init_process_group``): the only ways a call resolves to
-  ``torch.[...].X``.
+  ``torch.[...].X``;
+* ``caught_index``, ``from_the_end`` -- see ``prefilter_traps``.
 
 A codemod's ``NEEDS`` lists alternatives; ``a&b`` needs both.
 
@@ -67,6 +68,7 @@ from codemods.analysis.prefilter_steps import dotted_name as _dotted
 from codemods.analysis.prefilter_steps import last_name as _last_name
 from codemods.analysis.prefilter_steps import may_step as _may_step
 from codemods.analysis.prefilter_steps import target_names as _target_names
+from codemods.analysis.prefilter_traps import CAUGHT_INDEX, FROM_THE_END, TRIES, caught_index, from_the_end
 from codemods.syntax import pyast
 
 _LOADER_RE = LOADER_NAME_RE
@@ -392,9 +394,15 @@ def _walk(tree: ast.AST, seen: _Seen) -> None:
             in_loop = True
         elif kind is ast.ClassDef:
             seen.class_def(node)  # type: ignore[arg-type]
-        elif kind is ast.Slice and node.lower is not None and funcs:  # type: ignore[attr-defined]
-            seen.slice_starts.setdefault(funcs[0], set()).update(
-                n.id for n in ast.walk(node.lower) if type(n) is Name)  # type: ignore[attr-defined]
+        elif kind is ast.Slice:
+            if FROM_THE_END not in facts and from_the_end(node):  # type: ignore[arg-type]
+                facts.add(FROM_THE_END)
+            if node.lower is not None and funcs:  # type: ignore[attr-defined]
+                seen.slice_starts.setdefault(funcs[0], set()).update(
+                    n.id for n in ast.walk(node.lower) if type(n) is Name)  # type: ignore[attr-defined]
+        elif kind in TRIES:
+            if CAUGHT_INDEX not in facts and caught_index(node):
+                facts.add(CAUGHT_INDEX)
         elif kind is ast.Subscript and funcs and type(node.value) in _TABLES \
                 and type(node.slice) in _PLAIN_INDEX and _named_table(node.value):  # type: ignore[attr-defined]
             seen.index_names.setdefault(funcs[-1], set()).update(
