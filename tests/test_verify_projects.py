@@ -451,11 +451,19 @@ def test_the_conversion_verified_is_the_one_the_projects_config_asks_for(tmp_pat
     prog.mkdir()
     (prog / "train.py").write_text(SHUFFLED)
     (prog / "pyproject.toml").write_text("[tool.xlaport]\nunsafe-fixes = true\n")
-    result, report = verify_in(prog, "train.py", report=tmp_path / "unsafe.json")
+    page = tmp_path / "unsafe.html"
+    result, report = verify_in(prog, "--html", str(page), "train.py", report=tmp_path / "unsafe.json")
     assert result.exit_code == 1 and report["verdict"] == "fail", result.output
     assert report["config"]["conversion_options"] == {"unsafe_fixes": True}
     assert any(f.startswith("stdout line 1: sum 91.0") for f in report["failures"]), report["failures"]
-    assert "converted with unsafe fixes" in result.output
+    assert "conversion: made with unsafe fixes" in result.output and report["config"]["conversion"].startswith(
+        "made with unsafe fixes")
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is not None:  # (the page says it too, as a browser shows it)
+        dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                              f"--user-data-dir={tmp_path / 'p'}", "--dump-dom", page.as_uri()],
+                             capture_output=True, text=True, timeout=120).stdout
+        assert "<p id=\"conversion\">conversion: made with unsafe fixes" in dom, dom[:2000]
     result, report = verify_in(prog, "--no-unsafe-fixes", "train.py", report=tmp_path / "safe.json")
     assert result.exit_code == 0 and report["verdict"] == "pass", result.output
     assert report["config"]["conversion_options"] == {} and "unsafe" not in result.output

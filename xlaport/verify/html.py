@@ -44,6 +44,8 @@ def page(report: Report) -> str:
     if report.failures:
         parts.append("<h2>Why it fails</h2><ul id='failures'>"
                      + "".join(f"<li>{escape(f)}</li>" for f in report.failures) + "</ul>")
+    if c.get("conversion"):
+        parts.append(f"<p id='conversion'>conversion: {escape(str(c['conversion']))}</p>")
     parts += _outputs(report)
     parts += _timeline(report)
     parts += _events(report)

@@ -75,9 +75,8 @@ def render(report: Report) -> None:
                       + (f" (+{len(report.float_order) - 3} more)" if len(report.float_order) > 3 else ""))
     for f in report.failures:
         console.print(f"[red]fail:[/] {escape(f)}")
-    if (report.config.get("conversion_options") or {}).get("unsafe_fixes"):
-        console.print(escape("converted with unsafe fixes (--unsafe-fixes, or the project's [tool.xlaport]): they "
-                             "change what the program computes, so values may differ from the original's by design"))
+    if report.config.get("conversion"):
+        console.print(f"conversion: {escape(str(report.config['conversion']))}")
     console.print(f"verdict: [bold]{report.verdict}[/]")
 
 

@@ -18,6 +18,11 @@ from xlaport.verify.project import Project, ProjectError, changed_files
 from xlaport.verify.session import Session
 
 
+# what the report says of a conversion made with unsafe fixes (text and HTML: config.conversion)
+UNSAFE = ("made with unsafe fixes (--unsafe-fixes, or the project's [tool.xlaport]): they change what the program "
+          "computes, so its values may differ from the original's by design")
+
+
 def verify(script: Optional[Path], converted: Optional[Path] = None, args: Sequence[str] = (), rtol: Optional[float] = None,
            atol: Optional[float] = None, timeout: float = 600, max_host_reads_per_step: Optional[float] = None,
            python: str = sys.executable, warmup_steps: int = 2, reference: str = "auto", device: str = "cpu",
@@ -50,6 +55,7 @@ def verify(script: Optional[Path], converted: Optional[Path] = None, args: Seque
         "lengths": lengths, "against": str(against) if against else None, "device_rng": device_rng,
         "converted_args": list(converted_args) if converted_args is not None else None, "target": target,
         "conversion_options": dict(settings.options) if settings is not None else {},
+        **({"conversion": UNSAFE} if settings is not None and settings.options.get("unsafe_fixes") else {}),
         "environment": record.environment(python),
     }
     scratch = Path(tempfile.mkdtemp(prefix="xlaport-verify-", dir=_scratch_base(project.root)))
