@@ -59,7 +59,6 @@ from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 from codemods.analysis.steps import (
     LOADER_NAME_RE,
-    READ_CALLS,
     STEP_CALLS,
     called_like_a_model,
     callers_closure,
@@ -67,6 +66,7 @@ from codemods.analysis.steps import (
 from codemods.analysis.prefilter_steps import dotted_name as _dotted
 from codemods.analysis.prefilter_steps import last_name as _last_name
 from codemods.analysis.prefilter_steps import may_step as _may_step
+from codemods.analysis.prefilter_steps import reads_every_pass
 from codemods.analysis.prefilter_steps import target_names as _target_names
 from codemods.analysis.prefilter_traps import CAUGHT_INDEX, FROM_THE_END, TRIES, caught_index, from_the_end
 from codemods.syntax import pyast
@@ -311,20 +311,6 @@ def _named_table(node: ast.AST) -> bool:
     return type(node) is ast.Attribute or _last_name(node.func) == "to"  # type: ignore[attr-defined]
 
 
-def _reads_every_pass(loop: ast.AST) -> bool:
-    """A loop whose own level may read a tensor on the host on every pass
-    (an ``assert``, or a call ``steps.READ_CALLS`` names): the loose side of
-    what the barrier asks of a loop inside a model's forward."""
-    for stmt in loop.body:  # type: ignore[attr-defined]
-        if isinstance(stmt, ast.Assert):
-            return True
-        if isinstance(stmt, (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.If)) and any(
-                isinstance(n, ast.Call) and _last_name(n.func) in READ_CALLS
-                for n in ast.walk(stmt.test if isinstance(stmt, ast.If) else stmt)):
-            return True
-    return False
-
-
 def _walk(tree: ast.AST, seen: _Seen) -> None:
     """One pass over every node (the hot loop of the prefilter: the common
     kinds are handled inline, the rare ones by ``seen``'s methods)."""
@@ -388,7 +374,7 @@ def _walk(tree: ast.AST, seen: _Seen) -> None:
         elif kind is ast.Import or kind is ast.ImportFrom:
             seen.imported(node)
         elif kind in _LOOP_KINDS:
-            if in_model and _reads_every_pass(node):
+            if in_model and reads_every_pass(node):
                 in_model = False  # a loop in a forward that reads every pass (barriers.StepBarrier): read as others
             seen.loop(node, in_model)
             in_loop = True

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 from typing import List, Optional, Set, Tuple
 
-from codemods.analysis.steps import APPEND_METHODS, called_like_a_model
+from codemods.analysis.steps import APPEND_METHODS, READ_CALLS, called_like_a_model
 
 _OWN_STOP = (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
@@ -158,3 +158,17 @@ def _blocks(stmt: ast.stmt) -> List[List[ast.stmt]]:
     if isinstance(stmt, ast.Match):
         return [case.body for case in stmt.cases]
     return [stmt.body, stmt.orelse] + [h.body for h in stmt.handlers] + [stmt.finalbody]  # type: ignore[attr-defined]
+
+
+def reads_every_pass(loop: ast.AST) -> bool:
+    """A loop whose own level may read a tensor on the host on every pass
+    (an ``assert``, or a call ``steps.READ_CALLS`` names): the loose side of
+    what the barrier asks of a loop inside a model's forward."""
+    for stmt in loop.body:  # type: ignore[attr-defined]
+        if isinstance(stmt, ast.Assert):
+            return True
+        if isinstance(stmt, (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.If)) and any(
+                isinstance(n, ast.Call) and last_name(n.func) in READ_CALLS
+                for n in ast.walk(stmt.test if isinstance(stmt, ast.If) else stmt)):
+            return True
+    return False
