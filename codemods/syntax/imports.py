@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
+from codemods.syntax.edits import stand_in, without_stand_ins
 from codemods.syntax.tree import dotted, find_all, walk
 
 NEEDED_KEY = "xlaport.needed_imports"
@@ -140,9 +141,10 @@ def _remove(unused: List[Request], tree: cst.Module, head: int) -> cst.Module:
 def _keeping_comments(base: type) -> type:
     """``base`` (LibCST's RemoveImportsVisitor), keeping the comment lines
     above an import statement it removes: they go above the statement that
-    follows it in its block, or to the block's end (as Ruff's fix of an unused
-    import keeps them).  LibCST drops them with the statement: a comment the
-    user wrote, or the cell marker of a notebook (xlaport.notebook)."""
+    follows it in its block, or to the block's end (``without_stand_ins``, as
+    Ruff's fix of an unused import keeps them).  LibCST drops them with the
+    statement: a comment the user wrote, or the cell marker of a notebook
+    (xlaport.notebook)."""
 
     class KeepingComments(base):  # type: ignore[misc,valid-type]
         def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -152,37 +154,16 @@ def _keeping_comments(base: type) -> type:
         def leave_SimpleStatementLine(self, original_node, updated_node):  # type: ignore[no-untyped-def]
             if updated_node.body or all(line.comment is None for line in updated_node.leading_lines):
                 return updated_node
-            stand_in = cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=updated_node.leading_lines)
-            self._gone[id(stand_in)] = stand_in
-            return stand_in
-
-        def _carried(self, body: Sequence[cst.BaseStatement]) -> Tuple[List[cst.BaseStatement], List[cst.EmptyLine]]:
-            out: List[cst.BaseStatement] = []
-            carried: List[cst.EmptyLine] = []
-            for stmt in body:
-                if id(stmt) in self._gone:
-                    carried += list(stmt.leading_lines)  # type: ignore[attr-defined]
-                    continue
-                if carried:
-                    stmt = stmt.with_changes(leading_lines=[*carried, *stmt.leading_lines])  # type: ignore[attr-defined]
-                    carried = []
-                out.append(stmt)
-            return out, carried
+            new = stand_in(updated_node)
+            self._gone[id(new)] = new
+            return new
 
         def leave_IndentedBlock(self, original_node, updated_node):  # type: ignore[no-untyped-def]
-            if not self._gone:
-                return updated_node
-            body, carried = self._carried(updated_node.body)
-            if not body:
-                body = [cst.SimpleStatementLine(body=[cst.Pass()])]
-            return updated_node.with_changes(body=body, footer=[*carried, *updated_node.footer])
+            return without_stand_ins(updated_node, self._gone) if self._gone else updated_node
 
         def leave_Module(self, original_node, updated_node):  # type: ignore[no-untyped-def]
             updated_node = super().leave_Module(original_node, updated_node)
-            if not self._gone:
-                return updated_node
-            body, carried = self._carried(updated_node.body)
-            return updated_node.with_changes(body=body, footer=[*carried, *updated_node.footer])
+            return without_stand_ins(updated_node, self._gone) if self._gone else updated_node
 
     return KeepingComments
 
