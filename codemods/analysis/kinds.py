@@ -43,11 +43,14 @@ def union_kinds(*parts: Kinds) -> Kinds:
     return frozenset(out)
 
 
-_NON_TENSOR_TORCH = ("torch.device", "torch.Size", "torch.dtype", "torch.cuda.", "torch.no_grad",
-                     "torch.manual_seed", "torch.Generator", "torch.is_tensor", "torch.set_", "torch.get_",
-                     "torch.utils.", "torch.nn.", "torch.optim.", "torch.save", "torch.load", "torch.backends.",
-                     "torch.autocast", "torch.enable_grad", "torch.inference_mode", "torch.distributed.",
-                     "torch.compile", "torch.jit.", "torch.amp.", "torch.accelerator.", "torch.xpu.")
+# torch's names that make no tensor (a device, a dtype, a module, a test, a
+# context manager): a call of one is not a tensor whatever else it is
+NON_TENSOR_TORCH = ("torch.device", "torch.Size", "torch.dtype", "torch.cuda.", "torch.no_grad",
+                    "torch.manual_seed", "torch.Generator", "torch.is_tensor", "torch.is_floating_point",
+                    "torch.is_complex", "torch.is_storage", "torch.set_", "torch.get_",
+                    "torch.utils.", "torch.nn.", "torch.optim.", "torch.save", "torch.load", "torch.backends.",
+                    "torch.autocast", "torch.enable_grad", "torch.inference_mode", "torch.distributed.",
+                    "torch.compile", "torch.jit.", "torch.amp.", "torch.accelerator.", "torch.xpu.")
 _HOST_CLASSES = ("Tokenizer", "Processor", "FeatureExtractor", "Config", "ImageProcessor", "Pipeline")
 MODEL_LIBS = ("diffusers.", "transformers.", "timm.", "torchvision.models.", "peft.", "open_clip.")
 # ``X.from_pretrained(...)`` of a model class of MODEL_LIBS
@@ -101,7 +104,7 @@ def library_kinds(qual: str, args: List[cst.Arg]) -> Optional[Kinds]:
         return frozenset({MODULE})
     if qual.startswith("diffusers.") and last.endswith("Scheduler"):
         return frozenset({SAMPLER})
-    if qual.startswith("torch.") and not qual.startswith(_NON_TENSOR_TORCH):
+    if qual.startswith("torch.") and not qual.startswith(NON_TENSOR_TORCH):
         return frozenset({TENSORS if last in SPLITS else TENSOR})
     return None
 

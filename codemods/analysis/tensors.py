@@ -8,7 +8,7 @@ from typing import Callable, Iterable, Optional, Set
 
 import libcst as cst
 
-from codemods.analysis.kinds import NON_TENSOR_METHODS
+from codemods.analysis.kinds import NON_TENSOR_METHODS, NON_TENSOR_TORCH
 from codemods.analysis.project import TENSOR, returned
 from codemods.syntax.tree import call_name, dotted, find_all
 
@@ -21,13 +21,6 @@ _MODEL_RE = re.compile(
     re.IGNORECASE,
 )
 
-_NON_TENSOR_TORCH = ("torch.device", "torch.Size", "torch.dtype", "torch.cuda.", "torch.no_grad",
-                     "torch.manual_seed", "torch.Generator", "torch.is_tensor", "torch.is_floating_point",
-                     "torch.is_complex", "torch.is_storage", "torch.set_",
-                     "torch.get_", "torch.utils.", "torch.nn.", "torch.optim.", "torch.save", "torch.load",
-                     "torch.backends.", "torch.autocast", "torch.enable_grad", "torch.inference_mode",
-                     "torch.distributed.", "torch.compile", "torch.jit.")
-
 
 def is_tensor_expr(node: cst.CSTNode, tensors: Set[str], qualnames: QualNames, values: object = None) -> bool:
     """``node`` evaluates to a tensor: a tensor name, a torch op, a tensor
@@ -38,7 +31,7 @@ def is_tensor_expr(node: cst.CSTNode, tensors: Set[str], qualnames: QualNames, v
         return node.value in tensors
     if isinstance(node, cst.Call):
         q = qualnames(node.func)
-        if any(n.startswith("torch.") and not n.startswith(_NON_TENSOR_TORCH) for n in q):
+        if any(n.startswith("torch.") and not n.startswith(NON_TENSOR_TORCH) for n in q):
             return True
         func = node.func
         if isinstance(func, cst.Attribute):
