@@ -14,8 +14,9 @@ metric to leave the padded rows out; either changes what the program
 computes, so the choice is the user's.  A shuffled loader is told
 ``drop_last=True`` (it leaves out different rows each epoch), and
 ``--unsafe-fixes`` (Ruff's name for a fix that may change what the code
-does) adds it; an unshuffled one is told to pad its dataset to a multiple of
-the batch size, and left.
+does) adds it; an unshuffled one, or one walked only with autograd off (an
+evaluation loader: ``analysis.data_loaders.evaluation_only``), is told to
+pad its dataset to a multiple of the batch size, and left.
 
 Speaks only in code being ported (``analysis.cuda.being_ported``), where the
 loader is made.
@@ -28,7 +29,7 @@ from typing import List, Sequence
 import libcst as cst
 
 from codemods.analysis.cuda import being_ported, ported_needs
-from codemods.analysis.data_loaders import DATALOADER_NAMES, batching, first_batch_only
+from codemods.analysis.data_loaders import DATALOADER_NAMES, batching, evaluation_only, first_batch_only
 from codemods.base import Rule, XlaCodemod
 from codemods.syntax.nodes import keyword_arg
 
@@ -48,8 +49,10 @@ PARTIAL_BATCH = Rule(
         "padded rows out of the metric. Either changes what the program computes, so `convert` reports it, and "
         "adds `drop_last=True` to a shuffled loader only when asked to make such fixes (`--unsafe-fixes`, or "
         "`unsafe-fixes = true` in `[tool.xlaport]`); a dataset of fewer rows than a batch then gives no batch "
-        "at all, and a shuffled loader is taken for a training one: an evaluation loader that shuffles "
-        "(pytorch/examples' mnist, under CUDA) gets `drop_last=True` too, and its metric counts fewer rows."
+        "at all. A shuffled loader walked only with autograd off (its loops under `torch.no_grad()` or "
+        "`inference_mode`, where the loader is used or in a function of the module it is handed to: pytorch/examples' "
+        "mnist `test(model, device, test_loader)`) is an evaluation loader and never gets it; one that may be walked "
+        "anywhere else is taken for a training loader."
     ),
     before=(
         "import torch\nfrom torch.utils.data import DataLoader\n\nmodel = model.cuda()\n"
@@ -104,7 +107,9 @@ class PartialBatches(XlaCodemod):
         if found is None or found.batch_size is None or found.drops_last or first_batch_only(self.tree, original_node):
             return updated_node
         size = cst.Module([]).code_for_node(found.batch_size)
-        if found.shuffled and self.option("unsafe_fixes", False) and not _names_drop_last(original_node):
+        evaluation = found.shuffled and evaluation_only(self.tree, original_node)  # (walked with autograd off)
+        droppable = found.shuffled and not evaluation and not _names_drop_last(original_node)
+        if droppable and self.option("unsafe_fixes", False):
             if self.flag(original_node, PARTIAL_BATCH.code, f"`drop_last=True` added (an unsafe fix: every epoch "
                          f"leaves out its last `len(dataset) % {size}` rows, other ones each epoch as it shuffles, and a "
                          f"dataset of fewer than `{size}` rows gives no batch at all): no smaller last batch for XLA "
@@ -113,11 +118,17 @@ class PartialBatches(XlaCodemod):
                     "drop_last", cst.Name("True"))))
             return updated_node
         pad = f"pad its dataset to a multiple of `{size}` and leave the padding out of the metric"
-        fix = (f"`drop_last=True` suits a shuffled training loader (`--unsafe-fixes` adds it); an evaluation loader "
-               f"can {pad}" if found.shuffled else f"{pad}, or accept the one graph more")
+        if found.shuffled and not evaluation:
+            fix = (f"`drop_last=True` suits a shuffled training loader (`--unsafe-fixes` adds it); an evaluation "
+                   f"loader can {pad}")
+        elif evaluation:
+            fix = (f"it is an evaluation loader (its loops run under `torch.no_grad()`): {pad}, or accept the one "
+                   "graph more")
+        else:
+            fix = f"{pad}, or accept the one graph more"
         self.flag(original_node, PARTIAL_BATCH.code, f"DataLoader keeps a smaller last batch (unless the dataset's "
                   f"length is a multiple of `{size}`): XLA compiles the step once more for it; {fix}", fix=False,
-                  unsafe_fix=found.shuffled and not _names_drop_last(original_node))
+                  unsafe_fix=droppable)
         return updated_node
 
 

@@ -171,6 +171,46 @@ def test_an_unsafe_fix_drops_the_last_batch_of_a_shuffled_loader_only():
     assert not [f for f in findings if f.unsafe_fix]  # (made: none hidden)
 
 
+EVALUATION = (
+    "def test(model, loader):\n    model.eval()\n    with torch.no_grad():\n"
+    "        for x, y in loader:\n            print(model(x.cuda()).sum())\n"
+    "    print(len(loader.dataset))\n\n\n"
+    "@torch.no_grad()\ndef check(model):\n    for i, (x, y) in enumerate(tqdm(checked, desc='check')):\n"
+    "        print(model(x.cuda()).sum())\n\n\n"
+    "test_loader = DataLoader(ds, batch_size=4, shuffle=True)\n"
+    "checked = DataLoader(ds, batch_size=4, shuffle=True)\n"
+    "test(model, test_loader)\ncheck(model)\n"
+)
+
+
+def test_a_shuffled_loader_walked_only_with_autograd_off_is_an_evaluation_loader_and_keeps_its_rows():
+    """pytorch/examples' mnist shuffles its test loader too (its CUDA
+    keywords go to both): handed to ``test()``, walked under
+    ``torch.no_grad()``, its metric counts every row; it is told to pad,
+    and no unsafe fix drops its rows."""
+    source = HEAD + "from tqdm import tqdm\n\n" + EVALUATION
+    out, findings = convert_text(source, **UNSAFE)
+    assert "drop_last" not in out, out
+    said = [f for f in findings if f.code == "XLA413"]
+    assert [(f.line, f.fix, f.unsafe_fix) for f in said] == [(21, False, False), (22, False, False)], said
+    assert all("it is an evaluation loader (its loops run under `torch.no_grad()`): pad its dataset to a multiple "
+               "of `4`" in f.message for f in said)
+    assert not [f for f in convert_text(source)[1] if f.unsafe_fix]  # (no hidden fix either)
+
+
+@pytest.mark.parametrize("more", [
+    "for x, y in test_loader:\n    loss = model(x.cuda()).sum()\n    loss.backward()\n",  # also trained on
+    "fit(model, test_loader)\n",  # handed to a function not of the module: may train on it
+    "loaders = [test_loader]\n",  # kept: walked nobody knows where
+    "with torch.no_grad():\n    for x, y in test_loader:\n        model(x.cuda()).sum().backward()\n",
+])
+def test_a_shuffled_loader_that_may_be_trained_on_still_gets_drop_last(more):
+    source = HEAD + "from tqdm import tqdm\n\n" + EVALUATION + more
+    out, findings = convert_text(source, **UNSAFE)
+    assert "test_loader = DataLoader(ds, batch_size=4, shuffle=True, drop_last=True)\n" in out, out
+    assert "checked = DataLoader(ds, batch_size=4, shuffle=True)\n" in out
+
+
 def test_the_unsafe_fix_is_asked_for_on_the_command_line_or_in_the_config(tmp_path, monkeypatch):
     from click.testing import CliRunner
 

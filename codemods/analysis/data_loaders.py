@@ -323,3 +323,102 @@ def _first_batch_of(tree: TreeCache, node: cst.CSTNode) -> bool:
                 and node.func.value == name and len(node.args) == 1):
             return False
     return True
+
+
+# what a loop of evaluation runs under: autograd off
+_GRAD_OFF = ("no_grad", "inference_mode")
+# what reads a loader without walking it (`len(loader.dataset)`)
+_LOADER_FACTS = ("dataset", "batch_size", "sampler", "drop_last")
+# what walks the loader it is handed, batch by batch, in the loop around it
+# (MpDeviceLoader: as the loop rules wrap a loader before this rule reads it)
+_WALKING_WRAPPERS = ("enumerate", "tqdm", "iter", "MpDeviceLoader")
+
+
+def evaluation_only(tree: TreeCache, call: cst.Call) -> bool:
+    """The loader ``call`` makes is walked only by loops of evaluation:
+    every loop that walks it runs with autograd off (inside ``with
+    torch.no_grad():`` or a function under ``@torch.no_grad()``, as
+    ``inference_mode``) and calls no ``.backward()`` -- pytorch/examples'
+    mnist ``test(model, device, test_loader)``.  The loader is bound to a
+    name read only so: walked there, read for a fact (``len(loader)``,
+    ``loader.dataset``), or handed to a function of the module that walks
+    its parameter so.  Any other read (returned, stored, handed elsewhere)
+    and the answer is no: nothing says the loader is not trained on."""
+    loops = _walking_loops(tree, call)
+    return bool(loops) and all(_grad_off(tree, loop) and not any(
+        call_name(c) == "backward" for c in find_all(loop, cst.Call)) for loop in loops)  # type: ignore[arg-type]
+
+
+def _walking_loops(tree: TreeCache, call: cst.Call) -> Optional[List[cst.For]]:
+    assign = tree.parents.get(id(call))
+    if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1
+            and isinstance(assign.targets[0].target, cst.Name)):
+        return None
+    target = assign.targets[0].target
+    scope = next((a for a in dataflow(tree).ancestors(call) if isinstance(a, (cst.FunctionDef, cst.Lambda))),
+                 tree.module)
+    return _loops_reading(tree, scope, target.value, target, handed=True)
+
+
+def _loops_reading(tree: TreeCache, scope: cst.CSTNode, name: str, binding: cst.CSTNode,
+                   handed: bool) -> Optional[List[cst.For]]:
+    """The loops that walk ``name`` in ``scope``; None where a read of it is
+    something else (``handed``: may it be handed on to one function)."""
+    loops: List[cst.For] = []
+    for read in find_all(scope, cst.Name):
+        if read.value != name or read is binding:  # type: ignore[attr-defined]
+            continue
+        parent = tree.parents.get(id(read))
+        if isinstance(parent, cst.Attribute) and parent.value is read and parent.attr.value in _LOADER_FACTS:
+            continue
+        node = read
+        arg = parent
+        if isinstance(arg, cst.Arg) and arg.keyword is None and call_name(tree.parents.get(id(arg))) == "len":
+            continue
+        while isinstance(arg, cst.Arg) and arg.keyword is None and call_name(tree.parents.get(id(arg))) \
+                in _WALKING_WRAPPERS and tree.parents[id(arg)].args[0] is arg:  # type: ignore[union-attr]
+            node = tree.parents[id(arg)]
+            arg = tree.parents.get(id(node))
+        if isinstance(arg, cst.For) and arg.iter is node:
+            loops.append(arg)
+            continue
+        more = _loops_of_parameter(tree, arg, read) if handed and node is read else None
+        if more is None:
+            return None
+        loops += more
+    return loops
+
+
+def _loops_of_parameter(tree: TreeCache, arg: Optional[cst.CSTNode], read: cst.Name) -> Optional[List[cst.For]]:
+    """``f(..., loader, ...)``, ``f`` a function of the module (one of its
+    name): the loops that walk the parameter ``loader`` is handed to."""
+    call = tree.parents.get(id(arg)) if isinstance(arg, cst.Arg) else None
+    if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Name)):
+        return None
+    defs = [f for f in find_all(tree.module, cst.FunctionDef) if f.name.value == call.func.value]  # type: ignore[attr-defined]
+    if len(defs) != 1:
+        return None
+    fn: cst.FunctionDef = defs[0]  # type: ignore[assignment]
+    params = list(fn.params.params)
+    position = list(call.args).index(arg)  # type: ignore[arg-type]
+    if arg.keyword is not None:  # type: ignore[union-attr]
+        param = next((p for p in [*params, *fn.params.kwonly_params] if p.name.value == arg.keyword.value), None)  # type: ignore[union-attr]
+    else:
+        param = params[position] if position < len(params) and not any(
+            a.star for a in list(call.args)[: position + 1]) else None
+    if param is None:
+        return None
+    return _loops_reading(tree, fn.body, param.name.value, param.name, handed=False)
+
+
+def _grad_off(tree: TreeCache, loop: cst.For) -> bool:
+    """Inside ``with torch.no_grad():`` (or ``inference_mode``), or a
+    function decorated with one."""
+    for node in dataflow(tree).ancestors(loop):
+        if isinstance(node, cst.With) and any(
+                isinstance(i.item, cst.Call) and call_name(i.item) in _GRAD_OFF for i in node.items):
+            return True
+        if isinstance(node, cst.FunctionDef):
+            return any(call_name(d.decorator) in _GRAD_OFF or (dotted(d.decorator) or "").rpartition(".")[2]
+                       in _GRAD_OFF for d in node.decorators)
+    return False
