@@ -276,6 +276,27 @@ def test_a_device_named_on_the_command_line_gets_the_conversions_own_arguments(t
                                        "`--converted-args`" in f for f in said), said
 
 
+def test_a_cpu_script_of_a_cuda_project_fails_saying_it_names_no_accelerator(tmp_path):
+    """yunjey/pytorch-tutorial's linear_regression: a CPU-only script in a
+    project whose other scripts choose CUDA.  The project has something to
+    port, the script nothing: its conversion runs on the CPU as the original
+    does, and verify's failure says so, and what would port it."""
+    dest = tmp_path / "tutorials"
+    dest.mkdir()
+    (dest / "gpu.py").write_text("import torch\n\ndevice = torch.device('cuda' if torch.cuda.is_available() "
+                                 "else 'cpu')\nprint(torch.ones(2, device=device).sum().item())\n")
+    (dest / "cpu.py").write_text("import torch\n\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(4, 2)\n"
+                                 "print(f'{model(torch.ones(1, 4)).sum().item():.5f}')\n")
+    result = CliRunner().invoke(main, ["verify", "--reference", "cpu", "--reference-runs", "1", "--root", str(dest),
+                                       "--json", str(tmp_path / "r.json"), str(dest / "cpu.py")])
+    said = json.loads((tmp_path / "r.json").read_text())["failures"]
+    assert result.exit_code == 1, result.output
+    assert said == ["the conversion did no work on XLA (0 executions): the program runs on the CPU (the files it "
+                    "ran, cpu.py, name no CUDA or accelerator: nothing of it was there to port). To run it on XLA, "
+                    "give it a device first (`device = torch.device(\"cuda\" if torch.cuda.is_available() else "
+                    "\"cpu\")` and `.to(device)`), then convert it"], said
+
+
 def test_outputs_off_by_the_originals_float_order_noise_pass_and_more_fail(tmp_path):
     """A program whose printed number moves with the CPU thread count (as a
     GAN's weights do: pytorch/examples' dcgan moved by 1e-3 between 1 and 2

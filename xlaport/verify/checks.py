@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from xlaport.engine import Settings, SourceError, transform
+from xlaport.program import has_accelerator_code
 from xlaport.verify import diverge, growth, rng
 from xlaport.verify.compiles import LineMapper
 from xlaport.verify.core import _inside
@@ -111,6 +112,16 @@ class Checks:
         from codemods.base import TreeCache
 
         executions = int(report.metrics.get("executions", 0) or 0)  # type: ignore[call-overload]
+        own = (cand.data.get("imported") or {}).get("own", [])  # type: ignore[union-attr]
+        modules = [side.tree / rel for rel in own_files(own, side)] or [side.script]
+        used_cuda = named_accelerator = False
+        for path in [self.project.root / m.relative_to(side.tree) for m in modules]:
+            try:
+                source = path.read_bytes()
+                named_accelerator = named_accelerator or has_accelerator_code(source)
+                used_cuda = used_cuda or count_references(TreeCache(cst.parse_module(source), source)) > 0
+            except (OSError, cst.ParserSyntaxError):
+                continue
         if executions == 0:
             named = [a for a in self.cand_args if a.split("=")[-1].split(":")[0] in ("cpu", "cuda", "mps")]
             hint = (f"; the device is an argument ({named[0]}): give the conversion its own, "
@@ -119,17 +130,15 @@ class Checks:
             if kept and not hint:
                 hint = (f"; xlaport kept {len(kept)} CUDA test(s) as they were, so the program takes its CPU side: "
                         f"{kept[0]}")
-            report.failures.append("the conversion did no work on XLA (0 executions): its model and data stayed "
-                                   f"on the CPU{hint}")
-        own = (cand.data.get("imported") or {}).get("own", [])  # type: ignore[union-attr]
-        modules = [side.tree / rel for rel in own_files(own, side)] or [side.script]
-        used_cuda = False
-        for path in [self.project.root / m.relative_to(side.tree) for m in modules]:
-            try:
-                source = path.read_bytes()
-                used_cuda = used_cuda or count_references(TreeCache(cst.parse_module(source), source)) > 0
-            except (OSError, cst.ParserSyntaxError):
-                continue
+            if not hint and not (used_cuda or named_accelerator):
+                ran = ", ".join(m.relative_to(side.tree).as_posix() for m in modules)
+                hint = (f": the program runs on the CPU (the files it ran, {ran}, name no CUDA or accelerator: "
+                        "nothing of it was there to port). To run it on XLA, give it a device first "
+                        "(`device = torch.device(\"cuda\" if torch.cuda.is_available() else \"cpu\")` and "
+                        "`.to(device)`), then convert it")
+            else:
+                hint = f": its model and data stayed on the CPU{hint}"
+            report.failures.append(f"the conversion did no work on XLA (0 executions){hint}")
         on_cpu = sorted(name for name, kind in dict(cand.data.get("leftover_devices") or {}).items()  # type: ignore[call-overload]
                         if kind == "cpu")
         if used_cuda and on_cpu:
