@@ -31,7 +31,7 @@ from codemods.analysis.dataflow import dataflow
 from codemods.analysis.growth import grown_in
 from codemods.analysis.placement import DEVICE, FACTORIES, placement
 from codemods.analysis.prefilter_traps import FROM_THE_END
-from codemods.analysis.project import SPARSE_CALLS, SPARSE_METHODS, sparse_from_siblings
+from codemods.analysis.project import SPARSE_CALLS, SPARSE_METHODS, SPARSE_NAMES, sparse_from_siblings
 from codemods.analysis.values import TENSOR, values
 from codemods.base import Rule, XlaCodemod, dotted, find_all
 from codemods.syntax.nodes import source_of
@@ -141,11 +141,12 @@ class XlaLimits(XlaCodemod):
     DESCRIPTION = ("Report what XLA cannot do: sparse tensors, share_memory(), ops with no XLA lowering, "
                    "slice bounds past the size.")
     RULES = (XLA_CANNOT, CPU_FALLBACK_OP, NEGATIVE_BOUND)
-    TRIGGERS = (b"sparse", b"spmm", b"share_memory", b"fold", b"Fold", b"[-", b", -", b":-", b": -",
+    TRIGGERS = (*sorted(n.encode() for n in SPARSE_NAMES), b"share_memory", b"fold", b"Fold", b"[-", b", -", b":-",
+                b": -",
                 *sorted({_spelled(op).encode() for op in CPU_FALLBACK}),
                 *sorted({call.rpartition(".")[2].encode() for call in FALLBACK_CALLS}))
     SIBLING_FACTS = ("sparse_returns",)  # a sparse tensor another module's function returns, moved here
-    NEEDS = ("name~sparse", "name:spmm", "name:smm", "name:hspmm", "name:share_memory",  # XLA158: anywhere
+    NEEDS = (*(f"name:{n}" for n in sorted(SPARSE_NAMES)), "name:share_memory",  # XLA158: anywhere
              *ported_needs(*(f"name:{n}" for n in sorted(_FALLBACK_NAMES))),  # XLA159: in code being ported
              *ported_needs(FROM_THE_END))  # XLA160: likewise (a slice bound `-n`)
 

@@ -69,3 +69,36 @@ def test_a_name_made_dense_again_before_it_moves_keeps_no_test():
     assert not [f for f in findings if f.code == "XLA158" and "moving sparse" in f.message]
     still = dense_again.replace("    adj = torch.eye(4) + adj\n", "    adj = adj * 2\n")  # sparse times 2 is sparse
     assert "XLA118" in [f.code for f in convert_text(still)[1]]
+
+
+@pytest.mark.parametrize("head, call", [
+    ("import torch", "torch.sparse.mm(a, b)"),
+    ("from torch import sparse", "sparse.mm(a, b)"),
+    ("import torch.sparse as ts", "ts.mm(a, b)"),
+    ("from torch import sparse_coo_tensor as make", "make(i, v)"),
+    ("import torch", "torch.smm(a, b)"),
+    ("import torch", "torch.sspaddmm(x, a, b)"),
+    ("import torch", "a.to_sparse_csr()"),
+])
+def test_each_spelling_of_a_sparse_tensor_is_read_past_the_prefilter(head, call):
+    """The prefilter lets the rule see every way the code can name a sparse
+    op (``project.SPARSE_NAMES``): findings with and without it are one."""
+    source = f"{head}\n\ny = {call}\n"
+    with_prefilter = [(f.code, f.line) for f in convert_text(source)[1]]
+    assert with_prefilter == [("XLA158", 3)]
+    assert [(f.code, f.line) for f in convert_text(source, prefilter=False)[1]] == with_prefilter
+
+
+def test_a_name_holding_the_word_sparse_does_not_bring_the_rule():
+    """``is_sparse``, ``sparse_attention``, a config's ``use_sparse``:
+    transformers has hundreds; the rule that reports sparse tensors is not
+    run on their files (they are not even parsed, where no other rule asks)."""
+    from codemods import registry
+    from xlaport.engine import Settings
+
+    source = b"import torch\n\nif config.use_sparse and not x.is_sparse:\n    y = sparse_attention(x)\n"
+    settings = Settings()
+    names = [c.name for c in registry.applicable(source, settings.selected_codes(), settings.options, True)]
+    assert "XlaLimits" not in names
+    assert "XlaLimits" in [c.name for c in registry.applicable(
+        source + b"z = x.to_sparse()\n", settings.selected_codes(), settings.options, True)]

@@ -43,6 +43,10 @@ SPARSE_MAKERS = frozenset({"torch.sparse_coo_tensor", "torch.sparse_csr_tensor",
                            "torch.sparse_bsr_tensor", "torch.sparse_bsc_tensor"})
 SPARSE_CALLS = SPARSE_MAKERS | {"torch.spmm", "torch.smm", "torch.hspmm", "torch.sspaddmm"}
 SPARSE_METHODS = frozenset({"to_sparse", "to_sparse_coo", "to_sparse_csr", "to_sparse_csc", "to_sparse_bsr"})
+# the identifiers every one of those is spelled with in code (the ``ast``
+# prefilter's ``name:`` facts): ``torch.sparse.mm``, ``from torch import
+# sparse`` and ``import torch.sparse as ts`` all name ``sparse``
+SPARSE_NAMES = frozenset({"sparse", *(q.rpartition(".")[2] for q in SPARSE_CALLS), *SPARSE_METHODS})
 
 
 def makes_sparse(qualname: str) -> bool:
