@@ -368,3 +368,59 @@ def test_a_loop_over_a_device_tensor_compiles_per_element_on_xla(tmp_path):
     a, _, b, out = at_two_lengths("element_loop", tmp_path, "--batch", 4, 8)
     assert b["compiles"] - a["compiles"] >= 4, (a, b)
     assert "loss" in out
+
+
+AUTOGRAD_FUNCTION = '''\
+import torch
+{head}
+
+class MyReLU({base}):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        print(x.sum().item())
+        return x.clamp(min=0)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, = ctx.saved_tensors
+        grad_x = grad_output.clone()
+        grad_x[x < 0] = 0
+        return grad_x
+
+{alias}
+device = torch.device("cuda")
+x = torch.randn(8, 4, device=device)
+w = torch.randn(4, 2, device=device, requires_grad=True)
+for t in range(3):
+    loss = {call}(x.mm(w)).sum()
+    loss.backward()
+    with torch.no_grad():
+        w -= 1e-3 * w.grad
+        w.grad.zero_()
+'''
+
+
+@pytest.mark.parametrize("head, base, alias, call", [
+    ("", "torch.autograd.Function", "", "MyReLU.apply"),
+    ("from torch.autograd import Function", "Function", "", "MyReLU.apply"),
+    ("", "torch.autograd.Function", "relu = MyReLU.apply", "relu"),  # PyTorch's tutorial
+])
+def test_an_autograd_functions_passes_run_every_step_where_the_loop_applies_it(head, base, alias, call):
+    """jcjohnson/pytorch-examples' two_layer_net_custom_function: the loop
+    calls ``MyReLU.apply``; its ``forward`` runs there and its ``backward``
+    at ``loss.backward()``, every step.  The mask assignment in the backward
+    (a CPU fallback and a graph per step on XLA: 20 recompilations in 50
+    steps, measured) and the read in the forward are on the hot path."""
+    src = AUTOGRAD_FUNCTION.format(head=head, base=base, alias=alias, call=call)
+    found = {(f.code, f.line): f for f in transform(src.encode(), Settings()).findings}
+    lines = src.splitlines()
+    mask = lines.index("        grad_x[x < 0] = 0") + 1
+    read = lines.index("        print(x.sum().item())") + 1
+    assert ("XLA406", mask) in found and "runs every step: in `backward()`" in found["XLA406", mask].message
+    assert ("XLA401", read) in found and "runs every step: in `forward()`" in found["XLA401", read].message
+
+
+def test_a_class_named_like_an_autograd_function_that_is_not_one_runs_nothing_every_step():
+    src = AUTOGRAD_FUNCTION.format(head="", base="object", alias="", call="MyReLU.apply")
+    assert not [code for code, _ in lint_codes(src) if code in ("XLA406", "XLA401")]

@@ -10,7 +10,7 @@ method ``m`` of the class around the call.  Every rule that follows calls
 
 from __future__ import annotations
 
-from typing import Iterable, List, Optional, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 import libcst as cst
 
@@ -26,8 +26,13 @@ def called_functions(tree: TreeCache, call: cst.Call) -> Optional[List[cst.Funct
     func = call.func
     if type(func) is cst.Name:  # (a name the module does not bind is none of its functions)
         if func.value not in _function_names(tree):
-            return []  # (most calls: builtins, imports -- no need to resolve them)
+            applied = _applied_aliases(tree).get(func.value)  # (`relu = MyReLU.apply`, then `relu(x)`)
+            return _passes(applied) if applied is not None else []  # (most calls: builtins, imports)
         return [b for b in binding_nodes(tree, func) if type(b) is cst.FunctionDef]  # type: ignore[misc]
+    if type(func) is cst.Attribute and func.attr.value == "apply" and type(func.value) is cst.Name:
+        applied = _autograd_functions(tree).get(func.value.value)  # `MyReLU.apply(x)`
+        if applied is not None and any(b is applied for b in binding_nodes(tree, func.value)):
+            return _passes(applied)
     if type(func) is cst.Attribute and type(func.value) is cst.Name and func.value.value == "self":
         if func.attr.value not in _function_names(tree):
             return None  # no class of the module defines it
@@ -37,6 +42,52 @@ def called_functions(tree: TreeCache, call: cst.Call) -> Optional[List[cst.Funct
         methods = [s for s in cls.body.body if type(s) is cst.FunctionDef and s.name.value == func.attr.value]
         return methods or None  # type: ignore[return-value]
     return None
+
+
+# what a torch.autograd.Function subclass is made from
+AUTOGRAD_FUNCTIONS = frozenset({"torch.autograd.Function", "torch.autograd.function.Function"})
+
+
+def _autograd_functions(tree: TreeCache) -> Dict[str, cst.ClassDef]:
+    """The module's classes made from ``torch.autograd.Function``, by name:
+    ``C.apply(x)`` runs their ``forward`` at once and their ``backward``
+    when the loss is taken back through it (every step, from a step loop)."""
+    found = tree.memo.get("autograd_functions")
+    if found is None:
+        found = tree.memo["autograd_functions"] = {
+            cls.name.value: cls for cls in tree.nodes((cst.ClassDef,))  # type: ignore[attr-defined]
+            if any((tree.import_qualnames(b.value) or set()) & AUTOGRAD_FUNCTIONS for b in cls.bases)}  # type: ignore[attr-defined]
+    return found  # type: ignore[no-any-return]
+
+
+def _applied_aliases(tree: TreeCache) -> Dict[str, cst.ClassDef]:
+    """Module-level names bound once, to ``C.apply`` of such a class
+    (PyTorch's tutorial: ``relu = MyReLU.apply``)."""
+    found = tree.memo.get("applied_aliases")
+    if found is None:
+        classes = _autograd_functions(tree)
+        found = {}
+        if classes:
+            bound: Dict[str, int] = {}
+            for stmt in tree.module.body:
+                for small in (stmt.body if type(stmt) is cst.SimpleStatementLine else ()):  # type: ignore[attr-defined]
+                    for target in (small.targets if type(small) is cst.Assign else ()):  # type: ignore[attr-defined]
+                        if type(target.target) is cst.Name:
+                            name = target.target.value
+                            bound[name] = bound.get(name, 0) + 1
+                            value = small.value  # type: ignore[attr-defined]
+                            if type(value) is cst.Attribute and value.attr.value == "apply" \
+                                    and type(value.value) is cst.Name and value.value.value in classes:
+                                found[name] = classes[value.value.value]
+            found = {n: c for n, c in found.items() if bound.get(n) == 1}
+        tree.memo["applied_aliases"] = found
+    return found  # type: ignore[no-any-return]
+
+
+def _passes(cls: cst.ClassDef) -> List[cst.FunctionDef]:
+    """An autograd Function's ``forward`` and ``backward``."""
+    body = cls.body.body if type(cls.body) is cst.IndentedBlock else ()
+    return [s for s in body if type(s) is cst.FunctionDef and s.name.value in ("forward", "backward")]  # type: ignore[misc]
 
 
 def _function_names(tree: TreeCache) -> Set[str]:
