@@ -8,7 +8,7 @@ batch.  Read by the loop rules (``codemods.loop_codemod``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Set
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
@@ -303,15 +303,24 @@ def first_batch_only(tree: TreeCache, call: cst.Call) -> bool:
     in place so, or bound to a name whose every read in its scope is so."""
     if _first_batch_of(tree, call):
         return True
+    bound = _bound_to_name(tree, call)
+    if bound is None:
+        return False
+    target, scope = bound
+    reads = [n for n in find_all(scope, cst.Name) if n.value == target.value and n is not target]  # type: ignore[attr-defined]
+    return bool(reads) and all(_first_batch_of(tree, n) for n in reads)
+
+
+def _bound_to_name(tree: TreeCache, call: cst.Call) -> Optional[Tuple[cst.Name, cst.CSTNode]]:
+    """``name = call``: the name, and the scope it is read in (the function
+    around it, or the module)."""
     assign = tree.parents.get(id(call))
     if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1
             and isinstance(assign.targets[0].target, cst.Name)):
-        return False
-    target = assign.targets[0].target
+        return None
     scope = next((a for a in dataflow(tree).ancestors(call) if isinstance(a, (cst.FunctionDef, cst.Lambda))),
                  tree.module)
-    reads = [n for n in find_all(scope, cst.Name) if n.value == target.value and n is not target]  # type: ignore[attr-defined]
-    return bool(reads) and all(_first_batch_of(tree, n) for n in reads)
+    return assign.targets[0].target, scope
 
 
 def _first_batch_of(tree: TreeCache, node: cst.CSTNode) -> bool:
@@ -350,13 +359,10 @@ def evaluation_only(tree: TreeCache, call: cst.Call) -> bool:
 
 
 def _walking_loops(tree: TreeCache, call: cst.Call) -> Optional[List[cst.For]]:
-    assign = tree.parents.get(id(call))
-    if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1
-            and isinstance(assign.targets[0].target, cst.Name)):
+    bound = _bound_to_name(tree, call)
+    if bound is None:
         return None
-    target = assign.targets[0].target
-    scope = next((a for a in dataflow(tree).ancestors(call) if isinstance(a, (cst.FunctionDef, cst.Lambda))),
-                 tree.module)
+    target, scope = bound
     return _loops_reading(tree, scope, target.value, target, handed=True)
 
 
