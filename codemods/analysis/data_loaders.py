@@ -13,6 +13,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 import libcst as cst
 
 from codemods.analysis.bindings import binding_nodes
+from codemods.analysis.calls import called_functions
 from codemods.analysis.dataflow import dataflow
 from codemods.analysis.loops import _DEFS, LOADER_NAME_RE, _names_one_loader, is_device_loader_expr, loop_iterable
 from codemods.analysis.values import DEVICE_LOADER, LOADER, UNKNOWN
@@ -396,12 +397,13 @@ def _loops_reading(tree: TreeCache, scope: cst.CSTNode, name: str, binding: cst.
 
 
 def _loops_of_parameter(tree: TreeCache, arg: Optional[cst.CSTNode], read: cst.Name) -> Optional[List[cst.For]]:
-    """``f(..., loader, ...)``, ``f`` a function of the module (one of its
-    name): the loops that walk the parameter ``loader`` is handed to."""
+    """``f(..., loader, ...)``, ``f`` one function of the module (read
+    through the scopes, ``analysis.calls``): the loops that walk the
+    parameter ``loader`` is handed to."""
     call = tree.parents.get(id(arg)) if isinstance(arg, cst.Arg) else None
     if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Name)):
         return None
-    defs = [f for f in find_all(tree.module, cst.FunctionDef) if f.name.value == call.func.value]  # type: ignore[attr-defined]
+    defs = called_functions(tree, call) or []
     if len(defs) != 1:
         return None
     fn: cst.FunctionDef = defs[0]  # type: ignore[assignment]
