@@ -293,3 +293,32 @@ def test_a_runs_leftovers_hold_its_global_tensors_and_numbers(tmp_path):
                      "_private": 3}, str(path))
     saved = torch.load(path)
     assert set(saved) == {"i", "lr", "t"} and saved["i"] == 4 and saved["lr"] == 0.5
+
+
+def test_a_state_dict_saved_through_a_wrapper_the_reference_did_not_make_compares_by_the_modules_names(tmp_path):
+    """kuangliu/pytorch-cifar: `if device == 'cuda': net = nn.DataParallel(net)`.
+    The reference on the CPU does not wrap, the conversion (`'xla'`) does: its
+    checkpoint's names start with `module.` (`_orig_mod.` for torch.compile).
+    The values are compared under the module's own names, and still fail where
+    they differ; two dicts whose names differ otherwise are not matched up."""
+    import torch
+
+    from xlaport.verify.outputs import compare_files
+
+    net = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    ref = net.state_dict()
+
+    def failed(cand):
+        torch.save({"net": ref, "acc": 1.0}, tmp_path / "ref.pt")
+        torch.save({"net": cand, "acc": 1.0}, tmp_path / "cand.pt")
+        out = Comparison()
+        compare_files([{"ck.pt": tmp_path / "ref.pt"}], {"ck.pt": tmp_path / "cand.pt"}, 1e-3, 1e-5, out)
+        return sorted(o.name for o in out.outputs if not o.ok), len(out.outputs)
+
+    assert failed(torch.nn.DataParallel(net).state_dict()) == ([], len(ref) + 1)
+    assert failed({f"_orig_mod.{k}": v for k, v in ref.items()}) == ([], len(ref) + 1)
+    moved = {f"module.{k}": v.clone() for k, v in ref.items()}
+    moved["module.0.bias"] += 1
+    assert failed(moved)[0] == ["ck.pt[net][0.bias]"]
+    renamed = {f"other.{k}": v for k, v in ref.items()}
+    assert len(failed(renamed)[0]) == 2 * len(ref)  # nothing matched: each name is missing on one side

@@ -270,6 +270,7 @@ def leaves(prefix: str, a, b) -> Iterator[Tuple[str, object, object]]:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         yield prefix, *_as_tensors(_dense(a), _dense(b))
     elif isinstance(a, dict) and isinstance(b, dict):
+        a, b = _unwrapped(a, b)
         for k in sorted(set(a) | set(b), key=str):
             yield from leaves(f"{prefix}[{k}]", a.get(k), b.get(k))
     elif isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
@@ -277,6 +278,30 @@ def leaves(prefix: str, a, b) -> Iterator[Tuple[str, object, object]]:
             yield from leaves(f"{prefix}[{i}]", x, y)
     elif isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
         yield prefix, a, b
+
+
+# what a module wrapper puts before each name of its module's state_dict:
+# `nn.DataParallel` and `DistributedDataParallel` (`module.`), `torch.compile` (`_orig_mod.`)
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+def _bare(key: object) -> object:
+    while isinstance(key, str) and key.startswith(WRAPPER_PREFIXES):
+        key = key.split(".", 1)[1]
+    return key
+
+
+def _unwrapped(a: dict, b: dict) -> Tuple[dict, dict]:
+    """Two state dicts of the same module, one taken through a wrapper the
+    other run did not make (the reference on the CPU skips the
+    `if device == "cuda": net = nn.DataParallel(net)` the conversion takes):
+    both keyed by the module's own names.  Any other pair as it is."""
+    if set(a) == set(b):
+        return a, b
+    bare_a, bare_b = {_bare(k): v for k, v in a.items()}, {_bare(k): v for k, v in b.items()}
+    if len(bare_a) == len(a) and len(bare_b) == len(b) and set(bare_a) == set(bare_b):
+        return bare_a, bare_b
+    return a, b
 
 
 def _as_tensors(a, b):  # type: ignore[no-untyped-def]
