@@ -29,14 +29,16 @@ from codemods.analysis.loops import (
     last_optimizer_step,
     loop_step_kind,
     model_functions,
+    own_nodes,
 )
+from codemods.analysis.bindings import target_names
 from codemods.analysis.growth import whole_growth
 from codemods.analysis.pass_reads import PassReads, has_exit
 from codemods.analysis.placement import host_read, reads_truth
 from codemods.analysis.state import ends_flow
 from codemods.analysis.values import values as values_of
 from codemods.analysis.kinds import model_source_triggers
-from codemods.analysis.steps import called_like_a_model, trigger_words
+from codemods.analysis.steps import RANDOM_DRAWS, RANDOM_FILLS, called_like_a_model, trigger_words
 from codemods.base import Rule, call_name, dotted, find_all, statement
 from codemods.loop_codemod import LoopCodemod
 from codemods.syntax.hoist import ReadSite
@@ -72,7 +74,10 @@ STEP_BARRIER = Rule(
         "just after the barrier before that read, when nothing between changes it or touches the list. A loop inside a model's "
         "`forward` (a layer loop, an RNN unrolled in the step) gets no barrier, except one that feeds its state "
         "back to a model and reads it on the host every pass (a sampler written as a module, asserting on its "
-        "state): the read already runs a graph every pass, of every pass so far, so the barrier goes right before it."
+        "state): the read already runs a graph every pass, of every pass so far, so the barrier goes right before it; "
+        "and one that feeds its state back to a model and draws random numbers every pass (a diffusion sampler "
+        "written as a module, `x = mean + sigma * torch.randn_like(x)`), which reads nothing: without a barrier its "
+        "passes all join one graph, as large as the sampling is long, so the barrier ends each pass."
     ),
     before=(
         "for x, y in batches:\n    loss = loss_fn(model(x), y)\n    loss.backward()\n"
@@ -160,6 +165,18 @@ def _other_framework(tree) -> bool:
     not PyTorch steps (diffusers ships Flax pipelines beside the torch ones)."""
     roots = {full.lstrip(".").split(".")[0] for full in tree.imports.values()}
     return bool(roots & set(_OTHER_FRAMEWORKS)) and "torch" not in roots
+
+
+TORCH_DRAWS = frozenset(f"torch.{name}" for name in RANDOM_DRAWS)
+
+
+def _device_draw(call: cst.Call, names: Set[str]) -> bool:
+    """``torch.randn_like(x)``, a draw given a ``device=``, or an in-place
+    fill (``x.normal_()``): random numbers drawn where a tensor lives."""
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value in RANDOM_FILLS:
+        return True
+    return bool(names & TORCH_DRAWS) and (call_name(call).endswith("_like") or any(
+        a.keyword is not None and a.keyword.value == "device" for a in call.args))
 
 
 class StepBarrier(LoopCodemod):
@@ -285,16 +302,40 @@ class StepBarrier(LoopCodemod):
             return updated
         k = _pass_read(self.tree, original, self.tensors, self.qualnames)
         body = updated.body
-        if k is None or not isinstance(body, cst.IndentedBlock) or self._synced(original) or self._syncs_by_hand():
+        if not isinstance(body, cst.IndentedBlock) or self._synced(original) or self._syncs_by_hand():
             return updated
-        if not self.flag(original, STEP_BARRIER.code, "loop in a model's forward that reads a value every pass: "
-                         "`torch_xla.sync()` added right before the read (it runs this pass, not every pass so far)",
-                         fix=True):
+        why = ("loop in a model's forward that reads a value every pass: `torch_xla.sync()` added right before the "
+               "read (it runs this pass, not every pass so far)")
+        stmts = list(body.body)
+        if k is None:
+            if not self._draws(original):
+                return updated
+            # a sampler written as a module (pytorch-ddpm's GaussianDiffusionSampler): without a barrier its
+            # passes all join one graph, compiled as large as the sampling is long
+            k = len(stmts) - 1 if ends_flow(stmts[-1]) else len(stmts)
+            why = ("sampler loop in a model's forward (it draws random numbers every pass and feeds its state back): "
+                   "`torch_xla.sync()` added at the end of each pass (one graph a pass, compiled once, instead of "
+                   "every pass joined into one graph as large as the sampling is long)")
+        if not self.flag(original, STEP_BARRIER.code, why, fix=True):
             return updated
         self.add_imports(self.target.sync_imports)
-        stmts = list(body.body)
         stmts.insert(k, self._barrier())
         return updated.with_changes(body=body.with_changes(body=stmts))
+
+    def _draws(self, loop: Loop) -> bool:
+        """A sampling loop: its own level draws random numbers for the
+        device every pass (``torch.randn_like(x)``, ``torch.randn(s,
+        device=d)``, ``noise.normal_()``), and it walks no modules (a layer
+        loop's LayerDrop coin, ``torch.rand([]) < p``, is drawn on the host)."""
+        body = loop.body
+        if not isinstance(body, cst.IndentedBlock):
+            return False
+        calls = [c for s in body.body if not isinstance(s, (cst.For, cst.While, cst.FunctionDef, cst.ClassDef))
+                 for c in own_nodes(s, cst.Call)]
+        walked = {n.value for n in target_names(loop.target)} if isinstance(loop, cst.For) else set()
+        if any(type(c.func) is cst.Name and c.func.value in walked for c in calls):  # type: ignore[attr-defined]
+            return False
+        return any(_device_draw(c, self.qualnames(c.func)) for c in calls)  # type: ignore[arg-type]
 
     def _after_optimizer_step(self, loop: Loop, exits: Tuple[type, ...]) -> Optional[int]:
         """Where the barrier goes when the loop reads a tensor on the host

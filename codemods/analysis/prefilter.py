@@ -66,7 +66,7 @@ from codemods.analysis.steps import (
 from codemods.analysis.prefilter_steps import dotted_name as _dotted
 from codemods.analysis.prefilter_steps import last_name as _last_name
 from codemods.analysis.prefilter_steps import may_step as _may_step
-from codemods.analysis.prefilter_steps import reads_every_pass
+from codemods.analysis.prefilter_steps import draws_every_pass, reads_every_pass
 from codemods.analysis.prefilter_steps import target_names as _target_names
 from codemods.analysis.prefilter_traps import CAUGHT_INDEX, FROM_THE_END, TRIES, caught_index, from_the_end
 from codemods.syntax import pyast
@@ -374,8 +374,9 @@ def _walk(tree: ast.AST, seen: _Seen) -> None:
         elif kind is ast.Import or kind is ast.ImportFrom:
             seen.imported(node)
         elif kind in _LOOP_KINDS:
-            if in_model and reads_every_pass(node):
-                in_model = False  # a loop in a forward that reads every pass (barriers.StepBarrier): read as others
+            if in_model and (reads_every_pass(node) or draws_every_pass(node)):
+                # a loop in a forward that reads or draws every pass (barriers.StepBarrier): read as others
+                in_model = False
             seen.loop(node, in_model)
             in_loop = True
         elif kind is ast.ClassDef:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 from typing import List, Optional, Set, Tuple
 
-from codemods.analysis.steps import APPEND_METHODS, READ_CALLS, called_like_a_model
+from codemods.analysis.steps import APPEND_METHODS, RANDOM_DRAWS, RANDOM_FILLS, READ_CALLS, called_like_a_model
 
 _OWN_STOP = (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
@@ -172,3 +172,26 @@ def reads_every_pass(loop: ast.AST) -> bool:
                 for n in ast.walk(stmt.test if isinstance(stmt, ast.If) else stmt)):
             return True
     return False
+
+
+
+def draws_every_pass(loop: ast.AST) -> bool:
+    """A loop whose own level may draw random numbers for the device on
+    every pass (``torch.randn_like(x)``, ``torch.randn(s, device=d)``,
+    ``x.normal_()``) and walks no modules (a layer loop calls what it
+    walks): the loose side of the sampler written as a module's ``forward``
+    that the barrier takes (``barriers.StepBarrier._draws``)."""
+    calls = [n for stmt in loop.body if not isinstance(stmt, _OWN_STOP)  # type: ignore[attr-defined]
+             for n in _own(stmt) if isinstance(n, ast.Call)]
+    walked = set(target_names(loop.target, attributes=False)) \
+        if isinstance(loop, (ast.For, ast.AsyncFor)) else set()  # type: ignore[attr-defined]
+    if any(isinstance(c.func, ast.Name) and c.func.id in walked for c in calls):
+        return False
+    return any(_device_draw(c) for c in calls)
+
+
+def _device_draw(call: ast.Call) -> bool:
+    name = last_name(call.func)
+    if isinstance(call.func, ast.Attribute) and name in RANDOM_FILLS:
+        return True
+    return name in RANDOM_DRAWS and (name.endswith("_like") or any(k.arg == "device" for k in call.keywords))

@@ -47,6 +47,13 @@ TO_HOST = frozenset({"cpu", "numpy", "tolist"})
 # ``ast`` pre-check sees it (a superset: it cannot tell tensors)
 SCALAR_READS = frozenset({"float", "int", "bool"})  # `float(t)`: a Python number of a tensor
 READ_CALLS = TO_HOST | SCALAR_READS | {"item", "to"}
+# what draws fresh random numbers on the device: torch's functions (``torch.randn_like(x)``) and the
+# in-place fills (``x.normal_()``) -- a loop of a model's forward that draws every pass and feeds its
+# state back is a sampler (``analysis.prefilter_steps.draws_every_pass``, ``barriers.StepBarrier``)
+RANDOM_DRAWS = frozenset({"randn", "randn_like", "rand", "rand_like", "randint", "randint_like", "normal",
+                          "multinomial", "bernoulli", "poisson"})
+RANDOM_FILLS = frozenset({"normal_", "uniform_", "bernoulli_", "exponential_", "random_", "geometric_",
+                          "log_normal_", "cauchy_"})
 # methods that add to the container they are called on (``xs.append(x)``):
 # a write of the container by the value handed in, as ``xs += [x]`` is --
 # state a loop carries when it reads ``xs[-1]`` before (ddim's samplers)
