@@ -60,7 +60,9 @@ STEP_BARRIER = Rule(
         "through the body counts as a barrier (not one under a flag); the micro-steps of gradient "
         "accumulation share the barrier after the optimizer step. When the body reads a tensor on the host after "
         "its optimizer step (`total += loss.item()`), the barrier goes right after that step, as experts place it: "
-        "the read then finds the step computed instead of running the pending step as a graph of its own. "
+        "the read then finds the step computed instead of running the pending step as a graph of its own; so too "
+        "in a loop over `MpDeviceLoader`, which syncs only when the next batch is asked for (each read would run the "
+        "forward pass again). "
         "Likewise in a loop that is not a training step (a sampler, a decoder fed its own output) and reads a "
         "value it computed on every pass (`out.append(tok.item())`): the barrier goes right before that read, "
         "one graph execution per pass instead of the read's and then the barrier's. A read that computes what it "
@@ -214,7 +216,7 @@ class StepBarrier(LoopCodemod):
             if any(is_barrier_call(c, self.target.barrier_names, self.qualnames)  # type: ignore[arg-type]
                    for c in find_all(original.body, cst.Call)):
                 return updated  # synced by hand (before its break, say)
-            return self._flushed_before_exits(original, updated, exits)
+            return self._flushed_before_exits(original, self._synced_after_step(original, updated, exits), exits)
         if self._syncs_by_hand():
             # ported by hand already (diffusers >= 0.31): its authors chose where
             # to sync; point at the loop, change nothing
@@ -270,6 +272,27 @@ class StepBarrier(LoopCodemod):
         calls = find_all(loop.body, cst.Call, stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda))
         return not any(host_read(self.tree, c, self.tensors, self.qualnames) or self.is_step_closure(c)  # type: ignore[arg-type]
                        for c in calls)
+
+    def _synced_after_step(self, original: Loop, updated: Loop, exits: Tuple[type, ...]) -> Loop:
+        """A loop over a device loader that reads the host after its
+        optimizer step every pass (kuangliu/pytorch-cifar's `train_loss +=
+        loss.item()` for its progress bar): the loader syncs only when the
+        next batch is asked for, so each read runs the part of the step it
+        needs as a graph of its own -- the forward again for each -- and the
+        loader's sync the whole step.  The barrier right after the step runs
+        it once; the reads find it computed (the same values)."""
+        after = self._after_optimizer_step(original, exits)
+        body = updated.body
+        if after is None or not isinstance(body, cst.IndentedBlock) or self._syncs_by_hand():
+            return updated
+        if not self.flag(original, STEP_BARRIER.code, "step loop over a device loader that reads the host after its "
+                         "optimizer step: `torch_xla.sync()` added right after that step (the loader syncs at the "
+                         "next batch only: each read would run the forward again)", fix=True):
+            return updated
+        self.add_imports(self.target.sync_imports)
+        stmts = list(body.body)
+        stmts.insert(after, self._barrier())
+        return updated.with_changes(body=body.with_changes(body=stmts))
 
     def _flushed_before_exits(self, original: Loop, updated: Loop, exits: Tuple[type, ...]) -> Loop:
         """``updated`` with a barrier before each break/return of its own
