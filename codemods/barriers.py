@@ -12,7 +12,7 @@ diffusers >= 0.31) gets no new barrier: its other step loops are reported.
 
 from __future__ import annotations
 
-from typing import List, Optional, Set, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 import libcst as cst
 
@@ -29,17 +29,16 @@ from codemods.analysis.loops import (
     last_optimizer_step,
     loop_step_kind,
     model_functions,
-    own_nodes,
 )
-from codemods.analysis.bindings import target_names
+from codemods.analysis.model_loops import model_loop_barrier
 from codemods.analysis.growth import whole_growth
 from codemods.analysis.pass_reads import PassReads, has_exit
-from codemods.analysis.placement import host_read, reads_truth
+from codemods.analysis.placement import host_read
 from codemods.analysis.state import ends_flow
 from codemods.analysis.values import values as values_of
 from codemods.analysis.kinds import model_source_triggers
-from codemods.analysis.steps import RANDOM_DRAWS, RANDOM_FILLS, called_like_a_model, trigger_words
-from codemods.base import Rule, call_name, dotted, find_all, statement
+from codemods.analysis.steps import trigger_words
+from codemods.base import Rule, call_name, find_all, statement
 from codemods.loop_codemod import LoopCodemod
 from codemods.syntax.hoist import ReadSite
 
@@ -167,18 +166,6 @@ def _other_framework(tree) -> bool:
     not PyTorch steps (diffusers ships Flax pipelines beside the torch ones)."""
     roots = {full.lstrip(".").split(".")[0] for full in tree.imports.values()}
     return bool(roots & set(_OTHER_FRAMEWORKS)) and "torch" not in roots
-
-
-TORCH_DRAWS = frozenset(f"torch.{name}" for name in RANDOM_DRAWS)
-
-
-def _device_draw(call: cst.Call, names: Set[str]) -> bool:
-    """``torch.randn_like(x)``, a draw given a ``device=``, or an in-place
-    fill (``x.normal_()``): random numbers drawn where a tensor lives."""
-    if isinstance(call.func, cst.Attribute) and call.func.attr.value in RANDOM_FILLS:
-        return True
-    return bool(names & TORCH_DRAWS) and (call_name(call).endswith("_like") or any(
-        a.keyword is not None and a.keyword.value == "device" for a in call.args))
 
 
 class StepBarrier(LoopCodemod):
@@ -311,54 +298,24 @@ class StepBarrier(LoopCodemod):
         return has_barrier(loop, self.target.barrier_names, self.qualnames, self.syncing())
 
     def _model_loop_read(self, original: Loop, updated: Loop) -> Loop:
-        """A loop inside a model's ``forward`` (no step loop: a layer loop or
-        an RNN unrolled there gets no barrier) that feeds its state back to a
-        model and reads a value on the host on every pass -- a sampler
-        written as a module (``assert torch.isnan(x_t).int().sum() == 0``
-        after each denoising step).  The read already runs a graph every
-        pass, but of every pass so far (the state is never materialized), so
-        it compiles again every pass; the barrier right before the read makes
-        it run this pass only, once for all passes."""
+        """A loop inside a model's ``forward`` that feeds its state back to a
+        model and reads a value on the host, or draws random numbers, every
+        pass (``analysis.model_loops``): the barrier goes where that module
+        says (a layer loop or an RNN unrolled in a step gets none)."""
         called = self._memo("model_functions", self.tree.module, lambda: model_functions(self.tree))
         if not in_model_code(original, self.tree.parents, called) or \
                 loop_step_kind(self.tree, original, self.steps) != "feedback":
             return updated
-        k = _pass_read(self.tree, original, self.tensors, self.qualnames)
         body = updated.body
         if not isinstance(body, cst.IndentedBlock) or self._synced(original) or self._syncs_by_hand():
             return updated
-        why = ("loop in a model's forward that reads a value every pass: `torch_xla.sync()` added right before the "
-               "read (it runs this pass, not every pass so far)")
-        stmts = list(body.body)
-        if k is None:
-            if not self._draws(original):
-                return updated
-            # a sampler written as a module (pytorch-ddpm's GaussianDiffusionSampler): without a barrier its
-            # passes all join one graph, compiled as large as the sampling is long
-            k = len(stmts) - 1 if ends_flow(stmts[-1]) else len(stmts)
-            why = ("sampler loop in a model's forward (it draws random numbers every pass and feeds its state back): "
-                   "`torch_xla.sync()` added at the end of each pass (one graph a pass, compiled once, instead of "
-                   "every pass joined into one graph as large as the sampling is long)")
-        if not self.flag(original, STEP_BARRIER.code, why, fix=True):
+        site = model_loop_barrier(self.tree, original, self.tensors, self.qualnames)
+        if site is None or not self.flag(original, STEP_BARRIER.code, site[1], fix=True):
             return updated
         self.add_imports(self.target.sync_imports)
-        stmts.insert(k, self._barrier())
+        stmts = list(body.body)
+        stmts.insert(site[0], self._barrier())
         return updated.with_changes(body=body.with_changes(body=stmts))
-
-    def _draws(self, loop: Loop) -> bool:
-        """A sampling loop: its own level draws random numbers for the
-        device every pass (``torch.randn_like(x)``, ``torch.randn(s,
-        device=d)``, ``noise.normal_()``), and it walks no modules (a layer
-        loop's LayerDrop coin, ``torch.rand([]) < p``, is drawn on the host)."""
-        body = loop.body
-        if not isinstance(body, cst.IndentedBlock):
-            return False
-        calls = [c for s in body.body if not isinstance(s, (cst.For, cst.While, cst.FunctionDef, cst.ClassDef))
-                 for c in own_nodes(s, cst.Call)]
-        walked = {n.value for n in target_names(loop.target)} if isinstance(loop, cst.For) else set()
-        if any(type(c.func) is cst.Name and c.func.value in walked for c in calls):  # type: ignore[attr-defined]
-            return False
-        return any(_device_draw(c, self.qualnames(c.func)) for c in calls)  # type: ignore[arg-type]
 
     def _after_optimizer_step(self, loop: Loop, exits: Tuple[type, ...]) -> Optional[int]:
         """Where the barrier goes when the loop reads a tensor on the host
@@ -453,32 +410,6 @@ def _host_step(stmt: cst.CSTNode) -> bool:
 def _is_exit(stmt: cst.CSTNode, kinds: Tuple[type, ...]) -> bool:
     return isinstance(stmt, cst.SimpleStatementLine) and any(isinstance(s, kinds) for s in stmt.body)
 
-
-
-def _pass_read(tree, loop: Loop, tensors: Set[str], qualnames) -> Optional[int]:
-    """The first statement of the loop's own level that reads a tensor on
-    the host (a read call, or an ``assert``/``if`` on a tensor) and runs
-    no model itself, after something computed in the pass; None where
-    there is none or the body can end or skip early."""
-    stmts = body_statements(loop)
-    if has_exit(stmts, (cst.Break, cst.Return, cst.Continue)):
-        return None
-    stop = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
-    for k, stmt in enumerate(stmts):
-        if isinstance(stmt, cst.If):
-            tests, calls = [stmt.test], find_all(stmt.test, cst.Call, stop=stop)
-        elif isinstance(stmt, cst.SimpleStatementLine):
-            tests = [s.test for s in stmt.body if isinstance(s, cst.Assert)]
-            calls = find_all(stmt, cst.Call, stop=stop)
-        else:
-            continue
-        if not (any(reads_truth(t, tensors, qualnames) for t in tests)
-                or any(host_read(tree, c, tensors, qualnames) for c in calls)):  # type: ignore[arg-type]
-            continue
-        if k == 0 or any(called_like_a_model(dotted(c.func) or "") for c in calls):  # type: ignore[attr-defined]
-            return None
-        return k
-    return None
 
 
 def _before_exits(stmts: List[cst.BaseStatement], exits: Tuple[type, ...],
