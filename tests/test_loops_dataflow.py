@@ -495,6 +495,21 @@ def test_a_sampler_written_as_a_modules_forward_ends_each_pass_with_a_barrier(dr
 
 @pytest.mark.xla
 @needs_xla
+def test_a_sampler_that_draws_every_pass_runs_one_graph_a_pass_and_verifies(tmp_path):
+    """fixtures/draw_sampler: before, one execution of one graph at 4 and at
+    8 passes (a graph twice as large, compiled again for each length); now
+    one execution a pass with the same compiles, and verify passes at 4, 8
+    and 12 passes."""
+    from test_runnable_ports import run_on_xla
+
+    a = run_on_xla("draw_sampler", tmp_path / "4", "--steps", "4")[0]["metrics"]
+    b = run_on_xla("draw_sampler", tmp_path / "8", "--steps", "8")[0]["metrics"]
+    assert a["compiles"] == b["compiles"] and b["executions"] - a["executions"] == 4, (a, b)
+    _verified_flat("draw_sampler")
+
+
+@pytest.mark.xla
+@needs_xla
 def test_module_sampler_compiles_flat_and_verifies():
     """fixtures/module_sampler: 5 -> 9 compiles at 4 -> 8 steps before."""
     _verified_flat("module_sampler")
