@@ -30,8 +30,8 @@ from codemods.analysis.loops import (
     loop_step_kind,
     model_functions,
 )
-from codemods.analysis.model_loops import model_loop_barrier
 from codemods.analysis.growth import whole_growth
+from codemods.analysis.model_loops import model_loop_barrier
 from codemods.analysis.pass_reads import PassReads, has_exit
 from codemods.analysis.placement import host_read
 from codemods.analysis.state import ends_flow
@@ -409,7 +409,6 @@ def _host_step(stmt: cst.CSTNode) -> bool:
 
 def _is_exit(stmt: cst.CSTNode, kinds: Tuple[type, ...]) -> bool:
     return isinstance(stmt, cst.SimpleStatementLine) and any(isinstance(s, kinds) for s in stmt.body)
-
 
 
 def _before_exits(stmts: List[cst.BaseStatement], exits: Tuple[type, ...],
