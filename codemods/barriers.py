@@ -276,10 +276,7 @@ class StepBarrier(LoopCodemod):
                          "optimizer step: `torch_xla.sync()` added right after that step (the loader syncs at the "
                          "next batch only: each read would run the forward again)", fix=True):
             return updated
-        self.add_imports(self.target.sync_imports)
-        stmts = list(body.body)
-        stmts.insert(after, self._barrier())
-        return updated.with_changes(body=body.with_changes(body=stmts))
+        return self._with_barrier_at(updated, after)
 
     def _flushed_before_exits(self, original: Loop, updated: Loop, exits: Tuple[type, ...]) -> Loop:
         """``updated`` with a barrier before each break/return of its own
@@ -312,9 +309,14 @@ class StepBarrier(LoopCodemod):
         site = model_loop_barrier(self.tree, original, self.tensors, self.qualnames)
         if site is None or not self.flag(original, STEP_BARRIER.code, site[1], fix=True):
             return updated
+        return self._with_barrier_at(updated, site[0])
+
+    def _with_barrier_at(self, updated: Loop, k: int) -> Loop:
+        """``updated`` with the barrier as statement ``k`` of its body."""
         self.add_imports(self.target.sync_imports)
-        stmts = list(body.body)
-        stmts.insert(site[0], self._barrier())
+        body = updated.body
+        stmts = list(body.body)  # type: ignore[attr-defined]
+        stmts.insert(k, self._barrier())
         return updated.with_changes(body=body.with_changes(body=stmts))
 
     def _after_optimizer_step(self, loop: Loop, exits: Tuple[type, ...]) -> Optional[int]:
