@@ -2,7 +2,6 @@
 device tensor (``if t == 0:`` in DDPM-Pytorch's scheduler) compares its
 host copy."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -93,7 +92,7 @@ def test_a_function_of_the_module_that_its_own_loop_hands_the_counter():
 
 
 @pytest.mark.xla
-@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="needs torch_xla (make setup)")
+@pytest.mark.xla
 def test_the_converted_sampler_runs_one_graph_a_step(sampler, tmp_path):
     """Measured before this rule: 9 -> 17 executions at 4 -> 8 steps (the test
     a graph of its own each step); with it 7 -> 11, the CPU original's

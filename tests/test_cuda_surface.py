@@ -2,7 +2,6 @@
 on XLA's CPU backend, agree with the eager CPU run, keep their compile count
 at two run lengths and resume from their own checkpoints."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -177,7 +176,7 @@ def _saved_on_a_gpu(path, state):
 
 # ------------------------------------------------------------------ on XLA
 
-needs_xla = pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla not installed")
+needs_xla = pytest.mark.xla
 
 
 def _verify(name, *args, **options):

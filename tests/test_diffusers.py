@@ -106,7 +106,7 @@ def test_042_hand_synced_files_get_no_second_barrier(tmp_path):
     assert (tmp_path / "diffusers" / SD_PIPELINE) in synced
 
 
-xla = pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla not installed")
+xla = pytest.mark.xla
 
 
 def _verify_sd(converted, steps):

@@ -128,6 +128,7 @@ def test_left_as_it_was_the_generation_compiles_once_per_token(tmp_path, monkeyp
     assert long["metrics"]["compiles"] >= short["metrics"]["compiles"] + 8, (short, long)
 
 
+@pytest.mark.torch
 def test_the_buffer_gives_the_originals_sequence_for_any_count():
     """Run on the CPU, original and rewrite: the same tokens for counts
     below, at and past the window, a count of 0 and a negative one, and a
@@ -206,6 +207,7 @@ def test_a_branch_that_may_not_keep_the_row_leaves_the_growth(change):
     assert not codes(findings, "XLA414") and "idx_buffer" not in out, (change, out)
 
 
+@pytest.mark.torch
 def test_the_filtered_generation_gives_the_originals_tokens_on_the_cpu():
     import torch
 

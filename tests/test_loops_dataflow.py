@@ -1,7 +1,6 @@
 """Loops, devices and loaders by dataflow (issue 11): each defect found on
 real programs, statically and, where it matters, on XLA's CPU backend."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from tests.conftest import convert_text
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
-needs_xla = pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla not installed")
+needs_xla = pytest.mark.xla
 
 
 def test_state_fed_back_through_an_intermediate_gets_a_barrier():

@@ -4,7 +4,6 @@ module: minDiffusion's ``class DDIM(DDPM)`` with ``from .ddpm import DDPM``,
 whose schedule ``DDPM`` registers under computed names.  XLA411 indexes such
 a buffer with the step's int on the device; the sampler then compiles flat."""
 
-import importlib.util
 
 import pytest
 from click.testing import CliRunner
@@ -83,7 +82,7 @@ def test_a_cached_answer_is_not_reused_once_the_base_module_changes(program, tmp
 
 
 @pytest.mark.xla
-@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="needs torch_xla (make setup)")
+@pytest.mark.xla
 def test_the_converted_sampler_compiles_flat_and_matches_the_original(program, tmp_path):
     """Converted before this: 4, 8, 12 compiles at 4, 8, 12 steps (verify: fail)."""
     data = verify_lengths(program, program / "sample.py", tmp_path / "report.json")

@@ -7,7 +7,6 @@ is fed the target or its own guess by the host's random numbers.  Converted
 before this, ``models.py`` was left alone and the trainer compiled 4 -> 6
 graphs at 4 -> 8 steps; now 2 -> 2, one execution a step, the same losses."""
 
-import importlib.util
 import shutil
 
 import pytest
@@ -90,7 +89,7 @@ def test_a_cached_answer_is_not_reused_once_the_importer_changes(program, tmp_pa
 
 
 @pytest.mark.xla
-@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="needs torch_xla (make setup)")
+@pytest.mark.xla
 def test_the_converted_trainer_compiles_flat_and_matches_the_original(program, tmp_path):
     """Before: 4 and 6 compiles at 4 and 8 steps (verify: fail)."""
     data = verify_lengths(program, program / "train.py", tmp_path / "report.json")

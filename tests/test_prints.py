@@ -8,7 +8,6 @@ the print copies it and stays where it is.  A loop that defers a print and
 is left by ``break`` gets a barrier before the break even when it syncs by
 hand (codemods/barriers.py)."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -79,7 +78,7 @@ def test_a_print_the_pass_has_not_synced_for_is_deferred(change):
 
 
 @pytest.mark.xla
-@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="needs torch_xla (make setup)")
+@pytest.mark.xla
 def test_the_converted_loop_prints_every_line_of_the_original_on_xla(tmp_path):
     """11 and 21 steps: the original's lines on the CPU, one graph execution a
     step, the same compiles at both lengths (deferred, the line of step 20 was

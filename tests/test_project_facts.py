@@ -4,7 +4,6 @@ moves it (XLA158), the CUDA test that would switch the move on is kept
 (XLA118), the conversion runs where the original ran, and a cached answer is
 not reused once that other module changes."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -127,7 +126,7 @@ def test_a_cached_answer_is_not_reused_once_the_other_module_changes(program, tm
 
 
 @pytest.mark.xla
-@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="needs torch_xla (make setup)")
+@pytest.mark.xla
 def test_the_conversion_runs_with_plain_python_where_the_original_ran(program, tmp_path):
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PJRT_DEVICE": "CPU"}
     original = subprocess.run([sys.executable, "train.py"], cwd=program, env=env, capture_output=True, text=True,
@@ -144,7 +143,7 @@ def test_the_conversion_runs_with_plain_python_where_the_original_ran(program, t
 
 
 @pytest.mark.xla
-@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="needs torch_xla (make setup)")
+@pytest.mark.xla
 def test_verify_says_which_kept_test_left_the_conversion_on_the_cpu(program, tmp_path):
     """The conversion runs, on the CPU (its test kept): verify fails it for
     doing no work on XLA, and says which test, where, and why."""

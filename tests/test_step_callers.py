@@ -6,7 +6,6 @@ own analysis (its step loop, its counter).  TCN word_cnn on XLA's CPU backend:
 22 -> 98 compiles at 4 -> 17 training steps before, 19 at 17 and at 34 steps
 after, the same losses."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -94,7 +93,7 @@ def test_a_cached_answer_is_not_reused_once_a_caller_changes(program, tmp_path, 
 
 
 @pytest.mark.xla
-@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="needs torch_xla (make setup)")
+@pytest.mark.xla
 def test_the_converted_trainer_compiles_flat_and_matches_the_original(program, tmp_path):
     """Converted before this: 4, 8, 12 compiles at 4, 8, 12 steps (verify: fail)."""
     data = verify_lengths(program, program / "train.py", tmp_path / "report.json")
@@ -163,7 +162,7 @@ def test_a_plain_int_counter_handed_to_the_method_is_sent_as_well(sampler):
 
 
 @pytest.mark.xla
-@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="needs torch_xla (make setup)")
+@pytest.mark.xla
 @pytest.mark.parametrize("handed", ["tensor", "int"])
 def test_the_converted_sampler_compiles_flat_and_matches_the_original(sampler, tmp_path, handed):
     """Converted before this: 12 -> 16 compiles at 4 -> 8 steps; 7 -> 7 now, the same sums as the CPU original."""
@@ -175,7 +174,7 @@ def test_the_converted_sampler_compiles_flat_and_matches_the_original(sampler, t
 
 
 @pytest.mark.xla
-@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="needs torch_xla (make setup)")
+@pytest.mark.xla
 def test_its_last_two_steps_compile_once_more_and_plain_verify_passes(sampler, tmp_path):
     """At one length (8 steps) the sampler settles on one graph, then its
     last two steps compile: the counter handed to the device reaches 1 and 0
@@ -259,7 +258,7 @@ def test_the_modules_own_method_indexes_on_the_device_unless_the_entry_is_wanted
 
 
 @pytest.mark.xla
-@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="needs torch_xla (make setup)")
+@pytest.mark.xla
 def test_the_modules_own_method_compiles_flat_and_matches_the_original(tmp_path):
     """Converted before this: the index in `noise_level` a new graph each step."""
     program = tmp_path / "traps"

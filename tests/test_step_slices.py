@@ -117,6 +117,7 @@ def test_a_slice_after_whole_dimensions_gathers_on_its_own_dimension():
         assert not codes(findings, "XLA411") and "torch.tensor([" not in out, other
 
 
+@pytest.mark.torch
 def test_the_gathered_columns_are_the_slices_columns():
     import torch
 

@@ -62,6 +62,7 @@ def _emitted() -> set:
     return names
 
 
+@pytest.mark.torch
 def test_every_name_the_target_writes_exists_and_is_the_one_the_wheel_prefers():
     import torch
 
@@ -114,6 +115,7 @@ def _numbers(text: str):
 @pytest.mark.xla
 @pytest.mark.parametrize("name, env", [("torchtpu_from_cuda", {"CUDA_VISIBLE_DEVICES": ""}),
                                        ("torchtpu_from_xla", {"PJRT_DEVICE": "CPU"})])
+@pytest.mark.torch
 def test_the_conversion_runs_here_with_the_originals_numbers(tmp_path, name, env):
     """On this host (no TPU) the conversion takes the CPU path; the original
     ran on the CPU (CUDA's fixture) or on XLA's CPU backend (torch_xla's)."""
@@ -144,6 +146,7 @@ def test_the_target_is_chosen_on_the_command_line_or_in_pyproject(tmp_path):
     assert "torch_xla" not in done.output
 
 
+@pytest.mark.torch
 @pytest.mark.xla
 def test_verify_runs_the_torchtpu_port_and_says_no_tpu_ran(tmp_path):
     """On a host without a TPU the port's CPU path runs, its values are

@@ -1,7 +1,6 @@
 """What a name holds, from dataflow (codemods/analysis/values.py), and the
 loop decisions that read it instead of names (issue 11)."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -372,7 +371,7 @@ def test_a_config_dicts_device_entry_is_a_device_string():
 
 
 @pytest.mark.xla
-@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla not installed")
+@pytest.mark.xla
 def test_a_config_dicts_device_runs_on_xla(tmp_path):
     out, _ = convert_text(CONFIG_DEVICE)
     (tmp_path / "main.py").write_text(out)

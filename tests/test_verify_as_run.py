@@ -3,7 +3,6 @@ SCRIPT ARGS`, nothing imported, patched or wrapped -- gives both sides the
 same seeds, never passes with nothing compared, and names the exception
 and the user's line when a run crashes."""
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -29,7 +28,7 @@ def _verify(tmp_path, name, *options, runs="1"):
 
 
 @pytest.mark.xla
-@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla not installed")
+@pytest.mark.xla
 def test_a_torchscript_program_passes_as_its_user_runs_it(tmp_path):
     """`torch.jit.script` over `torch.full`, and an import that scripts
     torch's own functions: under a harness that wrapped torch functions the
@@ -43,7 +42,7 @@ def test_a_torchscript_program_passes_as_its_user_runs_it(tmp_path):
 
 
 @pytest.mark.xla
-@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla not installed")
+@pytest.mark.xla
 def test_a_port_that_forgot_import_torch_xla_fails_on_its_line(tmp_path):
     """verify imported torch_xla into the conversion: a port using the
     "xla" device without importing torch_xla passed, and crashed for its
@@ -63,7 +62,7 @@ def test_a_port_that_forgot_import_torch_xla_fails_on_its_line(tmp_path):
 
 
 @pytest.mark.xla
-@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla not installed")
+@pytest.mark.xla
 def test_an_unseeded_program_is_compared_with_the_same_seeds_on_both_sides(tmp_path):
     """Two reference runs of an unseeded trainer used to differ in every
     float, all were left out, and the verdict was pass with nothing
@@ -76,7 +75,7 @@ def test_an_unseeded_program_is_compared_with_the_same_seeds_on_both_sides(tmp_p
 
 
 @pytest.mark.xla
-@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla not installed")
+@pytest.mark.xla
 def test_a_run_that_compared_no_value_does_not_pass(tmp_path):
     result, report = _verify(tmp_path, "no_values")
     assert result.exit_code == 1 and report["verdict"] == "fail", result.output
@@ -109,7 +108,7 @@ def test_a_crash_is_told_by_its_exception_not_the_last_line_of_stderr():
 
 
 @pytest.mark.xla
-@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla not installed")
+@pytest.mark.xla
 def test_compiles_that_do_not_grow_with_the_length_are_fixed_costs(tmp_path):
     """A sampler's last two steps compile a graph each: after warm-up, so
     verify failed them as recompilations although its own --lengths runs
@@ -138,7 +137,7 @@ def test_compiles_that_do_not_grow_with_the_length_are_fixed_costs(tmp_path):
 
 
 @pytest.mark.xla
-@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla not installed")
+@pytest.mark.xla
 def test_a_child_that_left_the_process_group_goes_with_the_run(tmp_path):
     """A daemon started with `setsid` is out of the run's process group: it
     outlived verify.  Every process carrying the run's mark now goes."""
@@ -215,7 +214,7 @@ def test_a_program_with_nothing_to_port_gets_converts_answer_from_verify(tmp_pat
 
 
 @pytest.mark.xla
-@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla not installed")
+@pytest.mark.xla
 def test_batchnorm_parts_because_of_torch_xla_passes_said_and_a_wrong_port_still_fails(tmp_path):
     """torch_xla 2.9 tracks BatchNorm's running variance with the biased batch
     variance (PyTorch: unbiased): a correct port of a scripted BatchNorm model
@@ -253,6 +252,7 @@ def test_a_long_crash_keeps_its_traceback_and_exception():
     assert _what_killed(told).startswith("NotImplementedError: Could not run 'aten::_to_sparse'")
 
 
+@pytest.mark.torch
 def test_the_precision_noise_run_turns_autocast_off_and_a_judged_run_is_left_alone(tmp_path):
     """The diagnostic run that measures the precision noise runs every
     autocast region in full precision; without it, the observer changes
@@ -278,7 +278,7 @@ def test_the_precision_noise_run_turns_autocast_off_and_a_judged_run_is_left_alo
 
 
 @pytest.mark.xla
-@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla not installed")
+@pytest.mark.xla
 def test_the_accelerator_side_of_a_test_is_compared_like_with_like_and_a_wrong_port_still_fails(tmp_path):
     """pytorch/examples' mnist shuffles its data only where an accelerator is
     available: the conversion takes that side, the original on a CPU host
@@ -305,7 +305,7 @@ def test_the_accelerator_side_of_a_test_is_compared_like_with_like_and_a_wrong_p
 
 
 @pytest.mark.xla
-@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla not installed")
+@pytest.mark.xla
 def test_a_record_made_on_a_gpu_explains_torch_xlas_batchnorm(tmp_path):
     """fixtures/records/h200: the batchnorm fixture recorded on an H200
     (torch 2.11).  The conversion here differs from CUDA's values by

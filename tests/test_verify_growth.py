@@ -3,7 +3,6 @@ token, a sampler indexed by a host int): each recompilation is placed on the
 line that causes it and tied to the lint finding that predicted it, and
 `--lengths` shows the growth."""
 
-import importlib.util
 import json
 import os
 import shutil
@@ -17,7 +16,6 @@ from xlaport.cli import main
 
 pytestmark = [
     pytest.mark.xla,
-    pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla not installed"),
 ]
 
 

@@ -3,7 +3,6 @@ tools.sample_ddpm` (explainingai-code/DDPM-Pytorch's README) is verified as
 that, from the working directory, where `python tools/sample_ddpm.py` would
 not find the project's packages."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -60,7 +59,7 @@ def test_a_module_outside_the_working_directory_or_a_missing_script_is_refused_b
 
 
 @pytest.mark.xla
-@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="needs torch_xla (make setup)")
+@pytest.mark.xla
 def test_a_program_run_as_a_module_is_verified_as_one(sampler, tmp_path, monkeypatch):
     """As `-m tools.sample` from the root both sides run as that (as a
     script path, verify runs the script: `__spec__` is None there) and the

@@ -113,6 +113,7 @@ def test_durations_dates_and_sizes_are_not_outputs_by_their_form(ref, cand):
     assert [o.ok for o in wrong.outputs] == [False]
 
 
+@pytest.mark.torch
 def test_images_and_numpy_files_are_compared_as_arrays(tmp_path):
     """Issue 39: an image a program writes is compared pixel by pixel (one
     level of 255 apart is rounding); an inverted image fails; `.npy` and
@@ -162,6 +163,7 @@ def _adamw_weights(steps, bf16):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.torch
 def test_tensors_are_judged_norm_wise_at_the_precision_that_ran(tmp_path):
     """Issue 39: bf16 autocast with AdamW and zero-initialised biases failed
     on the relative error of bias elements near zero; judged against each
@@ -219,6 +221,7 @@ def test_a_sampled_text_is_compared_word_for_word():
     assert [o.ok for o in fewer.outputs] == [False]
 
 
+@pytest.mark.torch
 def test_integer_tensors_agree_element_for_element(tmp_path):
     """Tokens a sampler drew are compared exactly (one token off fails, at
     any tolerance); among thousands of argmax labels, as many may differ as
@@ -295,6 +298,7 @@ def test_a_runs_leftovers_hold_its_global_tensors_and_numbers(tmp_path):
     assert set(saved) == {"i", "lr", "t"} and saved["i"] == 4 and saved["lr"] == 0.5
 
 
+@pytest.mark.torch
 def test_a_state_dict_saved_through_a_wrapper_the_reference_did_not_make_compares_by_the_modules_names(tmp_path):
     """kuangliu/pytorch-cifar: `if device == 'cuda': net = nn.DataParallel(net)`.
     The reference on the CPU does not wrap, the conversion (`'xla'`) does: its

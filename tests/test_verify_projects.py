@@ -4,7 +4,6 @@ install, a torchrun trainer -- each run from its own root as a user runs it.
 A correct conversion passes; broken ones fail naming the cause and the line;
 the user's tree is never written (safety: test_verify_safety; growth: test_verify_growth)."""
 
-import importlib.util
 import json
 import os
 import shutil
@@ -29,7 +28,6 @@ BAD = ROOT / "fixtures" / "bad"
 
 pytestmark = [
     pytest.mark.xla,
-    pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla not installed"),
 ]
 
 

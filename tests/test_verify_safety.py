@@ -3,7 +3,6 @@ that would replace the user's files, a signal stops the program with its
 children and removes the copies, and a child left in the background never
 stalls a run."""
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -19,7 +18,6 @@ from xlaport.cli import main
 
 pytestmark = [
     pytest.mark.xla,
-    pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla not installed"),
 ]
 
 

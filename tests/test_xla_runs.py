@@ -1,13 +1,11 @@
 """Converted fixtures run on XLA's CPU backend and behave (needs the verify extra)."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 pytestmark = [
     pytest.mark.xla,
-    pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla not installed"),
 ]
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
