@@ -16,6 +16,7 @@ from typing import List, Optional, Tuple, Union
 
 import libcst as cst
 
+from codemods.analysis.cuda import scope_of
 from codemods.analysis.prefilter import STEP_LOOP
 from codemods.analysis import (
     Loop,
@@ -34,13 +35,14 @@ from codemods.analysis.growth import whole_growth
 from codemods.analysis.model_loops import model_loop_barrier
 from codemods.analysis.pass_reads import PassReads, has_exit
 from codemods.analysis.placement import host_read
+from codemods.analysis.step_tail import first_read, reads_host, step_tail
 from codemods.analysis.state import ends_flow
 from codemods.analysis.values import values as values_of
 from codemods.analysis.kinds import model_source_triggers
 from codemods.analysis.steps import trigger_words
 from codemods.base import Rule, call_name, find_all, statement
 from codemods.loop_codemod import LoopCodemod
-from codemods.syntax.hoist import ReadSite
+from codemods.syntax.hoist import ReadSite, joined_then_read
 
 STEP_BARRIER = Rule(
     code="XLA302",
@@ -58,10 +60,15 @@ STEP_BARRIER = Rule(
         "module's own calls (functions, `self` methods, closures) to any depth; only a sync on every path "
         "through the body counts as a barrier (not one under a flag); the micro-steps of gradient "
         "accumulation share the barrier after the optimizer step. When the body reads a tensor on the host after "
-        "its optimizer step (`total += loss.item()`), the barrier goes right after that step, as experts place it: "
+        "its optimizer step (`total += loss.item()`, or a call of the module's own that reads, `record(loss)`), the "
+        "barrier goes right after that step, as experts place it: "
         "the read then finds the step computed instead of running the pending step as a graph of its own; so too "
         "in a loop over `MpDeviceLoader`, which syncs only when the next batch is asked for (each read would run the "
-        "forward pass again). "
+        "forward pass again), and in an evaluation loop over one that reads every batch, right before its first read. "
+        "What the body computes on the device after that point (an accuracy: `_, predicted = outputs.max(1)`, and the "
+        "sum a read computes, `correct += predicted.eq(targets).sum().item()`, into `correct_step` first) moves before "
+        "the barrier and joins the step's graph, where nothing it skips over binds, uses or may change what it "
+        "touches. "
         "Likewise in a loop that is not a training step (a sampler, a decoder fed its own output) and reads a "
         "value it computed on every pass (`out.append(tok.item())`): the barrier goes right before that read, "
         "one graph execution per pass instead of the read's and then the barrier's. A read that computes what it "
@@ -212,32 +219,25 @@ class StepBarrier(LoopCodemod):
                       "add one here if this loop runs on the device", fix=False)
             return updated
         after = self._after_optimizer_step(original, exits)
-        where = "right after its optimizer step (the host reads after it find the step computed)"
+        where = f"right after its optimizer step{self._computed_after(original, after)} (the host reads after it " \
+                "find the step computed)"
         read = None
         if after is None:
             read = self._before_first_read(original, exits)
             after = None if read is None else read.k
-            where = "right before its first host read"
-            held = body.body[read.k] if read is not None and not read.branches and read.inner is None else None
-            if isinstance(held, (cst.If, cst.For, cst.While)):
-                where = f"right before the {'`if`' if isinstance(held, cst.If) else 'loop'} that holds its first host read"
-            if read is not None and read.computes():
-                where += ", the value it reads computed first"
-            if read is not None and read.branches:
-                where += ", in each branch"
-            if read is not None and read.deferred:
-                where += ", the host copies kept before it moved to just after it"
-            where += " (it finds the pass computed: one graph execution per pass)"
+            where = "" if read is None else read.words(body_statements(original))
         if after is None:
             where = "as its last statement"
         if not self.flag(original, STEP_BARRIER.code, f"step loop: `torch_xla.sync()` added {where}", fix=True):
             return updated
         self.add_imports(self.target.sync_imports)
         stmts = list(body.body)
-        if read is not None:
+        if read is not None and read.receiver is None and not (read.branches or read.deferred or read.inner):
+            stmts = self._after_step_joined(original, stmts, read.k)  # (a read of a name: what follows may join)
+        elif read is not None:
             stmts = read.place(stmts, body_statements(original), self._barrier())
         elif after is not None:
-            stmts.insert(after, self._barrier())
+            stmts = self._after_step_joined(original, stmts, after)
         new_body = _before_exits(stmts, exits, self._barrier())
         last = new_body[-1]
         if after is not None or _is_exit(last, exits):
@@ -269,14 +269,62 @@ class StepBarrier(LoopCodemod):
         loader's sync the whole step.  The barrier right after the step runs
         it once; the reads find it computed (the same values)."""
         after = self._after_optimizer_step(original, exits)
+        where = f"step loop over a device loader that reads the host after its optimizer step: `torch_xla.sync()` " \
+                f"added right after that step{self._computed_after(original, after)}"
+        if after is None:
+            after = self._evaluation_read(original, exits)
+            where = "loop over a device loader that reads the host every batch (an evaluation pass): " \
+                    "`torch_xla.sync()` added right before its first read" + (
+                        "" if after is None or not step_tail(self.tree, body_statements(original), after, self.tensors,
+                                                            self.qualnames, set())
+                        else ", the tensors its reads need computed first")
         body = updated.body
         if after is None or not isinstance(body, cst.IndentedBlock) or self._syncs_by_hand():
             return updated
-        if not self.flag(original, STEP_BARRIER.code, "step loop over a device loader that reads the host after its "
-                         "optimizer step: `torch_xla.sync()` added right after that step (the loader syncs at the "
-                         "next batch only: each read would run the forward again)", fix=True):
+        if not self.flag(original, STEP_BARRIER.code, f"{where} (the loader syncs at the next batch only: each read "
+                         "would run the forward again)", fix=True):
             return updated
-        return self._with_barrier_at(updated, after)
+        self.add_imports(self.target.sync_imports)
+        return updated.with_changes(body=body.with_changes(body=self._after_step_joined(original, list(body.body), after)))
+
+    def _after_step_joined(self, original: Loop, stmts: List[cst.BaseStatement], k: int) -> List[cst.BaseStatement]:
+        """``stmts`` with the barrier before statement ``k``, the step's
+        optimizer step and what only computes tensors before it, and what
+        after it joins the step's graph (``analysis.step_tail``) moved
+        before it -- where the body's lines are as the loop's own were."""
+        before = body_statements(original)
+        scope = scope_of(original, self.tree)  # (a name new to the function the loop runs in)
+        taken = self._memo("names", scope, lambda: {n.value for n in find_all(scope, cst.Name)})
+        tail = step_tail(self.tree, before, k, self.tensors, self.qualnames, set(taken))
+        if not tail or len(before) != len(stmts) or not all(a.deep_equals(b) for a, b in zip(before, stmts)):
+            return [*stmts[:k], self._barrier(), *stmts[k:]]
+        taken.update(name for _, name in tail.split.values())
+        return joined_then_read(list(before), k, tail.moved, tail.split, self._barrier())
+
+    def _evaluation_read(self, loop: Loop, exits: Tuple[type, ...]) -> Optional[int]:
+        """Where the barrier goes in a loop over a device loader with no
+        optimizer step that reads the host every batch (kuangliu's `test`:
+        `test_loss += loss.item()` for its progress line): right before the
+        first read, at the loop's own level -- None where the body can end
+        before it, or a step closure follows (it would run a batch late)."""
+        if loop_step_kind(self.tree, loop, self.steps) == "step":
+            return None
+        stmts = body_statements(loop)
+        k = first_read(self.tree, stmts, self.tensors, self.qualnames, self._tensor_names)
+        if k is None or has_exit(stmts, exits + (cst.Break, cst.Return)) or self._closure_from(stmts, k):
+            return None
+        return k
+
+    def _closure_from(self, stmts, k: int) -> bool:  # type: ignore[no-untyped-def]
+        """``stmts[k:]`` hand a step closure over (after a barrier before them, it would run a pass late)."""
+        return any(self.is_step_closure(c) for s in stmts[k:]  # type: ignore[arg-type]
+                   for c in find_all(s, cst.Call, stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda)))
+
+    def _computed_after(self, loop: Loop, after: Optional[int]) -> str:
+        """Words for what joins the step's graph before the barrier at ``after``."""
+        if after is None or not step_tail(self.tree, body_statements(loop), after, self.tensors, self.qualnames, set()):
+            return ""
+        return " and the lines after it that only compute tensors"
 
     def _flushed_before_exits(self, original: Loop, updated: Loop, exits: Tuple[type, ...]) -> Loop:
         """``updated`` with a barrier before each break/return of its own
@@ -340,10 +388,10 @@ class StepBarrier(LoopCodemod):
         calls = [c for s in tail for c in find_all(s, cst.Call, stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda))]
         if not tail or has_exit(tail, exits) or any(self.is_step_closure(c) for c in calls):  # type: ignore[arg-type]
             return None
-        tensors = self.tensors
-        if not any(host_read(self.tree, c, tensors, self.qualnames) for c in calls):  # type: ignore[arg-type]
+        if not any(reads_host(self.tree, c, self.tensors, self.qualnames, self._tensor_names)  # type: ignore[arg-type]
+                   for c in calls):
             return None
-        return k
+        return k  # (what only computes tensors after it joins the step's graph: _after_step_joined)
 
     def _before_first_read(self, loop: Loop, exits: Tuple[type, ...]) -> Optional[ReadSite]:
         """Where the barrier goes in a loop that is not a training step (a
@@ -370,11 +418,7 @@ class StepBarrier(LoopCodemod):
         if has_exit(stmts, exits + (cst.Break, cst.Return)):
             return None
         read = PassReads(self.tree, self.tensors, self.qualnames).first(list(stmts))
-        if read is None:
-            return None
-        later = [c for s in stmts[read.k:] for c in find_all(s, cst.Call, stop=(cst.FunctionDef, cst.ClassDef,
-                                                                                 cst.Lambda))]
-        return None if any(self.is_step_closure(c) for c in later) else read  # type: ignore[arg-type]
+        return None if read is None or self._closure_from(stmts, read.k) else read
 
     def _syncs_by_hand(self) -> bool:
         """The module already calls a barrier somewhere (``xm.mark_step()``,

@@ -143,11 +143,17 @@ def test_a_loop_over_a_device_loader_that_reads_after_its_step_gets_the_barrier_
     src = (FIXTURES / "loader_reads" / "input.py").read_text()
     out = transform(src.encode(), Settings())
     code = out.code.decode()
-    assert "        optimizer.step()\n        torch_xla.sync()\n\n        train_loss += loss.item()\n" in code, code
+    # the accuracy computed after the step joins its graph (analysis.step_tail): the sum the read
+    # computes is computed into a name of its own before the barrier, and read after it
+    assert ("        optimizer.step()\n        _, predicted = outputs.max(1)\n"
+            "        correct_step = predicted.eq(targets).sum()\n        torch_xla.sync()\n\n"
+            "        train_loss += loss.item()\n        total += targets.size(0)\n"
+            "        correct += correct_step.item()\n") in code, code
     assert code.count("sync()") == 1 and "pl.MpDeviceLoader(loader, torch_xla.device())" in code
     assert [f.message for f in out.findings if f.code == "XLA302"] == [
         "step loop over a device loader that reads the host after its optimizer step: `torch_xla.sync()` added "
-        "right after that step (the loader syncs at the next batch only: each read would run the forward again)"]
+        "right after that step and the lines after it that only compute tensors (the loader syncs at the next "
+        "batch only: each read would run the forward again)"]
     assert transform(code.encode(), Settings()).code.decode() == code
     no_reads = src.replace("loss.item()", "float(len(targets))").replace(".sum().item()", ".sum()")
     for other in (no_reads, src.replace("        print(f", "        if batch_idx > 99:\n            continue\n"
@@ -159,13 +165,16 @@ def test_a_loop_over_a_device_loader_that_reads_after_its_step_gets_the_barrier_
 @needs_xla
 def test_reads_after_the_step_of_a_device_loader_loop_agree_with_the_original(tmp_path):
     """fixtures/loader_reads converted and run on XLA at 3 and 6 batches:
-    compiles flat, and every progress line the original prints on the CPU."""
+    compiles flat, one execution a batch (with the accuracy's sum computed
+    after the barrier: two), and every progress line the original prints on
+    the CPU."""
     import os
     import subprocess
     import sys
 
     a, out3, b, out6 = at_two_lengths("loader_reads", tmp_path, "--steps", 3, 6)
     assert a["compiles"] == b["compiles"], (a, b)
+    assert b["executions"] - a["executions"] == 3, (a, b)  # one a batch: the accuracy is in the step's graph
     original = subprocess.run([sys.executable, str(FIXTURES / "loader_reads" / "input.py"), "--steps", "6"],
                               capture_output=True, text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert original.returncode == 0, original.stderr
@@ -467,3 +476,54 @@ def test_an_autograd_functions_passes_run_every_step_where_the_loop_applies_it(h
 def test_a_class_named_like_an_autograd_function_that_is_not_one_runs_nothing_every_step():
     src = AUTOGRAD_FUNCTION.format(head="", base="object", alias="", call="MyReLU.apply")
     assert not [code for code, _ in lint_codes(src) if code in ("XLA406", "XLA401")]
+
+
+def test_lines_that_only_compute_tensors_after_the_step_go_before_its_barrier():
+    """fixtures/metric_after_step: the accuracy computed from the step's
+    outputs after the optimizer step joins the step's graph (the barrier
+    after it, before the first read).  A line that reads, calls a function
+    of the program, or changes what it would skip over stays after it."""
+    src = (FIXTURES / "metric_after_step" / "input.py").read_text()
+    out = transform(src.encode(), Settings())
+    code = out.code.decode()
+    assert ("        optimizer.step()\n        correct = (out.argmax(dim=1) == y).sum()\n"
+            "        acc = correct.float() / y.numel()\n        torch_xla.sync()\n"
+            "        history.append((loss.item(), acc.item()))\n") in code, code
+    assert [f.message for f in out.findings if f.code == "XLA302"] == [
+        "step loop: `torch_xla.sync()` added right after its optimizer step and the lines after it that only compute "
+        "tensors (the host reads after it find the step computed)"]
+    stops = (("        acc = correct.float() / y.numel()\n", "        n = correct.item()\n        acc = n / 16\n"),
+             ("        acc = correct.float() / y.numel()\n", "        acc = metric(correct, y)\n"),
+             ("        acc = correct.float() / y.numel()\n", "        correct.clamp_(0)\n"
+              "        acc = correct.float() / 16\n"))
+    for old, new in stops:
+        changed = transform(src.replace(old, new).encode(), Settings()).code.decode()
+        assert "        correct = (out.argmax(dim=1) == y).sum()\n        torch_xla.sync()\n" in changed, changed
+    # the comparison is a tensor: `(out.argmax(dim=1) == y)` alone, too
+    alone = src.replace("        correct = (out.argmax(dim=1) == y).sum()\n        acc = correct.float() / y.numel()\n",
+                        "        hits = out.argmax(dim=1) == y\n        acc = hits.float().mean()\n")
+    assert "        acc = hits.float().mean()\n        torch_xla.sync()\n" in transform(alone.encode(), Settings()).code.decode()
+
+
+@pytest.mark.xla
+@needs_xla
+def test_the_metric_in_the_steps_graph_runs_once_a_step_with_the_originals_numbers(tmp_path):
+    """fixtures/metric_after_step on XLA at 3 and 6 steps: compiles flat, one
+    execution a step (with the barrier right after the step: two, the
+    accuracy a graph of its own), and the numbers the original prints on
+    the CPU."""
+    import os
+    import subprocess
+    import sys
+
+    a, out3, b, out6 = at_two_lengths("metric_after_step", tmp_path, "--steps", 3, 6)
+    assert a["compiles"] == b["compiles"], (a, b)
+    assert b["executions"] - a["executions"] == 3, (a, b)
+    original = subprocess.run([sys.executable, str(FIXTURES / "metric_after_step" / "input.py"), "--steps", "6"],
+                              capture_output=True, text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert original.returncode == 0, original.stderr
+
+    def numbers(text):
+        return [float(w) for line in text.splitlines() for w in line.split()[1::2]]
+
+    assert len(numbers(out6)) == 18 and numbers(out6) == pytest.approx(numbers(original.stdout), rel=1e-4, abs=1e-5)

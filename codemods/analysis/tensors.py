@@ -56,12 +56,17 @@ def is_tensor_expr(node: cst.CSTNode, tensors: Set[str], qualnames: QualNames, v
         return is_tensor_expr(node.left, tensors, qualnames) or is_tensor_expr(node.right, tensors, qualnames)
     if isinstance(node, cst.UnaryOperation):
         return is_tensor_expr(node.expression, tensors, qualnames)
+    if isinstance(node, cst.Comparison):  # `out.argmax(1) == y`: elementwise (not `is`, `in`)
+        return all(isinstance(c.operator, _ELEMENTWISE) for c in node.comparisons) and any(
+            is_tensor_expr(n, tensors, qualnames) for n in (node.left, *(c.comparator for c in node.comparisons)))
     if isinstance(node, cst.Attribute):
         return node.attr.value in {"grad", "data", "T", "mT", "real", "imag"} and is_tensor_expr(
             node.value, tensors, qualnames
         )
     return False
 
+
+_ELEMENTWISE = (cst.Equal, cst.NotEqual, cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual)
 
 # methods a name is called with that only a tensor has: a NumPy array's
 # ``size`` is an int, not a method, and it has no ``dim``/``narrow``/``numel``

@@ -5,7 +5,7 @@ copied after it, without changing what runs or in which order."""
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import libcst as cst
 
@@ -24,6 +24,20 @@ class ReadSite:
                  branches: Optional[Tuple["ReadSite", "ReadSite"]] = None, deferred: Tuple[int, ...] = (),
                  inner: Optional["ReadSite"] = None) -> None:
         self.k, self.receiver, self.branches, self.deferred, self.inner = k, receiver, branches, deferred, inner
+
+    def words(self, stmts: Sequence[cst.BaseStatement]) -> str:
+        """Where the barrier goes, for XLA302's message (``stmts``: the body)."""
+        where = "right before its first host read"
+        held = stmts[self.k] if not self.branches and self.inner is None else None
+        if isinstance(held, (cst.If, cst.For, cst.While)):
+            where = f"right before the {'`if`' if isinstance(held, cst.If) else 'loop'} that holds its first host read"
+        if self.computes():
+            where += ", the value it reads computed first"
+        if self.branches:
+            where += ", in each branch"
+        if self.deferred:
+            where += ", the host copies kept before it moved to just after it"
+        return where + " (it finds the pass computed: one graph execution per pass)"
 
     def computes(self) -> bool:
         return self.receiver is not None or any(b.computes() for b in (*(self.branches or ()), self.inner) if b)
@@ -110,3 +124,27 @@ def computed_then_read(stmt: cst.BaseStatement, receiver: cst.BaseExpression,
                                                         value=value)], leading_lines=stmt.leading_lines)
     copied = stmt.deep_replace(receiver, cst.Name(target.value)).with_changes(leading_lines=())
     return [computed, barrier, copied]  # type: ignore[list-item]
+
+
+def joined_then_read(stmts: Sequence[cst.BaseStatement], k: int, moved: Sequence[int],
+                     split: Dict[int, Tuple[cst.BaseExpression, str]],
+                     barrier: cst.SimpleStatementLine) -> List[cst.BaseStatement]:
+    """``stmts`` with the barrier before ``stmts[k]``, the lines ``moved``
+    before it in their order, and each ``split`` line's tensor computed into
+    its name before it (``correct_step = predicted.eq(targets).sum()``), the
+    line reading the name after it (``correct += correct_step.item()``)."""
+    before: List[cst.BaseStatement] = []
+    after: List[cst.BaseStatement] = []
+    for j in range(k, len(stmts)):
+        stmt = stmts[j]
+        if j in moved:
+            before.append(stmt)
+        elif j in split:
+            receiver, name = split[j]
+            value = receiver.with_changes(lpar=[], rpar=[]) if receiver.lpar else receiver
+            before.append(cst.SimpleStatementLine(body=[cst.Assign(
+                targets=[cst.AssignTarget(target=cst.Name(name))], value=value)]))
+            after.append(stmt.deep_replace(receiver, cst.Name(name)))  # type: ignore[arg-type]
+        else:
+            after.append(stmt)
+    return [*stmts[:k], *before, barrier, *after]

@@ -1,0 +1,210 @@
+"""What follows a training step's optimizer step and can join the step's graph.
+
+The step barrier goes right after the optimizer step when the body reads the
+host after it (XLA302): the reads then find the step computed.  What the body
+computes on the device after the step -- an accuracy from the step's outputs,
+``_, predicted = outputs.max(1)`` and the sum in ``correct +=
+predicted.eq(targets).sum().item()`` -- would be a graph of its own after the
+barrier, run by the next read: two executions a step (kuangliu/pytorch-cifar,
+the PyTorch CIFAR tutorial).  Before the barrier it is part of the step's one
+graph, and the reads only copy.
+
+:func:`device_only` says which lines only compute tensors; :func:`step_tail`
+which of the lines after the barrier move before it (whole, or the tensor a
+read computes, computed into a name first), without changing what any line
+computes: a line moves over the lines it skips only when none of them binds
+what it uses, uses or binds what it binds, or may change a tensor it uses.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
+
+import libcst as cst
+
+from codemods.analysis.bindings import target_names
+from codemods.analysis.calls import called_functions
+from codemods.analysis.placement import host_read
+from codemods.analysis.tensors import is_tensor_expr
+from codemods.syntax.tree import TreeCache, find_all
+
+QualNames = Callable[[cst.CSTNode], Iterable[str]]
+TensorsOf = Callable[[cst.FunctionDef], Set[str]]
+# methods that change what they are called on (beyond `*_` in-place ops)
+_CHANGES = frozenset({"backward", "step", "zero_grad", "update", "append", "extend", "pop", "clear"})
+
+
+def device_only(tree: TreeCache, stmt: cst.CSTNode, tensors: Set[str], qualnames: QualNames) -> bool:
+    """``stmt`` only computes tensors (``acc = (out.argmax(1) == y).float().mean()``,
+    ``_, predicted = outputs.max(1)``): a line of assignments to names, each
+    of a tensor expression whose every call is a torch op or a method of a
+    tensor, none of them a host read.  Moved before a barrier, it joins the
+    step's graph; after it, it is a graph of its own that the next read runs."""
+    if not isinstance(stmt, cst.SimpleStatementLine):
+        return False
+    for small in stmt.body:
+        if isinstance(small, cst.Assign):
+            targets = [t.target for t in small.targets]
+        elif isinstance(small, (cst.AugAssign, cst.AnnAssign)) and small.value is not None:
+            targets = [small.target]
+        else:
+            return False
+        if not all(_names_only(t) for t in targets) or not computes(tree, small.value, tensors, qualnames):  # type: ignore[arg-type]
+            return False
+    return True
+
+
+def computes(tree: TreeCache, expr: cst.BaseExpression, tensors: Set[str], qualnames: QualNames) -> bool:
+    """``expr`` is a tensor computed by torch ops and tensor methods only, none a host read."""
+    if not is_tensor_expr(expr, tensors, qualnames):
+        return False
+    for call in find_all(expr, cst.Call):
+        func = call.func  # type: ignore[attr-defined]
+        torch_op = any(q.startswith("torch.") for q in qualnames(func))
+        method = isinstance(func, cst.Attribute) and is_tensor_expr(func.value, tensors, qualnames)
+        if not (torch_op or method) or host_read(tree, call, tensors, qualnames):  # type: ignore[arg-type]
+            return False
+    return True
+
+
+class StepTail(NamedTuple):
+    """The lines after the barrier that join the step's graph: ``moved``,
+    moved whole before it (their indices, in order); ``split``, a line whose
+    host read reads a tensor it computes, by index: (that tensor, the name it
+    is computed into before the barrier, ``correct_step``)."""
+    moved: Tuple[int, ...]
+    split: Dict[int, Tuple[cst.BaseExpression, str]]
+
+    def __bool__(self) -> bool:
+        return bool(self.moved or self.split)
+
+
+def step_tail(tree: TreeCache, stmts: Sequence[cst.BaseStatement], k: int, tensors: Set[str],
+              qualnames: QualNames, taken: Set[str]) -> StepTail:
+    """Which of ``stmts[k:]`` (a barrier goes before ``stmts[k]``) join the
+    step's graph; ``taken``: the names of the scope (a split's new name is
+    none of them).  Stops at the first line that is not a simple one."""
+    moved: List[int] = []
+    split: Dict[int, Tuple[cst.BaseExpression, str]] = {}
+    stays: List[cst.BaseStatement] = []
+    for j in range(k, len(stmts)):
+        stmt = stmts[j]
+        if not isinstance(stmt, cst.SimpleStatementLine) or any(
+                isinstance(s, (cst.Return, cst.Break, cst.Continue, cst.Raise)) for s in stmt.body):
+            break
+        if device_only(tree, stmt, tensors, qualnames) and _may_skip(stmt, _bound(stmt), stays):
+            moved.append(j)
+            continue
+        read = _computed_read(tree, stmt, tensors, qualnames)
+        if read is not None:
+            receiver, target = read
+            name = _fresh(f"{target}_step", taken)
+            if _may_skip(receiver, {name}, stays + [_without(stmt, receiver)]):
+                split[j] = (receiver, name)
+                taken.add(name)
+        stays.append(stmt)
+    return StepTail(tuple(moved), split)
+
+
+def _names_only(target: cst.CSTNode) -> bool:
+    if isinstance(target, cst.Name):
+        return True
+    return isinstance(target, (cst.Tuple, cst.List)) and all(_names_only(e.value) for e in target.elements)
+
+
+def _bound(stmt: cst.CSTNode) -> Set[str]:
+    out: Set[str] = set()
+    for small in find_all(stmt, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+        targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]  # type: ignore[attr-defined]
+        for t in targets:
+            out |= {n.value for n in target_names(t)}
+    return out
+
+
+def _names(node: cst.CSTNode) -> Set[str]:
+    return {n.value for n in find_all(node, cst.Name)}  # type: ignore[attr-defined]
+
+
+def _may_skip(node: cst.CSTNode, binds: Set[str], stays: List[cst.CSTNode]) -> bool:
+    """``node`` (a line, or the tensor a read computes) may be computed
+    before the lines ``stays``: none binds a name it uses or uses or binds
+    one it binds, or calls what may change a tensor it uses."""
+    uses = _names(node)
+    for other in stays:
+        if _bound(other) & uses or binds & (_names(other) | _bound(other)):
+            return False
+        for call in find_all(other, cst.Call):
+            func = call.func  # type: ignore[attr-defined]
+            if isinstance(func, cst.Attribute) and (func.attr.value.endswith("_") or func.attr.value in _CHANGES):
+                if _names(func.value) & uses:
+                    return False
+            elif any(_names(a.value) & uses for a in call.args):  # type: ignore[attr-defined]
+                return False  # a function handed a tensor it uses may change it
+    return True
+
+
+def _computed_read(tree: TreeCache, stmt: cst.SimpleStatementLine, tensors: Set[str],
+                   qualnames: QualNames) -> Optional[Tuple[cst.BaseExpression, str]]:
+    """(the tensor, the target's name) of a line ``t = <tensor>.item()`` or
+    ``t += <tensor>.item()`` (any one host read) whose read computes the
+    tensor it reads."""
+    if len(stmt.body) != 1:
+        return None
+    small = stmt.body[0]
+    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+        target = small.targets[0].target
+    elif isinstance(small, cst.AugAssign):
+        target = small.target
+    else:
+        return None
+    reads = [c for c in find_all(small.value, cst.Call) if host_read(tree, c, tensors, qualnames)]  # type: ignore[arg-type]
+    if not isinstance(target, cst.Name) or len(reads) != 1:
+        return None
+    func = reads[0].func  # type: ignore[attr-defined]
+    receiver = func.value if isinstance(func, cst.Attribute) else reads[0].args[0].value  # type: ignore[attr-defined]
+    if isinstance(receiver, (cst.Name, cst.Attribute)) or not computes(tree, receiver, tensors, qualnames):
+        return None
+    return receiver, target.value
+
+
+def _without(stmt: cst.SimpleStatementLine, receiver: cst.BaseExpression) -> cst.CSTNode:
+    """The line with the tensor its read computes taken out (what stays)."""
+    return stmt.deep_replace(receiver, cst.Name("_"))
+
+
+def _fresh(name: str, taken: Set[str]) -> str:
+    k, out = 2, name
+    while out in taken:
+        out, k = f"{name}{k}", k + 1
+    return out
+
+
+def first_read(tree: TreeCache, stmts: Sequence[cst.BaseStatement], tensors: Set[str],
+               qualnames: QualNames, tensors_of: TensorsOf) -> Optional[int]:
+    """The index of the first of ``stmts`` that reads a tensor on the host
+    (:func:`reads_host`), where that is a simple line of the body's own
+    level (None: none, or the first is inside a block)."""
+    for j, stmt in enumerate(stmts):
+        calls = find_all(stmt, cst.Call, stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda))
+        if any(reads_host(tree, c, tensors, qualnames, tensors_of) for c in calls):  # type: ignore[arg-type]
+            return j if isinstance(stmt, cst.SimpleStatementLine) else None
+    return None
+
+
+def reads_host(tree: TreeCache, call: cst.Call, tensors: Set[str], qualnames: QualNames, tensors_of: TensorsOf,
+               depth: int = 3) -> bool:
+    """``call`` reads a tensor on the host: itself (``loss.item()``), or a
+    function of the module it runs, on every path or not, up to ``depth``
+    calls down (``record(step, loss, out)`` whose body reads ``loss.item()``:
+    the read runs the pending step as a graph of its own, unless a barrier
+    comes before the call).  ``tensors_of``: a function's tensor names."""
+    if host_read(tree, call, tensors, qualnames):
+        return True
+    if depth == 0:
+        return False
+    for fn in called_functions(tree, call) or ():
+        inner = tensors_of(fn)
+        if any(reads_host(tree, c, inner, qualnames, tensors_of, depth - 1)  # type: ignore[arg-type]
+               for c in find_all(fn.body, cst.Call, stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda))):
+            return True
+    return False
