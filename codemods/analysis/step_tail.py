@@ -113,11 +113,12 @@ def _names_only(target: cst.CSTNode) -> bool:
 
 
 def _bound(stmt: cst.CSTNode) -> Set[str]:
+    """The names a line binds or deletes (``a, b = ...``, ``n := ...``, ``del a``)."""
     out: Set[str] = set()
-    for small in find_all(stmt, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+    for small in find_all(stmt, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.NamedExpr, cst.Del)):
         targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]  # type: ignore[attr-defined]
         for t in targets:
-            out |= {n.value for n in target_names(t)}
+            out |= {n.value for n in (target_names(t) if not isinstance(small, cst.Del) else find_all(t, cst.Name))}  # type: ignore[attr-defined]
     return out
 
 
