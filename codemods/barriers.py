@@ -188,12 +188,17 @@ class StepBarrier(LoopCodemod):
         return bool(module_facts(tree).step_loops) and not _other_framework(tree)
 
     def regions(self, tree):
-        return module_facts(tree).step_loops
+        return module_facts(tree).hot_loops  # (a loader loop that is no step loop: an evaluation pass)
 
     def rewrite_loop(self, original: Loop, updated: Loop) -> Union[Loop, cst.CSTNode]:
         if self.target.sync is None or not self.enabled(STEP_BARRIER.code):
             return updated
         if not self.is_step_loop(original):
+            if isinstance(original, cst.For) and self.loaders.iterates_device_loader(original) and \
+                    isinstance(updated.body, cst.IndentedBlock) and not self._synced(original):
+                # an evaluation pass that keeps its metrics in objects (`losses.update(loss.item())`): no
+                # state carried by name, no step; what it reads every batch still runs the forward again
+                return self._synced_after_step(original, updated, (cst.Continue,))
             return self._model_loop_read(original, updated)
         body = updated.body
         if not isinstance(body, cst.IndentedBlock) or not body.body or self._one_graph_generation(original):

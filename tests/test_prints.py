@@ -105,3 +105,21 @@ def test_the_converted_loop_prints_every_line_of_the_original_on_xla(tmp_path):
         seen[n] = json.loads(metrics.read_text())
     assert seen[11]["compiles"] == seen[21]["compiles"], seen
     assert seen[21]["executions"] - seen[11]["executions"] == 10, seen
+
+
+def test_a_keyword_or_an_attribute_named_like_a_tensor_is_no_read():
+    """akamaster/pytorch_resnet_cifar10 prints its meters with
+    `'{loss.val:.4f}'.format(loss=losses)` in a step where `loss` is a
+    tensor: the keyword (and `meter.loss`) names no tensor, so the print
+    reads nothing and stays; deferred, it kept the step's barrier away (a
+    closure after the step would run a step late)."""
+    src = ("import torch\n\ndef train(model, opt, loader, losses, meter):\n    for i, (x, y) in enumerate(loader):\n"
+           "        loss = torch.nn.functional.mse_loss(model(x.cuda()), y.cuda())\n        opt.zero_grad()\n"
+           "        loss.backward()\n        opt.step()\n        losses.update(loss.item())\n"
+           "        print('Loss {loss.val:.4f} {m}'.format(loss=losses, m=meter.loss))\n")
+    out, findings = convert_text(src)
+    assert "add_step_closure" not in out and "XLA210" not in [f.code for f in findings], out
+    assert "        opt.step()\n        torch_xla.sync()\n        losses.update(loss.item())\n" in out, out
+    # the tensor itself, by a keyword: deferred as before
+    read = convert_text(src.replace("loss=losses", "loss=loss"))[0]
+    assert "add_step_closure" in read, read

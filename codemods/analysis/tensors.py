@@ -144,9 +144,13 @@ def reads_tensor_value(node: cst.CSTNode, tensors: Set[str], qualnames: QualName
 
     class _V(cst.CSTVisitor):
         def visit_Attribute(self, n: cst.Attribute) -> bool:
-            if n.attr.value in {"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "names"}:
-                return False
-            return True
+            if n.attr.value not in {"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "names"}:
+                n.value.visit(self)  # (`meter.loss`: the attribute's name is no read of a `loss`)
+            return False
+
+        def visit_Arg(self, n: cst.Arg) -> bool:
+            n.value.visit(self)  # (`.format(loss=losses)`: the keyword is no read of a `loss`)
+            return False
 
         def visit_Call(self, n: cst.Call) -> bool:
             nonlocal hit
