@@ -35,7 +35,7 @@ from codemods.analysis.growth import whole_growth
 from codemods.analysis.model_loops import model_loop_barrier
 from codemods.analysis.pass_reads import PassReads, has_exit
 from codemods.analysis.placement import host_read
-from codemods.analysis.step_tail import first_read, reads_host, step_tail
+from codemods.analysis.step_tail import StepTail, evaluation_read, reads_host, step_tail
 from codemods.analysis.state import ends_flow
 from codemods.analysis.values import values as values_of
 from codemods.analysis.kinds import model_source_triggers
@@ -175,6 +175,10 @@ def _other_framework(tree) -> bool:
     return bool(roots & set(_OTHER_FRAMEWORKS)) and "torch" not in roots
 
 
+# how a barrier after the step says that what follows joins the step's graph (analysis.step_tail)
+_JOINED = " and the lines after it that only compute tensors"
+
+
 class StepBarrier(LoopCodemod):
     DESCRIPTION = "Insert the XLA step barrier at the end of each step loop."
     RULES = (STEP_BARRIER,)
@@ -195,10 +199,10 @@ class StepBarrier(LoopCodemod):
             return updated
         if not self.is_step_loop(original):
             if isinstance(original, cst.For) and self.loaders.iterates_device_loader(original) and \
-                    isinstance(updated.body, cst.IndentedBlock) and not self._synced(original):
+                    isinstance(updated.body, cst.IndentedBlock):
                 # an evaluation pass that keeps its metrics in objects (`losses.update(loss.item())`): no
                 # state carried by name, no step; what it reads every batch still runs the forward again
-                return self._synced_after_step(original, updated, (cst.Continue,))
+                return self._device_loader_loop(original, updated, (cst.Continue,))
             return self._model_loop_read(original, updated)
         body = updated.body
         if not isinstance(body, cst.IndentedBlock) or not body.body or self._one_graph_generation(original):
@@ -211,11 +215,7 @@ class StepBarrier(LoopCodemod):
             # handed over after that sync would wait for the next pass's, which a break never reaches
             return self._flushed_before_exits(original, updated, exits)
         if isinstance(original, cst.For) and self.loaders.iterates_device_loader(original):
-            # MpDeviceLoader syncs after each batch, but not after a break
-            if any(is_barrier_call(c, self.target.barrier_names, self.qualnames)  # type: ignore[arg-type]
-                   for c in find_all(original.body, cst.Call)):
-                return updated  # synced by hand (before its break, say)
-            return self._flushed_before_exits(original, self._synced_after_step(original, updated, exits), exits)
+            return self._device_loader_loop(original, updated, exits)
         if self._syncs_by_hand():
             # ported by hand already (diffusers >= 0.31): its authors chose where
             # to sync; point at the loop, change nothing
@@ -224,7 +224,7 @@ class StepBarrier(LoopCodemod):
                       "add one here if this loop runs on the device", fix=False)
             return updated
         after = self._after_optimizer_step(original, exits)
-        where = f"right after its optimizer step{self._computed_after(original, after)} (the host reads after it " \
+        where = f"right after its optimizer step{_JOINED * self._joins(original, after)} (the host reads after it " \
                 "find the step computed)"
         read = None
         if after is None:
@@ -265,6 +265,13 @@ class StepBarrier(LoopCodemod):
         return not any(host_read(self.tree, c, self.tensors, self.qualnames) or self.is_step_closure(c)  # type: ignore[arg-type]
                        for c in calls)
 
+    def _device_loader_loop(self, original: Loop, updated: Loop, exits: Tuple[type, ...]) -> Loop:
+        """A loop over a device loader: it syncs at the next batch, not after a break."""
+        if any(is_barrier_call(c, self.target.barrier_names, self.qualnames)  # type: ignore[arg-type]
+               for c in find_all(original.body, cst.Call)):
+            return updated  # synced by hand (before its break, say)
+        return self._flushed_before_exits(original, self._synced_after_step(original, updated, exits), exits)
+
     def _synced_after_step(self, original: Loop, updated: Loop, exits: Tuple[type, ...]) -> Loop:
         """A loop over a device loader that reads the host after its
         optimizer step every pass (kuangliu/pytorch-cifar's `train_loss +=
@@ -275,14 +282,12 @@ class StepBarrier(LoopCodemod):
         it once; the reads find it computed (the same values)."""
         after = self._after_optimizer_step(original, exits)
         where = f"step loop over a device loader that reads the host after its optimizer step: `torch_xla.sync()` " \
-                f"added right after that step{self._computed_after(original, after)}"
+                f"added right after that step{_JOINED * self._joins(original, after)}"
         if after is None:
             after = self._evaluation_read(original, exits)
             where = "loop over a device loader that reads the host every batch (an evaluation pass): " \
-                    "`torch_xla.sync()` added right before its first read" + (
-                        "" if after is None or not step_tail(self.tree, body_statements(original), after, self.tensors,
-                                                            self.qualnames, set())
-                        else ", the tensors its reads need computed first")
+                    f"`torch_xla.sync()` added right before its first read" \
+                    f"{', the tensors its reads need computed first' * self._joins(original, after)}"
         body = updated.body
         if after is None or not isinstance(body, cst.IndentedBlock) or self._syncs_by_hand():
             return updated
@@ -292,44 +297,41 @@ class StepBarrier(LoopCodemod):
         self.add_imports(self.target.sync_imports)
         return updated.with_changes(body=body.with_changes(body=self._after_step_joined(original, list(body.body), after)))
 
-    def _after_step_joined(self, original: Loop, stmts: List[cst.BaseStatement], k: int) -> List[cst.BaseStatement]:
-        """``stmts`` with the barrier before statement ``k``, the step's
-        optimizer step and what only computes tensors before it, and what
-        after it joins the step's graph (``analysis.step_tail``) moved
-        before it -- where the body's lines are as the loop's own were."""
+    def _after_step_joined(self, original: Loop, stmts: List[cst.BaseStatement],
+                           k: int) -> List[cst.BaseStatement]:
+        """``stmts`` with the barrier before statement ``k`` and what joins the step's graph
+        (``analysis.step_tail``) moved before it, where the lines are the loop's own."""
         before = body_statements(original)
-        scope = scope_of(original, self.tree)  # (a name new to the function the loop runs in)
-        taken = self._memo("names", scope, lambda: {n.value for n in find_all(scope, cst.Name)})
-        tail = step_tail(self.tree, before, k, self.tensors, self.qualnames, set(taken))
+        tail = self._step_tail(original, k)
         if not tail or len(before) != len(stmts) or not all(a.deep_equals(b) for a, b in zip(before, stmts)):
             return [*stmts[:k], self._barrier(), *stmts[k:]]
-        taken.update(name for _, name in tail.split.values())
         return joined_then_read(list(before), k, tail.moved, tail.split, self._barrier())
 
+    def _step_tail(self, loop: Loop, k: int) -> StepTail:
+        """``analysis.step_tail`` for the barrier before statement ``k``, once
+        per loop; a split's name is new to the function the loop runs in, and
+        to the splits of the loops before it."""
+        def compute() -> StepTail:
+            scope = scope_of(loop, self.tree)
+            taken = self._memo("names", scope, lambda: {n.value for n in find_all(scope, cst.Name)})
+            tail = step_tail(self.tree, body_statements(loop), k, self.tensors, self.qualnames, set(taken))
+            taken.update(name for _, name in tail.split.values())  # type: ignore[attr-defined]
+            return tail
+        return self._memo(f"step_tail:{k}", loop, compute)  # type: ignore[no-any-return]
+
+    def _joins(self, loop: Loop, k: Optional[int]) -> bool:
+        """Lines after a barrier before statement ``k`` join the step's graph."""
+        return k is not None and bool(self._step_tail(loop, k))
+
     def _evaluation_read(self, loop: Loop, exits: Tuple[type, ...]) -> Optional[int]:
-        """Where the barrier goes in a loop over a device loader with no
-        optimizer step that reads the host every batch (kuangliu's `test`:
-        `test_loss += loss.item()` for its progress line): right before the
-        first read, at the loop's own level -- None where the body can end
-        before it, or a step closure follows (it would run a batch late)."""
-        if loop_step_kind(self.tree, loop, self.steps) == "step":
-            return None
-        stmts = body_statements(loop)
-        k = first_read(self.tree, stmts, self.tensors, self.qualnames, self._tensor_names)
-        if k is None or has_exit(stmts, exits + (cst.Break, cst.Return)) or self._closure_from(stmts, k):
-            return None
-        return k
+        """``analysis.step_tail.evaluation_read``, where no step closure follows (it would run a batch late)."""
+        k = evaluation_read(self.tree, loop, self.steps, self.tensors, self.qualnames, self._tensor_names, exits)
+        return None if k is None or self._closure_from(body_statements(loop), k) else k
 
     def _closure_from(self, stmts, k: int) -> bool:  # type: ignore[no-untyped-def]
         """``stmts[k:]`` hand a step closure over (after a barrier before them, it would run a pass late)."""
         return any(self.is_step_closure(c) for s in stmts[k:]  # type: ignore[arg-type]
                    for c in find_all(s, cst.Call, stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda)))
-
-    def _computed_after(self, loop: Loop, after: Optional[int]) -> str:
-        """Words for what joins the step's graph before the barrier at ``after``."""
-        if after is None or not step_tail(self.tree, body_statements(loop), after, self.tensors, self.qualnames, set()):
-            return ""
-        return " and the lines after it that only compute tensors"
 
     def _flushed_before_exits(self, original: Loop, updated: Loop, exits: Tuple[type, ...]) -> Loop:
         """``updated`` with a barrier before each break/return of its own

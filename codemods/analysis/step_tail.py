@@ -24,6 +24,8 @@ import libcst as cst
 
 from codemods.analysis.bindings import target_names
 from codemods.analysis.calls import called_functions
+from codemods.analysis.loops import body_statements, loop_step_kind
+from codemods.analysis.pass_reads import has_exit
 from codemods.analysis.placement import host_read
 from codemods.analysis.tensors import is_tensor_expr
 from codemods.syntax.tree import TreeCache, find_all
@@ -178,6 +180,20 @@ def _fresh(name: str, taken: Set[str]) -> str:
     while out in taken:
         out, k = f"{name}{k}", k + 1
     return out
+
+
+def evaluation_read(tree: TreeCache, loop: cst.CSTNode, steps: Set[str], tensors: Set[str], qualnames: QualNames,
+                    tensors_of: TensorsOf, exits: Tuple[type, ...]) -> Optional[int]:
+    """Where the barrier goes in a loop over a device loader with no
+    optimizer step that reads the host every batch (kuangliu's `test`:
+    `test_loss += loss.item()` for its progress line): right before the
+    first read, at the loop's own level -- None where the body can end
+    (``exits``, ``break``, ``return``) before it."""
+    if loop_step_kind(tree, loop, steps) == "step":  # type: ignore[arg-type]
+        return None
+    stmts = body_statements(loop)  # type: ignore[arg-type]
+    k = first_read(tree, stmts, tensors, qualnames, tensors_of)
+    return None if k is None or has_exit(stmts, exits + (cst.Break, cst.Return)) else k
 
 
 def first_read(tree: TreeCache, stmts: Sequence[cst.BaseStatement], tensors: Set[str],
