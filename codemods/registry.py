@@ -37,6 +37,9 @@ ORDER: Tuple[Tuple[str, str], ...] = (
     # then deferred with it (in a step closure it runs after the step, a graph per element all the same)
     ("codemods.element_reads", "ElementReads"),
     ("codemods.prints", "HotPrints"),
+    # after the accumulators and the prints (a sum kept on the device, a print deferred to a step
+    # closure, is no read) and before the barriers: a read moved after the step finds its barrier there
+    ("codemods.step_reads", "ReadsAfterStep"),
     ("codemods.loaders", "DeviceLoader"),
     ("codemods.barriers", "StepBarrier"),
     ("codemods.device_index", "DeviceIndex"),  # before the host reads: what it fixes is not reported

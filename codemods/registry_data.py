@@ -73,6 +73,9 @@ CODEMODS = (
     ('codemods.prints', 'HotPrints', (b'print', b'log', b'add_scalar'), ('step_loop&output_in_loop', 'loader_loop&output_in_loop'), (
         ('XLA210', 'hot-loop-tensor-print', 'print/log of a tensor value in the hot loop: defer it to a step closure', True),
     ), ()),
+    ('codemods.step_reads', 'ReadsAfterStep', (b'backward',), ('step_loop',), (
+        ('XLA417', 'reads-after-step', "a host read between the step's forward and its backward (`losses.update(loss.item())`) moves after the optimizer step", True),
+    ), ()),
     ('codemods.loaders', 'DeviceLoader', (b'oader', b'_dl'), ('loader_loop',), (
         ('XLA301', 'mp-device-loader', 'loop over a DataLoader: iterate `MpDeviceLoader(loader, device)` instead', True),
     ), ()),

@@ -282,10 +282,11 @@ def test_the_fixed_traps_compile_once_and_print_the_originals_numbers(tmp_path):
 @needs_xla
 def test_the_same_program_with_the_traps_left_recompiles_every_step(tmp_path, monkeypatch):
     """What the rewrites are worth, and that the test above can fail: with
-    XLA409/411/412 turned off the compiles grow with the steps."""
+    XLA409/411/412 turned off the compiles grow with the steps (and XLA417:
+    the step moved before its reads cuts one graph a step less)."""
     import test_runnable_ports
 
-    kept = Settings(ignore=("XLA409", "XLA411", "XLA412"))
+    kept = Settings(ignore=("XLA409", "XLA411", "XLA412", "XLA417"))
     monkeypatch.setattr(test_runnable_ports, "Settings", lambda: kept)
     assert "torch.where" not in transform((FIXTURES / "recompile_fixes" / "input.py").read_bytes(), kept).code.decode()
     short, _, _, _ = run_on_xla("recompile_fixes", tmp_path / "a", "--steps", "4")

@@ -19,6 +19,18 @@ def at_two_lengths(name: str, tmp_path, flag: str, short: int, long: int):
     return a["metrics"], out_a, b["metrics"], out_b
 
 
+def original_output(name: str, *args: str) -> str:
+    """What the fixture's unconverted program prints on the CPU (CUDA hidden)."""
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(FIXTURES / name / "input.py"), *args], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def lint_codes(source: str):
     return [(f.code, f.line) for f in transform(source.encode(), Settings()).findings]
 
@@ -105,11 +117,12 @@ def test_a_host_read_after_the_optimizer_step_gets_the_barrier_before_it():
     assert [f.message for f in out.findings if f.code == "XLA302"] == [
         "step loop: `torch_xla.sync()` added right after its optimizer step (the host reads after it find the step "
         "computed)"]
-    # nothing read after the step, or a read before it: the end of the body, as before
+    # nothing read after the step, or a read before it: the end of the body, as before (XLA417, off here,
+    # would move the step before that read: tests/test_step_reads.py)
     for src in (_READ_AFTER_STEP.replace("        total += loss.item()\n", "        total += loss\n"),
                 _READ_AFTER_STEP.replace("        total += loss.item()\n", "").replace(
                     "        loss.backward()\n", "        total += loss.item()\n        loss.backward()\n")):
-        code = transform(src.encode(), Settings(ignore=KEEP_READS)).code.decode()
+        code = transform(src.encode(), Settings(ignore=KEEP_READS + ("XLA417",))).code.decode()
         assert code.endswith("\n        torch_xla.sync()\n    return total\n") and code.count("sync()") == 1, code
     # a step under a condition (accumulation), a `continue` after the step, a
     # print deferred to a step closure (it would run a step late): the end
@@ -512,18 +525,12 @@ def test_the_metric_in_the_steps_graph_runs_once_a_step_with_the_originals_numbe
     execution a step (with the barrier right after the step: two, the
     accuracy a graph of its own), and the numbers the original prints on
     the CPU."""
-    import os
-    import subprocess
-    import sys
-
     a, out3, b, out6 = at_two_lengths("metric_after_step", tmp_path, "--steps", 3, 6)
     assert a["compiles"] == b["compiles"], (a, b)
     assert b["executions"] - a["executions"] == 3, (a, b)
-    original = subprocess.run([sys.executable, str(FIXTURES / "metric_after_step" / "input.py"), "--steps", "6"],
-                              capture_output=True, text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    assert original.returncode == 0, original.stderr
+    original = original_output("metric_after_step", "--steps", "6")
 
     def numbers(text):
         return [float(w) for line in text.splitlines() for w in line.split()[1::2]]
 
-    assert len(numbers(out6)) == 18 and numbers(out6) == pytest.approx(numbers(original.stdout), rel=1e-4, abs=1e-5)
+    assert len(numbers(out6)) == 18 and numbers(out6) == pytest.approx(numbers(original), rel=1e-4, abs=1e-5)

@@ -27,21 +27,26 @@ from codemods.analysis.calls import called_functions
 from codemods.analysis.loops import body_statements, loop_step_kind
 from codemods.analysis.pass_reads import has_exit
 from codemods.analysis.placement import host_read
+from codemods.analysis.tensor_functions import draws_random, handed_names, tensor_function_call
 from codemods.analysis.tensors import is_tensor_expr
 from codemods.syntax.tree import TreeCache, find_all
 
 QualNames = Callable[[cst.CSTNode], Iterable[str]]
 TensorsOf = Callable[[cst.FunctionDef], Set[str]]
+IsCall = Callable[[cst.Call], bool]
 # methods that change what they are called on (beyond `*_` in-place ops)
 _CHANGES = frozenset({"backward", "step", "zero_grad", "update", "append", "extend", "pop", "clear"})
 
 
-def device_only(tree: TreeCache, stmt: cst.CSTNode, tensors: Set[str], qualnames: QualNames) -> bool:
+def device_only(tree: TreeCache, stmt: cst.CSTNode, tensors: Set[str], qualnames: QualNames,
+                functions: IsCall = lambda call: False) -> bool:
     """``stmt`` only computes tensors (``acc = (out.argmax(1) == y).float().mean()``,
     ``_, predicted = outputs.max(1)``): a line of assignments to names, each
     of a tensor expression whose every call is a torch op or a method of a
-    tensor, none of them a host read.  Moved before a barrier, it joins the
-    step's graph; after it, it is a graph of its own that the next read runs."""
+    tensor, none of them a host read, or a call ``functions`` accepts (a
+    tensor function of the program, ``accuracy(out, y)[0]``).  Moved before
+    a barrier, it joins the step's graph; after it, it is a graph of its own
+    that the next read runs."""
     if not isinstance(stmt, cst.SimpleStatementLine):
         return False
     for small in stmt.body:
@@ -51,22 +56,32 @@ def device_only(tree: TreeCache, stmt: cst.CSTNode, tensors: Set[str], qualnames
             targets = [small.target]
         else:
             return False
-        if not all(_names_only(t) for t in targets) or not computes(tree, small.value, tensors, qualnames):  # type: ignore[arg-type]
+        if not all(_names_only(t) for t in targets) or not computes(tree, small.value, tensors, qualnames,  # type: ignore[arg-type]
+                                                                     functions):
             return False
     return True
 
 
-def computes(tree: TreeCache, expr: cst.BaseExpression, tensors: Set[str], qualnames: QualNames) -> bool:
-    """``expr`` is a tensor computed by torch ops and tensor methods only, none a host read."""
-    if not is_tensor_expr(expr, tensors, qualnames):
+def computes(tree: TreeCache, expr: cst.BaseExpression, tensors: Set[str], qualnames: QualNames,
+             functions: IsCall = lambda call: False) -> bool:
+    """``expr`` is a tensor computed by torch ops and tensor methods only,
+    none a host read, or what a call ``functions`` accepts gives (indexed:
+    ``accuracy(out, y)[0]``) of such arguments."""
+    if not is_tensor_expr(expr, tensors, qualnames) and not _function_result(expr, functions):
         return False
     for call in find_all(expr, cst.Call):
         func = call.func  # type: ignore[attr-defined]
         torch_op = any(q.startswith("torch.") for q in qualnames(func))
         method = isinstance(func, cst.Attribute) and is_tensor_expr(func.value, tensors, qualnames)
-        if not (torch_op or method) or host_read(tree, call, tensors, qualnames):  # type: ignore[arg-type]
+        if not (torch_op or method or functions(call)) or host_read(tree, call, tensors, qualnames):  # type: ignore[arg-type]
             return False
-    return True
+    return not draws_random(expr)
+
+
+def _function_result(expr: cst.BaseExpression, functions: IsCall) -> bool:
+    while isinstance(expr, cst.Subscript):
+        expr = expr.value
+    return isinstance(expr, cst.Call) and functions(expr)
 
 
 class StepTail(NamedTuple):
@@ -86,6 +101,9 @@ def step_tail(tree: TreeCache, stmts: Sequence[cst.BaseStatement], k: int, tenso
     """Which of ``stmts[k:]`` (a barrier goes before ``stmts[k]``) join the
     step's graph; ``taken``: the names of the scope (a split's new name is
     none of them).  Stops at the first line that is not a simple one."""
+    def functions(call: cst.Call) -> bool:  # a tensor function of the program (analysis.tensor_functions)
+        return tensor_function_call(tree, call, qualnames, tensors)
+
     moved: List[int] = []
     split: Dict[int, Tuple[cst.BaseExpression, str]] = {}
     stays: List[cst.BaseStatement] = []
@@ -94,14 +112,15 @@ def step_tail(tree: TreeCache, stmts: Sequence[cst.BaseStatement], k: int, tenso
         if not isinstance(stmt, cst.SimpleStatementLine) or any(
                 isinstance(s, (cst.Return, cst.Break, cst.Continue, cst.Raise)) for s in stmt.body):
             break
-        if device_only(tree, stmt, tensors, qualnames) and _may_skip(stmt, _bound(stmt), stays):
+        if device_only(tree, stmt, tensors, qualnames, functions) and _may_skip(
+                stmt, bound_names(stmt) | handed_names(stmt, functions), stays):
             moved.append(j)
             continue
-        read = _computed_read(tree, stmt, tensors, qualnames)
+        read = _computed_read(tree, stmt, tensors, qualnames, functions)
         if read is not None:
             receiver, target = read
             name = _fresh(f"{target}_step", taken)
-            if _may_skip(receiver, {name}, stays + [_without(stmt, receiver)]):
+            if _may_skip(receiver, {name} | handed_names(receiver, functions), stays + [_without(stmt, receiver)]):
                 split[j] = (receiver, name)
                 taken.add(name)
         stays.append(stmt)
@@ -114,7 +133,7 @@ def _names_only(target: cst.CSTNode) -> bool:
     return isinstance(target, (cst.Tuple, cst.List)) and all(_names_only(e.value) for e in target.elements)
 
 
-def _bound(stmt: cst.CSTNode) -> Set[str]:
+def bound_names(stmt: cst.CSTNode) -> Set[str]:
     """The names a line binds or deletes (``a, b = ...``, ``n := ...``, ``del a``)."""
     out: Set[str] = set()
     for small in find_all(stmt, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.NamedExpr, cst.Del)):
@@ -134,7 +153,7 @@ def _may_skip(node: cst.CSTNode, binds: Set[str], stays: List[cst.CSTNode]) -> b
     one it binds, or calls what may change a tensor it uses."""
     uses = _names(node)
     for other in stays:
-        if _bound(other) & uses or binds & (_names(other) | _bound(other)):
+        if bound_names(other) & uses or binds & (_names(other) | bound_names(other)):
             return False
         for call in find_all(other, cst.Call):
             func = call.func  # type: ignore[attr-defined]
@@ -147,7 +166,7 @@ def _may_skip(node: cst.CSTNode, binds: Set[str], stays: List[cst.CSTNode]) -> b
 
 
 def _computed_read(tree: TreeCache, stmt: cst.SimpleStatementLine, tensors: Set[str],
-                   qualnames: QualNames) -> Optional[Tuple[cst.BaseExpression, str]]:
+                   qualnames: QualNames, functions: IsCall) -> Optional[Tuple[cst.BaseExpression, str]]:
     """(the tensor, the target's name) of a line ``t = <tensor>.item()`` or
     ``t += <tensor>.item()`` (any one host read) whose read computes the
     tensor it reads."""
@@ -165,7 +184,7 @@ def _computed_read(tree: TreeCache, stmt: cst.SimpleStatementLine, tensors: Set[
         return None
     func = reads[0].func  # type: ignore[attr-defined]
     receiver = func.value if isinstance(func, cst.Attribute) else reads[0].args[0].value  # type: ignore[attr-defined]
-    if isinstance(receiver, (cst.Name, cst.Attribute)) or not computes(tree, receiver, tensors, qualnames):
+    if isinstance(receiver, (cst.Name, cst.Attribute)) or not computes(tree, receiver, tensors, qualnames, functions):
         return None
     return receiver, target.value
 

@@ -83,9 +83,11 @@ def used_as_tensor(fn: cst.FunctionDef, name: str) -> bool:
 
 
 def tensor_names(scope_node: cst.CSTNode, qualnames: QualNames, loader_loops: Iterable[cst.For] = (),
-                 values: object = None) -> Set[str]:
-    """Names that hold tensors inside a function (or module) body."""
-    tensors: Set[str] = set()
+                 values: object = None, known: Iterable[str] = ()) -> Set[str]:
+    """Names that hold tensors inside a function (or module) body; ``known``:
+    names known to hold tensors there already (a function's parameters that
+    a call hands tensors)."""
+    tensors: Set[str] = set(known)
     for loop in loader_loops:
         target = loop.target
         if (isinstance(loop.iter, cst.Call) and call_name(loop.iter) == "enumerate"

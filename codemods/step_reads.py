@@ -1,0 +1,97 @@
+"""XLA417: the host reads between a step's forward and its backward follow its optimizer step.
+
+``losses.update(loss.item(), n)`` before ``loss.backward()`` (pytorch/examples'
+imagenet) runs the forward as a graph of its own; the backward and the step
+are another, and they compute the forward again: two executions a step.  The
+step's own lines move before the reads (``analysis.step_head`` says when
+that changes no value a line reads); the barrier then goes between the step
+and the reads (XLA302): one execution a step.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import libcst as cst
+
+from codemods.analysis.loops import Loop, body_statements, module_facts
+from codemods.analysis.prefilter import STEP_LOOP
+from codemods.analysis.step_head import step_head
+from codemods.analysis.values import values as values_of
+from codemods.base import Rule
+from codemods.loop_codemod import LoopCodemod
+
+READS_AFTER_STEP = Rule(
+    code="XLA417",
+    name="reads-after-step",
+    summary="a host read between the step's forward and its backward (`losses.update(loss.item())`) moves after "
+            "the optimizer step",
+    why=(
+        "On XLA a host read runs the pending graph. Between the forward and the backward, `loss.item()` runs the "
+        "forward as a graph of its own; the backward and the optimizer step are a second graph, which computes the "
+        "forward again: two executions a step, and the forward twice. The step's own lines (`zero_grad`, "
+        "`backward`, the optimizer's or scaler's `step`, a gradient clip) change the parameters, their gradients and "
+        "the optimizer's state, and no value the reads take: they move before the reads, the step's barrier goes "
+        "between (XLA302), and each step is one execution. Rewritten only where the lines moved over use none of the "
+        "step's objects (the loss only for its value, never its `.grad`), call no model or anything the body called "
+        "on its way to the loss, no method of `self` and no function of the module that does more than compute "
+        "tensors, bind nothing the step uses, cannot leave the body, and are simple lines or `if` blocks of such "
+        "decided on the host; and only where no read before the step is left."
+    ),
+    before=(
+        "import torch\n\ndef train(model, loader, opt, meter):\n    for x, y in loader:\n"
+        "        loss = torch.nn.functional.cross_entropy(model(x), y)\n"
+        "        meter.update(loss.item(), x.size(0))\n        opt.zero_grad()\n        loss.backward()\n"
+        "        opt.step()\n"
+    ),
+    after=(
+        "import torch\n\ndef train(model, loader, opt, meter):\n    for x, y in loader:\n"
+        "        loss = torch.nn.functional.cross_entropy(model(x), y)\n"
+        "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n"
+        "        meter.update(loss.item(), x.size(0))\n"
+    ),
+    valid=(
+        # the read runs the model again: after the step it would see the new weights
+        "import torch\n\ndef train(model, loader, opt, meter):\n    for x, y in loader:\n"
+        "        loss = torch.nn.functional.cross_entropy(model(x), y)\n"
+        "        meter.update(model(x).sum().item())\n        loss.backward()\n        opt.step()\n",
+    ),
+)
+
+
+class ReadsAfterStep(LoopCodemod):
+    DESCRIPTION = "Move the host reads between a step's forward and its backward after its optimizer step."
+    RULES = (READS_AFTER_STEP,)
+    TRIGGERS = (b"backward",)
+    NEEDS = (STEP_LOOP,)
+
+    @classmethod
+    def wanted(cls, tree, options):  # type: ignore[no-untyped-def]
+        return bool(module_facts(tree).step_loops)
+
+    def regions(self, tree):  # type: ignore[no-untyped-def]
+        return module_facts(tree).step_loops
+
+    def rewrite_loop(self, original: Loop, updated: Loop) -> Union[Loop, cst.CSTNode]:
+        body = updated.body
+        if not self.enabled(READS_AFTER_STEP.code) or not isinstance(body, cst.IndentedBlock):
+            return updated
+        before = body_statements(original)
+        if len(before) != len(body.body) or not self.is_step_loop(original):
+            return updated
+        head = step_head(self.tree, original, self.steps, self.tensors, self.qualnames, self._tensor_names,
+                         values_of(self.tree), self.is_step_closure)
+        if head is None:
+            return updated
+        read = self.tree.module.code_for_node(before[head.start].with_changes(leading_lines=())).strip().splitlines()[0]
+        if not self.flag(before[head.start], READS_AFTER_STEP.code,
+                         f"`{read}` reads the host between the step's forward and its backward: the step's lines "
+                         "moved before it, so that it follows the step (one graph execution a step, not two)",
+                         fix=True):
+            return updated
+        stmts = list(body.body)
+        moved = [*stmts[:head.start], *stmts[head.first:head.end], *stmts[head.start:head.first], *stmts[head.end:]]
+        return updated.with_changes(body=body.with_changes(body=moved))
+
+
+__all__ = ["ReadsAfterStep", "READS_AFTER_STEP"]

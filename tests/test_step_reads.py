@@ -1,0 +1,106 @@
+"""XLA417 (codemods/step_reads.py, analysis/step_head.py): the host reads
+between a step's forward and its backward follow its optimizer step.
+fixtures/reads_before_step is the golden case (pytorch/examples' imagenet
+shape); here what the step may move over and what stops it, the line a
+finding on a moved read names, and the XLA run."""
+
+import pytest
+
+from xlaport.engine import Settings, transform
+
+from test_runnable_ports import needs_xla
+from test_step_calls import at_two_lengths, original_output
+from test_step_tail import converted
+
+STEP = (
+    "import torch\n\n"
+    "def train(model, criterion, opt, loader, losses):\n"
+    "    for i, (x, y) in enumerate(loader):\n"
+    "        x, y = x.cuda(), y.cuda()\n"
+    "        out = model(x)\n"
+    "        loss = criterion(out, y)\n"
+    "        losses.update(loss.item(), x.size(0))\n"
+    "        opt.zero_grad()\n"
+    "        loss.backward()\n"
+    "        opt.step()\n"
+)
+MOVED = ("        opt.zero_grad()\n        loss.backward()\n        opt.step()\n        torch_xla.sync()\n"
+         "        losses.update(loss.item(), x.size(0))\n")
+
+
+def with_line(line: str) -> str:
+    return STEP.replace("        opt.zero_grad()\n", line + "        opt.zero_grad()\n")
+
+
+def test_the_reads_follow_the_step_and_what_only_computes_stays_before_it():
+    assert MOVED in converted(STEP)
+    # pytorch/examples' imagenet: an accuracy of the module's own, then meters; the accuracy stays before the step
+    src = ("def accuracy(output, target, topk=(1,)):\n    with torch.no_grad():\n"
+           "        pred = output.topk(max(topk), 1)[1].t()\n"
+           "        return [pred[:k].eq(target.view(1, -1)).float().sum() for k in topk]\n\n")
+    imagenet = STEP.replace("def train", src + "def train").replace(
+        "        losses.update(", "        acc1, acc5 = accuracy(out, y, topk=(1, 5))\n        losses.update(").replace(
+        "        opt.zero_grad()\n", "        top1.update(acc1, x.size(0))\n        opt.zero_grad()\n").replace(
+        "losses):", "losses, top1):")
+    code = converted(imagenet)
+    assert ("        acc1, acc5 = accuracy(out, y, topk=(1, 5))\n        opt.zero_grad()\n        loss.backward()\n"
+            "        opt.step()\n        torch_xla.sync()\n        losses.update(loss.item(), x.size(0))\n"
+            "        top1.update(acc1, x.size(0))\n") in code, code
+    # a print every N steps, an imported logger, a scaler's step and a clip
+    logged = with_line("        if i % 10 == 0:\n            print(i, loss.item())\n"
+                       "        wandb.log({'loss': loss.item()})\n")
+    code = converted("import wandb\n" + logged)  # (the print and the log then go to step closures: XLA210)
+    assert "        opt.step()\n        losses.update(" in code and code.index("opt.step()") < code.index("wandb.log"), code
+    amp = STEP.replace("        loss.backward()\n        opt.step()\n",
+                       "        scaler.scale(loss).backward()\n        scaler.unscale_(opt)\n"
+                       "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n        scaler.step(opt)\n"
+                       ).replace("losses):", "losses, scaler):")
+    code = converted(amp)
+    # (XLA's port drops the scaler, XLA131; the clip moves with the step)
+    assert ("clip_grad_norm_(model.parameters(), 1.0)\n        opt.step()\n        torch_xla.sync()\n"
+            "        losses.update(loss.item(), x.size(0))\n") in code, code
+
+
+def test_a_line_that_may_see_the_step_keeps_the_reads_where_they_are():
+    stops = {
+        "calls the model": with_line("        seen = model(x).sum().item()\n"),
+        "calls what computed the loss": with_line("        again = criterion(out, y).item()\n"),
+        "reads the optimizer": with_line("        print(opt.param_groups[0]['lr'], loss.item())\n"),
+        "reads a gradient": with_line("        g = out.grad\n"),
+        "reads the parameters": with_line("        n = sum(p.numel() for p in x.parameters())\n"),
+        "rebinds the loss": with_line("        loss = loss / 2\n"),
+        "can leave the body": with_line("        if loss.item() > 10:\n            break\n"),
+        "decides by a tensor": with_line("        if loss > 10:\n            print('high')\n"),
+        "a function of the module": "def log(v):\n    print(v)\n\n" + with_line("        log(loss)\n"),
+        "a method of self": with_line("        self.log(loss)\n"),
+    }
+    for why, src in stops.items():
+        code = converted(src)
+        assert code.index("losses.update(") < code.index("opt.zero_grad()"), (why, code)
+    # a read left before the moved lines: two graphs a step whatever moves, so nothing does (a print
+    # there would go to a step closure, XLA210: no read then)
+    early = STEP.replace("        out = model(x)\n", "        out = model(x)\n        sums.append(out.sum().item())\n")
+    code = converted(early)
+    assert code.index("losses.update(") < code.index("opt.zero_grad()"), code
+
+
+def test_the_finding_on_a_moved_read_names_its_line_in_the_users_file():
+    out = transform(STEP.encode(), Settings())
+    lines = {f.code: f.line for f in out.findings}
+    assert lines["XLA417"] == 8 and lines["XLA401"] == 8, [(f.code, f.line) for f in out.findings]
+
+
+@pytest.mark.xla
+@needs_xla
+def test_the_step_runs_once_with_the_originals_numbers(tmp_path):
+    """fixtures/reads_before_step on XLA at 3 and 6 steps: compiles flat, one
+    execution a step (with the read before the backward: two), and the
+    numbers the original prints on the CPU."""
+    a, _, b, out6 = at_two_lengths("reads_before_step", tmp_path, "--steps", 3, 6)
+    assert a["compiles"] == b["compiles"] and b["executions"] - a["executions"] == 3, (a, b)
+    original = original_output("reads_before_step", "--steps", "6")
+
+    def numbers(text):
+        return [float(line.split()[-1]) for line in text.splitlines()]
+
+    assert len(numbers(out6)) == 6 and numbers(out6) == pytest.approx(numbers(original), rel=1e-4, abs=1e-5)
