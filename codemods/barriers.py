@@ -17,7 +17,7 @@ from typing import List, Optional, Tuple, Union
 import libcst as cst
 
 from codemods.analysis.cuda import scope_of
-from codemods.analysis.prefilter import STEP_LOOP
+from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP
 from codemods.analysis import (
     Loop,
     has_barrier,
@@ -185,11 +185,11 @@ class StepBarrier(LoopCodemod):
     # every word a step loop can be recognised by: step and model names (analysis.steps), and every
     # source of a model the dataflow knows (analysis.kinds), derived from their definitions
     TRIGGERS = trigger_words() + model_source_triggers()
-    NEEDS = (STEP_LOOP,)
+    NEEDS = (STEP_LOOP, LOADER_LOOP)  # (a module of evaluation passes alone: an `evaluate.py`)
 
     @classmethod
     def wanted(cls, tree, options):
-        return bool(module_facts(tree).step_loops) and not _other_framework(tree)
+        return bool(module_facts(tree).hot_loops) and not _other_framework(tree)
 
     def regions(self, tree):
         return module_facts(tree).hot_loops  # (a loader loop that is no step loop: an evaluation pass)

@@ -144,9 +144,8 @@ def test_an_evaluation_loop_that_keeps_its_metrics_in_objects_gets_the_barrier_t
     """akamaster/pytorch_resnet_cifar10's `validate`: `losses.update(loss.item())`
     carries nothing by name and takes no step -- no step loop -- but over a
     device loader each read still ran the forward pass again; the barrier
-    goes before the first read, the accuracy computed before it.  (Only in
-    a module that has a step loop, as akamaster's `trainer.py` does: the
-    barrier rule reads no other module.)"""
+    goes before the first read, the accuracy computed before it; in a module
+    of evaluation passes alone (an `evaluate.py`) too."""
     src = ("import torch\n\ndef train(model, opt, loader):\n    for x, y in loader:\n"
            "        torch.nn.functional.cross_entropy(model(x.cuda()), y.cuda()).backward()\n        opt.step()\n\n"
            "def validate(model, loader, losses, top1, accuracy):\n    with torch.no_grad():\n"
@@ -158,6 +157,9 @@ def test_an_evaluation_loop_that_keeps_its_metrics_in_objects_gets_the_barrier_t
     assert "pl.MpDeviceLoader(loader, torch_xla.device())" in code, code
     assert ("            prec1 = accuracy(out, y)[0]\n            torch_xla.sync()\n"
             "            losses.update(loss.item(), x.size(0))\n") in code, code
+    alone = src[:src.index("def train")] + src[src.index("def validate"):]
+    assert ("            prec1 = accuracy(out, y)[0]\n            torch_xla.sync()\n"
+            "            losses.update(loss.item(), x.size(0))\n") in converted(alone)
     # over a plain loader it is no device loader's loop: left as it was (a list of batches, say)
     plain = converted(src.replace("enumerate(loader)", "enumerate(batches)").replace(", loader,", ", batches,"))
     assert "sync()" not in plain[plain.index("def validate"):], plain
