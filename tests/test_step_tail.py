@@ -67,6 +67,19 @@ def test_a_line_skipped_over_that_binds_uses_or_may_change_what_moves_keeps_it_a
         assert "        correct += predicted.eq(y).sum().item()\n" in code, (why, code)
 
 
+def test_a_call_whose_read_computes_its_tensor_is_split_too():
+    """`top1.update((out.argmax(1) == y).float().mean().item(), n)`: the
+    tensor is computed into a name after the object (`top1_step`) before the
+    barrier, the call reads that name after it."""
+    src = STEP.replace("        correct += predicted.eq(y).sum().item()\n",
+                       "        top1.update(predicted.eq(y).float().mean().item(), x.size(0))\n").replace(
+        "log):", "log, top1):")
+    code = converted(src)
+    assert ("        _, predicted = out.max(1)\n        top1_step = predicted.eq(y).float().mean()\n"
+            "        torch_xla.sync()\n        log.append(loss.item())\n"
+            "        top1.update(top1_step.item(), x.size(0))\n") in code, code
+
+
 def test_the_split_name_is_new_to_the_function():
     src = STEP.replace("    correct = 0\n", "    correct = 0\n    correct_step = 1\n")
     code = converted(src)

@@ -167,16 +167,21 @@ def _may_skip(node: cst.CSTNode, binds: Set[str], stays: List[cst.CSTNode]) -> b
 
 def _computed_read(tree: TreeCache, stmt: cst.SimpleStatementLine, tensors: Set[str],
                    qualnames: QualNames, functions: IsCall) -> Optional[Tuple[cst.BaseExpression, str]]:
-    """(the tensor, the target's name) of a line ``t = <tensor>.item()`` or
-    ``t += <tensor>.item()`` (any one host read) whose read computes the
-    tensor it reads."""
+    """(the tensor, the name it is computed into) of a line ``t = <tensor>.item()``,
+    ``t += <tensor>.item()`` or ``meter.update(<tensor>.item(), n)`` (any one
+    host read) whose read computes the tensor it reads: named after the
+    target (``t_step``), or the object or function the line calls (``meter_step``)."""
     if len(stmt.body) != 1:
         return None
     small = stmt.body[0]
     if isinstance(small, cst.Assign) and len(small.targets) == 1:
-        target = small.targets[0].target
+        target: cst.BaseExpression = small.targets[0].target
     elif isinstance(small, cst.AugAssign):
         target = small.target
+    elif isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+        func = small.value.func  # `top1.update(...)`, `self.top1.update(...)`: top1; `record(...)`: record
+        target = func.value if isinstance(func, cst.Attribute) else func
+        target = cst.Name(target.attr.value) if isinstance(target, cst.Attribute) else target
     else:
         return None
     reads = [c for c in find_all(small.value, cst.Call) if host_read(tree, c, tensors, qualnames)]  # type: ignore[arg-type]
