@@ -34,6 +34,9 @@ def with_line(line: str) -> str:
 
 def test_the_reads_follow_the_step_and_what_only_computes_stays_before_it():
     assert MOVED in converted(STEP)
+    # names of the step's objects as attributes or keywords of something else are no use of them
+    named = with_line("        log.append(dict(opt=args.step, loss=loss.item()))\n").replace("losses):", "losses, log, args):")
+    assert "        opt.step()\n        torch_xla.sync()\n        losses.update(" in converted(named)
     # pytorch/examples' imagenet: an accuracy of the module's own, then meters; the accuracy stays before the step
     src = ("def accuracy(output, target, topk=(1,)):\n    with torch.no_grad():\n"
            "        pred = output.topk(max(topk), 1)[1].t()\n"
@@ -65,6 +68,7 @@ def test_a_line_that_may_see_the_step_keeps_the_reads_where_they_are():
     stops = {
         "calls the model": with_line("        seen = model(x).sum().item()\n"),
         "calls what computed the loss": with_line("        again = criterion(out, y).item()\n"),
+        "runs the model by a method": with_line("        again = model.forward(x).sum().item()\n"),
         "reads the optimizer": with_line("        print(opt.param_groups[0]['lr'], loss.item())\n"),
         "reads a gradient": with_line("        g = out.grad\n"),
         "reads the parameters": with_line("        n = sum(p.numel() for p in x.parameters())\n"),

@@ -49,6 +49,9 @@ TensorsOf = Callable[[cst.FunctionDef], Set[str]]
 _STEP_WORK = frozenset({"zero_grad", "unscale_", "clip_grad_norm_", "clip_grad_value_"})
 # what reaches a model's parameters, their gradients or state from a tensor or a model
 _PARAMETER_ATTRS = frozenset({"grad", "parameters", "named_parameters", "state_dict", "buffers", "modules"})
+# methods that only a model has, or that run it (``model.forward(x)``, ``net.eval()``)
+_MODEL_METHODS = frozenset({"forward", "eval", "train", "parameters", "named_parameters", "state_dict", "modules",
+                            "children", "apply", "load_state_dict", "requires_grad_", "zero_grad", "generate"})
 _NO_EXIT = (cst.Return, cst.Break, cst.Continue, cst.Raise, cst.Global, cst.Nonlocal, cst.Import, cst.ImportFrom)
 # builtins that reach what a line cannot name
 _REACHING = frozenset({"eval", "exec", "globals", "locals", "vars", "getattr", "setattr", "delattr", "__import__"})
@@ -135,12 +138,14 @@ def _step_names(step: Sequence[cst.BaseStatement]) -> Set[str]:
 
 def _forward_callees(facts: _Facts, stmts: Sequence[cst.BaseStatement]) -> Set[str]:
     """The names the body calls before the step as what may hold parameters:
-    ``model`` of ``output = model(images)``, ``criterion``, ``self``."""
+    ``model`` of ``output = model(images)`` or ``model.forward(x)``,
+    ``criterion``, ``self``."""
     out: Set[str] = set()
     for stmt in stmts:
         for call in find_all(stmt, cst.Call, stop=_DEFS):
             root = _root(call.func)  # type: ignore[attr-defined]
-            if root is not None and not _known_call(facts, call, kept=set()):  # type: ignore[arg-type]
+            if root is not None and (call_name(call) in _MODEL_METHODS  # type: ignore[arg-type]
+                                     or not _known_call(facts, call, kept=set())):  # type: ignore[arg-type]
                 out.add(root)
     return out
 
@@ -228,5 +233,8 @@ def _root(node: cst.BaseExpression) -> Optional[str]:
 
 
 def _names(node: cst.CSTNode) -> Set[str]:
-    """The names ``node`` reads or binds now (not in a lambda: a step closure's runs at the barrier)."""
-    return {n.value for n in find_all(node, cst.Name, stop=(cst.Lambda,))}  # type: ignore[attr-defined]
+    """The names ``node`` reads or binds now (not in a lambda: a step closure's
+    runs at the barrier): not an attribute's (``opt.step``: ``opt``) or a keyword's."""
+    parts = {id(a.attr) for a in find_all(node, cst.Attribute, stop=(cst.Lambda,))}  # type: ignore[attr-defined]
+    parts |= {id(a.keyword) for a in find_all(node, cst.Arg, stop=(cst.Lambda,)) if a.keyword is not None}  # type: ignore[attr-defined]
+    return {n.value for n in find_all(node, cst.Name, stop=(cst.Lambda,)) if id(n) not in parts}  # type: ignore[attr-defined]

@@ -191,7 +191,19 @@ def _computed_read(tree: TreeCache, stmt: cst.SimpleStatementLine, tensors: Set[
     receiver = func.value if isinstance(func, cst.Attribute) else reads[0].args[0].value  # type: ignore[attr-defined]
     if isinstance(receiver, (cst.Name, cst.Attribute)) or not computes(tree, receiver, tensors, qualnames, functions):
         return None
+    if _only_viewed(receiver):
+        return None  # (`labels = [names[int(i)] for i in pred.flatten().tolist()]`, XLA416's: nothing to compute)
     return receiver, target.value
+
+
+# methods that give another view of a tensor's values, computing none
+_VIEWS = frozenset({"flatten", "view", "reshape", "squeeze", "unsqueeze", "t", "contiguous", "detach", "ravel"})
+
+
+def _only_viewed(expr: cst.BaseExpression) -> bool:
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _VIEWS:
+        expr = expr.func.value
+    return isinstance(expr, (cst.Name, cst.Attribute))
 
 
 def _without(stmt: cst.SimpleStatementLine, receiver: cst.BaseExpression) -> cst.CSTNode:
