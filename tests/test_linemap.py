@@ -159,3 +159,16 @@ def test_a_lazy_line_map_is_made_on_first_use_and_maps_as_line_map_does():
     assert [lazy(n) for n in range(1, 6)] == [eager(n) for n in range(1, 6)]
     assert [lazy.indent_delta(n) for n in range(1, 6)] == [eager.indent_delta(n) for n in range(1, 6)]
     assert lazy.end(3, 6) == eager.end(3, 6)
+
+
+def test_a_line_a_rewrite_moved_maps_to_where_it_was():
+    """A read put after the step it came before (XLA417), a line moved
+    before a barrier (XLA302): said once in each text, it maps to its old
+    line, with its indentation; a line said twice is left to the alignment."""
+    old = "for x in xs:\n    out = f(x)\n    log(out.item())\n    step()\n    update()\n    done = 1\n"
+    new = "for x in xs:\n    out = f(x)\n    step()\n    update()\n    sync()\n        log(out.item())\n    done = 1\n"
+    back = line_map(old, new)
+    assert [back(k) for k in range(1, 8)] == [1, 2, 4, 5, 6, 3, 6]
+    assert back.indent_delta(6) == -4
+    twice = "a\nb\nr\nc\nd\nr\n"
+    assert line_map(twice, "a\nb\nc\nr\nd\nr\n")(4) != 3  # (`r` is said twice: no move read from it)

@@ -7,6 +7,7 @@ function out, what keeps its call after the barrier, and the XLA run."""
 
 import pytest
 
+from xlaport.engine import Settings, transform
 
 from test_runnable_ports import needs_xla
 from test_step_calls import at_two_lengths, original_output
@@ -115,3 +116,19 @@ def test_the_function_in_the_steps_graph_runs_once_a_step_with_the_originals_num
         return [float(w) for line in text.splitlines() for w in line.split()[1::2]]
 
     assert len(numbers(out6)) == 24 and numbers(out6) == pytest.approx(numbers(original), rel=1e-4, abs=1e-4)
+
+
+def test_a_function_imported_from_a_module_of_the_project_is_read_there(tmp_path):
+    """`from util import score` (SupContrast, moco and others keep their
+    `accuracy` in `util.py`): the function is read in that file; one that
+    prints there stays after the barrier, and so does one of a library."""
+    (tmp_path / "util.py").write_text("import torch\n\n\n" + METRIC)
+    main = tmp_path / "main.py"
+    src = LOOP.format(metric="", between="").replace("import math\n", "from util import score\n")
+    code = transform(src.encode(), Settings(), filename=str(main)).code.decode()
+    assert JOINED in code, code
+    (tmp_path / "util.py").write_text("import torch\n\n\n" + METRIC.replace("    return", "    print(hits)\n    return"))
+    code = transform(src.encode(), Settings(), filename=str(main)).code.decode()
+    assert AFTER + "        acc = score(out, y)\n" in code, code
+    library = src.replace("from util import score\n", "from sklearn.metrics import score\n")
+    assert AFTER + "        acc = score(out, y)\n" in transform(library.encode(), Settings(), filename=str(main)).code.decode()

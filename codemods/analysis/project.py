@@ -441,6 +441,19 @@ def returned(tree: "TreeCache", filename: Optional[str], call: object, kind: str
     return frozenset()
 
 
+def imported_from(tree: "TreeCache", callee: object) -> Optional[Tuple[Path, str]]:
+    """(the project file, the name there) of a callee this file imports
+    from a project module (``accuracy`` of ``from util import accuracy``),
+    or None: defined here, from a library, or not found."""
+    modules = _modules_of(tree, tree.filename)
+    for qualname in tree.import_qualnames(callee) or () if modules else ():  # type: ignore[arg-type]
+        module, _, name = qualname.rpartition(".")
+        path = modules.get(module)
+        if path is not None:
+            return path, name
+    return None
+
+
 def _modules_of(tree: "TreeCache", filename: Optional[str]) -> Dict[str, Path]:
     if not filename:
         return {}

@@ -21,13 +21,15 @@ itself (two calls down); and that reads no tensor on the host.
 
 from __future__ import annotations
 
-from typing import Callable, FrozenSet, Iterable, Optional, Set
+from pathlib import Path
+from typing import Callable, Dict, FrozenSet, Iterable, Optional, Set, Tuple
 
 import libcst as cst
 
 from codemods.analysis.bindings import binding_scope
 from codemods.analysis.calls import called_functions
 from codemods.analysis.placement import host_read, reads_truth
+from codemods.analysis.project import file_stamp, imported_from
 from codemods.analysis.steps import APPEND_METHODS, RANDOM_DRAWS, RANDOM_FILLS
 from codemods.analysis.tensors import is_tensor_expr, tensor_names, used_as_tensor
 from codemods.syntax.tree import TreeCache, find_all
@@ -76,14 +78,55 @@ def tensor_function_call(tree: TreeCache, call: cst.Call, qualnames: QualNames, 
     """``call`` runs a function of the module, and every function it may run
     is a tensor function, given the tensors the call hands it (``tensors``:
     the caller's tensor names)."""
+    if any(a.star for a in call.args):
+        return False
     fns = called_functions(tree, call)
-    if not fns or any(a.star for a in call.args):
+    if fns == [] and isinstance(call.func, cst.Name):  # (`from util import accuracy`: read there)
+        found = _imported(tree, call.func)
+        if found is None:
+            return False
+        tree, fns = found[0], [found[1]]
+        qualnames = _quick_qualnames(tree)
+    if not fns:
         return False
     for fn in fns:
         params = handed_tensors(fn, call, tensors, qualnames)
         if params is None or not tensor_function(tree, fn, qualnames, params, depth):
             return False
     return True
+
+
+def _imported(tree: TreeCache, callee: cst.Name) -> Optional[Tuple[TreeCache, cst.FunctionDef]]:
+    """The tree of the project module a function is imported from, and its ``def`` there."""
+    found = imported_from(tree, callee)
+    if found is None:
+        return None
+    sibling = _sibling(found[0])
+    fn = None if sibling is None else next((s for s in sibling.module.body if isinstance(s, cst.FunctionDef)
+                                            and s.name.value == found[1]), None)
+    return None if sibling is None or fn is None else (sibling, fn)
+
+
+_SIBLINGS: Dict[Tuple[str, object], Optional[TreeCache]] = {}
+
+
+def _sibling(path: Path) -> Optional[TreeCache]:
+    """A project module read whole (the last few kept, by file and stamp); None where it does not parse."""
+    key = (str(path), file_stamp(path))
+    if key not in _SIBLINGS:
+        if len(_SIBLINGS) >= 8:
+            _SIBLINGS.pop(next(iter(_SIBLINGS)))
+        try:
+            source = path.read_bytes()
+            _SIBLINGS[key] = TreeCache(cst.parse_module(source), source, filename=str(path))
+        except (OSError, cst.ParserSyntaxError, RecursionError):
+            _SIBLINGS[key] = None
+    return _SIBLINGS[key]
+
+
+def _quick_qualnames(tree: TreeCache) -> QualNames:
+    """Qualified names read from a module's imports alone (where they are not sure: none, so nothing is a torch op)."""
+    return lambda node: tree.import_qualnames(node) or set()
 
 
 def tensor_function(tree: TreeCache, fn: cst.FunctionDef, qualnames: QualNames, params: FrozenSet[str],
