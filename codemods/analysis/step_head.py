@@ -34,7 +34,7 @@ from typing import Callable, Iterable, NamedTuple, Optional, Sequence, Set
 import libcst as cst
 
 from codemods.analysis.bindings import binding_scope
-from codemods.analysis.loops import body_statements, is_step_call, last_optimizer_step, loop_step_kind
+from codemods.analysis.loops import _DEFS, body_statements, is_step_call, last_optimizer_step, loop_step_kind
 from codemods.analysis.placement import reads_truth
 from codemods.analysis.step_tail import bound_names, reads_host
 from codemods.analysis.tensor_functions import tensor_function_call, torch_op
@@ -55,7 +55,6 @@ _MODEL_METHODS = frozenset({"forward", "eval", "train", "parameters", "named_par
 _NO_EXIT = (cst.Return, cst.Break, cst.Continue, cst.Raise, cst.Global, cst.Nonlocal, cst.Import, cst.ImportFrom)
 # builtins that reach what a line cannot name
 _REACHING = frozenset({"eval", "exec", "globals", "locals", "vars", "getattr", "setattr", "delattr", "__import__"})
-_DEFS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
 
 class StepHead(NamedTuple):
@@ -97,7 +96,7 @@ def step_head(tree: TreeCache, loop: cst.CSTNode, steps: Set[str], tensors: Set[
     facts = _Facts(tree, tensors, qualnames, tensors_of, values, is_closure)
     kept = _step_names(step) | _forward_callees(facts, stmts[:first])
     start = first
-    used = _names(_block(step))
+    used = set().union(*map(_names, step))
     while start > 0 and _may_follow(facts, stmts[start - 1], kept, used):
         start -= 1
     while start < first and not _reads(facts, stmts[start]):
@@ -105,10 +104,6 @@ def step_head(tree: TreeCache, loop: cst.CSTNode, steps: Set[str], tensors: Set[
     if start == first or any(_reads(facts, s) for s in stmts[:start]):
         return None  # nothing to move over, or a read before that stays: two graphs a step all the same
     return StepHead(start, first, k + 1)
-
-
-def _block(stmts: Sequence[cst.BaseStatement]) -> cst.Module:
-    return cst.Module(body=list(stmts))
 
 
 def _step_line(stmt: cst.CSTNode, steps: Set[str], qualnames: QualNames, values: object) -> bool:

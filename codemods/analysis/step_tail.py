@@ -27,7 +27,7 @@ from codemods.analysis.calls import called_functions
 from codemods.analysis.loops import body_statements, loop_step_kind
 from codemods.analysis.pass_reads import has_exit
 from codemods.analysis.placement import host_read
-from codemods.analysis.tensor_functions import draws_random, handed_names, tensor_function_call
+from codemods.analysis.tensor_functions import draws_random, handed_names, names_only, tensor_function_call
 from codemods.analysis.tensors import is_tensor_expr
 from codemods.syntax.tree import TreeCache, find_all
 
@@ -56,7 +56,7 @@ def device_only(tree: TreeCache, stmt: cst.CSTNode, tensors: Set[str], qualnames
             targets = [small.target]
         else:
             return False
-        if not all(_names_only(t) for t in targets) or not computes(tree, small.value, tensors, qualnames,  # type: ignore[arg-type]
+        if not all(names_only(t) for t in targets) or not computes(tree, small.value, tensors, qualnames,  # type: ignore[arg-type]
                                                                      functions):
             return False
     return True
@@ -125,12 +125,6 @@ def step_tail(tree: TreeCache, stmts: Sequence[cst.BaseStatement], k: int, tenso
                 taken.add(name)
         stays.append(stmt)
     return StepTail(tuple(moved), split)
-
-
-def _names_only(target: cst.CSTNode) -> bool:
-    if isinstance(target, cst.Name):
-        return True
-    return isinstance(target, (cst.Tuple, cst.List)) and all(_names_only(e.value) for e in target.elements)
 
 
 def bound_names(stmt: cst.CSTNode) -> Set[str]:

@@ -212,7 +212,7 @@ class _Check:
             return (stmt.asynchronous is None and all(i.asname is None and self._grad_mode(i.item) for i in stmt.items)
                     and self._block(stmt.body))
         if isinstance(stmt, cst.For):
-            return (stmt.asynchronous is None and _names_only(stmt.target) and self._expr(stmt.iter)
+            return (stmt.asynchronous is None and names_only(stmt.target) and self._expr(stmt.iter)
                     and self._block(stmt.body) and (stmt.orelse is None or self._block(stmt.orelse.body)))
         return False
 
@@ -227,7 +227,7 @@ class _Check:
         if isinstance(small, cst.Return):
             return small.value is None or self._expr(small.value)
         if isinstance(small, cst.Assign):
-            return all(_names_only(t.target) for t in small.targets) and self._expr(small.value)
+            return all(names_only(t.target) for t in small.targets) and self._expr(small.value)
         if isinstance(small, (cst.AugAssign, cst.AnnAssign)):
             return isinstance(small.target, cst.Name) and (small.value is None or self._expr(small.value))
         return False
@@ -274,10 +274,11 @@ class _Check:
                 return isinstance(node, cst.Name) and self._local(node) or not isinstance(node, cst.Name)
 
 
-def _names_only(target: cst.CSTNode) -> bool:
+def names_only(target: cst.CSTNode) -> bool:
+    """An assignment target of names alone (``a``, ``_, b``): nothing but names is written."""
     if isinstance(target, cst.Name):
         return True
-    return isinstance(target, (cst.Tuple, cst.List)) and all(_names_only(e.value) for e in target.elements)
+    return isinstance(target, (cst.Tuple, cst.List)) and all(names_only(e.value) for e in target.elements)
 
 
 def handed_names(stmt: cst.CSTNode, is_function_call: Callable[[cst.Call], bool]) -> Set[str]:
@@ -288,4 +289,4 @@ def handed_names(stmt: cst.CSTNode, is_function_call: Callable[[cst.Call], bool]
             for a in c.args for n in find_all(a.value, cst.Name)}  # type: ignore[attr-defined]
 
 
-__all__ = ["draws_random", "handed_names", "tensor_function", "tensor_function_call", "torch_op"]
+__all__ = ["draws_random", "handed_names", "names_only", "tensor_function", "tensor_function_call", "torch_op"]
