@@ -232,8 +232,11 @@ class StepBarrier(LoopCodemod):
             read = self._before_first_read(original, exits)
             after = None if read is None else read.k
             where = "" if read is None else read.words(body_statements(original))
+        flush = self._flushed_at_end(original, after)
         if after is None:
             where = "as its last statement"
+        elif flush:
+            where += ", and another as its last statement (the step closures handed over after the first run there)"
         if not self.flag(original, STEP_BARRIER.code, f"step loop: `torch_xla.sync()` added {where}", fix=True):
             return updated
         self.add_imports(self.target.sync_imports)
@@ -246,7 +249,7 @@ class StepBarrier(LoopCodemod):
             stmts = self._after_step_joined(original, stmts, after)
         new_body = _before_exits(stmts, exits, self._barrier())
         last = new_body[-1]
-        if after is not None or _is_exit(last, exits):
+        if after is not None and not flush or _is_exit(last, exits):
             pass  # the barrier follows the optimizer step, or the one before the exit is there
         elif ends_flow(last):
             new_body.insert(len(new_body) - 1, self._barrier())
@@ -280,7 +283,9 @@ class StepBarrier(LoopCodemod):
         next batch is asked for, so each read runs the part of the step it
         needs as a graph of its own -- the forward again for each -- and the
         loader's sync the whole step.  The barrier right after the step runs
-        it once; the reads find it computed (the same values)."""
+        it once; the reads find it computed (the same values).  A step
+        closure handed over after the barrier runs at the loader's sync, as
+        it did with no barrier (a print deferred after the step: XLA210)."""
         after = self._after_optimizer_step(original, exits)
         where = f"step loop over a device loader that reads the host after its optimizer step: `torch_xla.sync()` " \
                 f"added right after that step{_JOINED * self._joins(original, after)}"
@@ -325,12 +330,22 @@ class StepBarrier(LoopCodemod):
         return k is not None and bool(self._step_tail(loop, k))
 
     def _evaluation_read(self, loop: Loop, exits: Tuple[type, ...]) -> Optional[int]:
-        """``analysis.step_tail.evaluation_read``, where no step closure follows (it would run a batch late)."""
-        k = evaluation_read(self.tree, loop, self.steps, self.tensors, self.qualnames, self._tensor_names, exits)
-        return None if k is None or self._closure_from(body_statements(loop), k) else k
+        """``analysis.step_tail.evaluation_read`` (a loop over a device loader:
+        a step closure handed over after the barrier runs at the loader's
+        sync, as it did with no barrier)."""
+        return evaluation_read(self.tree, loop, self.steps, self.tensors, self.qualnames, self._tensor_names, exits)
+
+    def _flushed_at_end(self, loop: Loop, k: Optional[int]) -> bool:
+        """A barrier before statement ``k`` of a loop that is not over a
+        device loader needs another at the end of the body: statements from
+        ``k`` on hand a step closure over (a print deferred after the step,
+        XLA210), which runs at the next barrier -- a pass late, and never
+        for the last pass, without one.  The second barrier finds the pass's
+        graph run already: it runs the closures and no graph."""
+        return k is not None and self._closure_from(body_statements(loop), k)
 
     def _closure_from(self, stmts, k: int) -> bool:  # type: ignore[no-untyped-def]
-        """``stmts[k:]`` hand a step closure over (after a barrier before them, it would run a pass late)."""
+        """``stmts[k:]`` hand a step closure over."""
         return any(self.is_step_closure(c) for s in stmts[k:]  # type: ignore[arg-type]
                    for c in find_all(s, cst.Call, stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda)))
 
@@ -382,9 +397,9 @@ class StepBarrier(LoopCodemod):
         ``step()`` and ``zero_grad()`` that follow it -- as experts place
         it, so that the reads find the step computed instead of each running
         the step's pending graph (or a part of it) on its own.  None (the
-        end of the body) when nothing after the step reads the host, when
-        a step closure is registered after it (it would run a step late),
-        or when the body can end early after it."""
+        end of the body) when nothing after the step reads the host, or
+        when the body can end early after it.  (A step closure handed over
+        after it runs at the next barrier: :meth:`_flushed_at_end`.)"""
         stmts = body_statements(loop)
         k = last_optimizer_step(loop, self.steps, self.qualnames, values_of(self.tree))
         if k is None or loop_step_kind(self.tree, loop, self.steps) != "step":
@@ -394,7 +409,7 @@ class StepBarrier(LoopCodemod):
             k += 1  # `lr_scheduler.step()`, `optimizer.zero_grad()`
         tail = stmts[k:]
         calls = [c for s in tail for c in find_all(s, cst.Call, stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda))]
-        if not tail or has_exit(tail, exits) or any(self.is_step_closure(c) for c in calls):  # type: ignore[arg-type]
+        if not tail or has_exit(tail, exits):
             return None
         if not any(reads_host(self.tree, c, self.tensors, self.qualnames, self._tensor_names)  # type: ignore[arg-type]
                    for c in calls):
@@ -418,15 +433,14 @@ class StepBarrier(LoopCodemod):
         word_language_model, one branch per kind of model), or before such
         an ``if`` where only some of its branches read; where it is:
         :class:`~codemods.analysis.pass_reads.PassReads`.  None where there
-        is none, where the body can end early, or where a step closure
-        follows (it would run a pass late)."""
+        is none, or where the body can end early (a step closure handed
+        over after it: :meth:`_flushed_at_end`)."""
         if loop_step_kind(self.tree, loop, self.steps) == "step":
             return None
         stmts = body_statements(loop)
         if has_exit(stmts, exits + (cst.Break, cst.Return)):
             return None
-        read = PassReads(self.tree, self.tensors, self.qualnames).first(list(stmts))
-        return None if read is None or self._closure_from(stmts, read.k) else read
+        return PassReads(self.tree, self.tensors, self.qualnames).first(list(stmts))
 
     def _syncs_by_hand(self) -> bool:
         """The module already calls a barrier somewhere (``xm.mark_step()``,

@@ -164,11 +164,18 @@ def test_a_lazy_line_map_is_made_on_first_use_and_maps_as_line_map_does():
 def test_a_line_a_rewrite_moved_maps_to_where_it_was():
     """A read put after the step it came before (XLA417), a line moved
     before a barrier (XLA302): said once in each text, it maps to its old
-    line, with its indentation; a line said twice is left to the alignment."""
+    line, with its indentation.  A line said again elsewhere (the same
+    read in a training and an evaluation loop) maps in order, where as many
+    are left unpaired in each text; else it is left to the alignment."""
     old = "for x in xs:\n    out = f(x)\n    log(out.item())\n    step()\n    update()\n    done = 1\n"
     new = "for x in xs:\n    out = f(x)\n    step()\n    update()\n    sync()\n        log(out.item())\n    done = 1\n"
     back = line_map(old, new)
     assert [back(k) for k in range(1, 8)] == [1, 2, 4, 5, 6, 3, 6]
     assert back.indent_delta(6) == -4
     twice = "a\nb\nr\nc\nd\nr\n"
-    assert line_map(twice, "a\nb\nc\nr\nd\nr\n")(4) != 3  # (`r` is said twice: no move read from it)
+    assert line_map(twice, "a\nb\nc\nr\nd\nr\n")(4) == 3  # (the last `r` paired: the other moved)
+    both = "a\nr\nb\nc\nd\ne\nr\nf\ng\n"  # moved in each of two loops: each maps to its own
+    back = line_map(both, "a\nb\nc\nr\nd\ne\nf\ng\nr\n")
+    assert [back(k) for k in range(1, 10)] == [1, 3, 4, 2, 5, 6, 8, 9, 7]
+    # two unpaired in the new text, one in the old: which of them moved is not known
+    assert [line_map("a\nr\nb\n", "a\nb\nr\nr\n")(k) for k in (3, 4)] != [2, 2]

@@ -53,7 +53,15 @@ def test_the_reads_follow_the_step_and_what_only_computes_stays_before_it():
     logged = with_line("        if i % 10 == 0:\n            print(i, loss.item())\n"
                        "        wandb.log({'loss': loss.item()})\n")
     code = converted("import wandb\n" + logged)  # (the print and the log then go to step closures: XLA210)
-    assert "        opt.step()\n        losses.update(" in code and code.index("opt.step()") < code.index("wandb.log"), code
+    # the barrier follows the step; the closures handed over after it run at the loader's sync
+    assert "        opt.step()\n        torch_xla.sync()\n        losses.update(" in code, code
+    assert code.index("torch_xla.sync()") < code.index("wandb.log") and code.count("torch_xla.sync()") == 1, code
+    # over no device loader, a second barrier at the end of the body runs them in their own pass
+    ranged = logged.replace("    for i, (x, y) in enumerate(loader):\n", "    for i in range(9):\n        x, y = next(loader)\n")
+    code = converted("import wandb\n" + ranged)
+    assert "        opt.step()\n        torch_xla.sync()\n        losses.update(" in code, code
+    assert code.endswith("        xm.add_step_closure(lambda loss=loss: wandb.log({'loss': loss.item()}))\n"
+                         "        torch_xla.sync()\n") and code.count("torch_xla.sync()") == 2, code
     amp = STEP.replace("        loss.backward()\n        opt.step()\n",
                        "        scaler.scale(loss).backward()\n        scaler.unscale_(opt)\n"
                        "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n        scaler.step(opt)\n"
@@ -108,3 +116,21 @@ def test_the_step_runs_once_with_the_originals_numbers(tmp_path):
         return [float(line.split()[-1]) for line in text.splitlines()]
 
     assert len(numbers(out6)) == 6 and numbers(out6) == pytest.approx(numbers(original), rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.xla
+@needs_xla
+def test_prints_deferred_after_the_step_run_at_the_loaders_sync(tmp_path):
+    """fixtures/prints_before_step on XLA at 3 and 6 batches: the print
+    between the forward and the backward goes to a step closure after the
+    moved step and its barrier; compiles flat, one execution a step (with no
+    barrier after the step: two compiles and two executions a step), and
+    every line the original prints on the CPU."""
+    a, _, b, out6 = at_two_lengths("prints_before_step", tmp_path, "--steps", 3, 6)
+    assert a["compiles"] == b["compiles"] == 1 and b["executions"] - a["executions"] == 3, (a, b)
+    original = original_output("prints_before_step", "--steps", "6")
+
+    def numbers(text):
+        return [float(line.split()[-1]) for line in text.splitlines()]
+
+    assert len(numbers(out6)) == 4 and numbers(out6) == pytest.approx(numbers(original), rel=1e-4, abs=1e-5)

@@ -76,36 +76,31 @@ def line_map(old: str, new: str) -> LineMap:
             if shift:
                 shifts[i + 1] = shift
         prev_i, prev_j = i, j
-    _moved(new_lines, old_lines, {i for i, _ in pairs}, table, shifts, inserted)
+    _moved(new_lines, old_lines, pairs, table, shifts, inserted)
     return LineMap(table, shifts, max(len(old_lines), 1), inserted)
 
 
-def _moved(new_lines: Sequence[str], old_lines: Sequence[str], paired: set, table: Dict[int, int],
+def _moved(new_lines: Sequence[str], old_lines: Sequence[str], pairs: Sequence[Pair], table: Dict[int, int],
            shifts: Dict[int, int], inserted: Dict[int, Tuple[int, int]]) -> None:
-    """A line the alignment left unpaired that says what one line of the old
-    text said, and no other line of either text does, is that line moved by
-    a rewrite (a read put after the step it came before): it maps to where
-    it was, not to the block it landed in."""
-    loose = [k for k in range(len(new_lines)) if k not in paired and new_lines[k].strip()]
+    """Lines the alignment left unpaired in both texts that say the same, as
+    many in each, are lines moved by a rewrite (a read put after the step it
+    came before), the first of the new text's the first of the old's and so
+    on: each maps to where it was, not to the block it landed in."""
+    paired_new, paired_old = {i for i, _ in pairs}, {j for _, j in pairs}
+    loose: Dict[str, List[int]] = {}
+    for k, line in enumerate(new_lines):
+        if k not in paired_new and line.strip():
+            loose.setdefault(line.strip(), []).append(k)
     if not loose:
         return
-    wanted = {new_lines[k].strip() for k in loose}
-    count_new: Dict[str, int] = {}
-    for line in new_lines:
-        text = line.strip()
-        if text in wanted:
-            count_new[text] = count_new.get(text, 0) + 1
-    where_old: Dict[str, int] = {}
-    count_old: Dict[str, int] = {}
+    was: Dict[str, List[int]] = {}
     for j, line in enumerate(old_lines):
-        text = line.strip()
-        if text in wanted:
-            count_old[text] = count_old.get(text, 0) + 1
-            where_old[text] = j
-    for k in loose:
-        text = new_lines[k].strip()
-        if count_new[text] == 1 and count_old.get(text) == 1:
-            j = where_old[text]
+        if j not in paired_old and line.strip() in loose:
+            was.setdefault(line.strip(), []).append(j)
+    for text, ks in loose.items():
+        if len(was.get(text, ())) != len(ks):
+            continue
+        for k, j in zip(ks, was[text]):
             table[k + 1] = j + 1
             inserted.pop(k + 1, None)
             shift = _indent(old_lines[j]) - _indent(new_lines[k])

@@ -27,7 +27,8 @@ from codemods.analysis.calls import called_functions
 from codemods.analysis.loops import body_statements, loop_step_kind
 from codemods.analysis.pass_reads import has_exit
 from codemods.analysis.placement import host_read
-from codemods.analysis.tensor_functions import draws_random, handed_names, names_only, tensor_function_call
+from codemods.analysis.store_methods import reach_no_object, store_call, store_receiver
+from codemods.analysis.tensor_functions import BUILTINS, draws_random, handed_names, names_only, tensor_function_call
 from codemods.analysis.tensors import is_tensor_expr
 from codemods.syntax.tree import TreeCache, find_all
 
@@ -107,6 +108,9 @@ def step_tail(tree: TreeCache, stmts: Sequence[cst.BaseStatement], k: int, tenso
     moved: List[int] = []
     split: Dict[int, Tuple[cst.BaseExpression, str]] = {}
     stays: List[cst.BaseStatement] = []
+    # what the body's lines of tensor computations bind holds tensors (`acc1, acc5 = accuracy(...)`)
+    computed = set(tensors) | {n for s in stmts if device_only(tree, s, tensors, qualnames, functions)
+                               for n in bound_names(s)}
     for j in range(k, len(stmts)):
         stmt = stmts[j]
         if not isinstance(stmt, cst.SimpleStatementLine) or any(
@@ -115,6 +119,11 @@ def step_tail(tree: TreeCache, stmts: Sequence[cst.BaseStatement], k: int, tenso
         if device_only(tree, stmt, tensors, qualnames, functions) and _may_skip(
                 stmt, bound_names(stmt) | handed_names(stmt, functions), stays):
             moved.append(j)
+            continue
+        store = _store_line(tree, stmt, computed, qualnames)
+        if store is not None and _may_skip(stmt, {store_receiver(store)}, stays) \
+                and reach_no_object(tree, stays, computed, qualnames):
+            moved.append(j)  # (`top1.update(acc1[0], n)`: the meter's sums join the step's graph)
             continue
         read = _computed_read(tree, stmt, tensors, qualnames, functions)
         if read is not None:
@@ -125,6 +134,15 @@ def step_tail(tree: TreeCache, stmts: Sequence[cst.BaseStatement], k: int, tenso
                 taken.add(name)
         stays.append(stmt)
     return StepTail(tuple(moved), split)
+
+
+def _store_line(tree: TreeCache, stmt: cst.SimpleStatementLine, tensors: Set[str],
+                qualnames: QualNames) -> Optional[cst.Call]:
+    """The call of a line that is one store call (``analysis.store_methods``)."""
+    if len(stmt.body) != 1 or not isinstance(stmt.body[0], cst.Expr) or not isinstance(stmt.body[0].value, cst.Call):
+        return None
+    call = stmt.body[0].value
+    return call if store_call(tree, call, tensors, qualnames) else None
 
 
 def bound_names(stmt: cst.CSTNode) -> Set[str]:
@@ -154,8 +172,9 @@ def _may_skip(node: cst.CSTNode, binds: Set[str], stays: List[cst.CSTNode]) -> b
             if isinstance(func, cst.Attribute) and (func.attr.value.endswith("_") or func.attr.value in _CHANGES):
                 if _names(func.value) & uses:
                     return False
-            elif any(_names(a.value) & uses for a in call.args):  # type: ignore[attr-defined]
-                return False  # a function handed a tensor it uses may change it
+            elif not (isinstance(func, cst.Name) and func.value in BUILTINS) and any(
+                    _names(a.value) & uses for a in call.args):  # type: ignore[attr-defined]
+                return False  # a function handed a tensor it uses may change it (not `len`)
     return True
 
 

@@ -42,7 +42,7 @@ _RANDOM = RANDOM_DRAWS | RANDOM_FILLS | {"dropout", "dropout1d", "dropout2d", "d
                                          "feature_alpha_dropout", "rrelu", "gumbel_softmax"}
 _NOT_OPS = _RANDOM | {"save", "load", "manual_seed", "seed", "compile", "set_printoptions", "set_default_dtype",
                       "set_default_device", "set_grad_enabled", "use_deterministic_algorithms"}
-_BUILTINS = frozenset({"abs", "bool", "enumerate", "float", "int", "isinstance", "len", "list", "max", "min",
+BUILTINS = frozenset({"abs", "bool", "enumerate", "float", "int", "isinstance", "len", "list", "max", "min",
                        "range", "reversed", "round", "sum", "tuple", "zip"})
 # tensor methods that do more than compute (beyond the host reads)
 _NOT_METHODS = frozenset({"backward", "register_hook", "retain_grad", "requires_grad_", "share_memory_",
@@ -82,11 +82,11 @@ def tensor_function_call(tree: TreeCache, call: cst.Call, qualnames: QualNames, 
         return False
     fns = called_functions(tree, call)
     if fns == [] and isinstance(call.func, cst.Name):  # (`from util import accuracy`: read there)
-        found = _imported(tree, call.func)
+        found = imported_def(tree, call.func, cst.FunctionDef)
         if found is None:
             return False
-        tree, fns = found[0], [found[1]]
-        qualnames = _quick_qualnames(tree)
+        tree, fns = found[0], [found[1]]  # type: ignore[list-item]
+        qualnames = quick_qualnames(tree)
     if not fns:
         return False
     for fn in fns:
@@ -96,13 +96,14 @@ def tensor_function_call(tree: TreeCache, call: cst.Call, qualnames: QualNames, 
     return True
 
 
-def _imported(tree: TreeCache, callee: cst.Name) -> Optional[Tuple[TreeCache, cst.FunctionDef]]:
-    """The tree of the project module a function is imported from, and its ``def`` there."""
+def imported_def(tree: TreeCache, callee: cst.Name, kind: type) -> Optional[Tuple[TreeCache, cst.CSTNode]]:
+    """The tree of the project module a function (``kind``: ``cst.FunctionDef``)
+    or class (``cst.ClassDef``) is imported from, and its definition there."""
     found = imported_from(tree, callee)
     if found is None:
         return None
     sibling = _sibling(found[0])
-    fn = None if sibling is None else next((s for s in sibling.module.body if isinstance(s, cst.FunctionDef)
+    fn = None if sibling is None else next((s for s in sibling.module.body if isinstance(s, kind)
                                             and s.name.value == found[1]), None)
     return None if sibling is None or fn is None else (sibling, fn)
 
@@ -124,7 +125,7 @@ def _sibling(path: Path) -> Optional[TreeCache]:
     return _SIBLINGS[key]
 
 
-def _quick_qualnames(tree: TreeCache) -> QualNames:
+def quick_qualnames(tree: TreeCache) -> QualNames:
     """Qualified names read from a module's imports alone (where they are not sure: none, so nothing is a torch op)."""
     return lambda node: tree.import_qualnames(node) or set()
 
@@ -166,6 +167,8 @@ def handed_tensors(fn: cst.FunctionDef, call: cst.Call, tensors: Set[str],
 class _Check:
     """One function's statements and calls, against the module doc's list."""
 
+    method = False  # (a method: its first parameter is the object)
+
     def __init__(self, tree: TreeCache, fn: cst.FunctionDef, qualnames: QualNames, params: FrozenSet[str],
                  depth: int) -> None:
         self.tree, self.fn, self.qualnames, self.depth = tree, fn, qualnames, depth
@@ -177,7 +180,7 @@ class _Check:
     def function(self) -> bool:
         fn = self.fn
         params = [*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params]
-        if fn.asynchronous is not None or (params and params[0].name.value in _SELF):
+        if fn.asynchronous is not None or (params and params[0].name.value in _SELF and not self.method):
             return False
         if any(not torch_op(self.qualnames(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator))
                and not self._grad_mode(d.decorator) for d in fn.decorators):
@@ -252,7 +255,7 @@ class _Check:
             return (method not in _NOT_METHODS and is_tensor_expr(func.value, self.tensors, qualnames)
                     and self._rooted_here(func.value))
         if isinstance(func, cst.Name):
-            if func.value in _BUILTINS and binding_scope(tree, func) is None:
+            if func.value in BUILTINS and binding_scope(tree, func) is None:
                 return True
             return self.depth > 0 and tensor_function_call(tree, call, qualnames, self.tensors, self.depth - 1)
         return False
@@ -274,6 +277,54 @@ class _Check:
                 return isinstance(node, cst.Name) and self._local(node) or not isinstance(node, cst.Name)
 
 
+def store_method(tree: TreeCache, fn: cst.FunctionDef, qualnames: QualNames, params: FrozenSet[str]) -> bool:
+    """``fn``, a method, only computes from its arguments and its object's
+    attributes and stores into those (``AverageMeter.update``: ``self.val =
+    val; self.sum += val * n``): simple lines alone, each of the module
+    doc's, but that an assignment may store into ``self.<name>`` and no
+    tensor changes in place; its parameters ``params`` (``self`` left out)
+    tensors."""
+    key = ("store_method", id(fn), params)
+    if key not in tree.memo:
+        tree.memo[key] = _StoreCheck(tree, fn, qualnames, params, 0).function()
+    return tree.memo[key]  # type: ignore[no-any-return]
+
+
+class _StoreCheck(_Check):
+    """A method's statements: :class:`_Check`'s, simple lines only, whose
+    assignments may store into the object's attributes."""
+
+    method = True
+
+    def function(self) -> bool:
+        fn = self.fn
+        params = [*fn.params.posonly_params, *fn.params.params]
+        if fn.asynchronous is not None or fn.decorators or not params or params[0].name.value != "self":
+            return False
+        if isinstance(fn.params.star_arg, cst.Param) or fn.params.star_kwarg is not None:
+            return False
+        body = fn.body.body if isinstance(fn.body, cst.IndentedBlock) else (fn.body,)
+        return all(isinstance(s, cst.SimpleStatementLine) for s in body) and super().function()
+
+    def _small(self, small: cst.CSTNode) -> bool:
+        if isinstance(small, cst.Assign) and all(_own_attribute(t.target) for t in small.targets):
+            return self._expr(small.value)
+        if isinstance(small, cst.AugAssign) and _own_attribute(small.target):
+            return self._expr(small.value)
+        if isinstance(small, cst.Return):
+            return small.value is None
+        return super()._small(small)
+
+    def _call(self, call: cst.Call) -> bool:
+        # (nothing in place: what it is handed stays as it was, whatever it stores)
+        return not (isinstance(call.func, cst.Attribute) and call.func.attr.value.endswith("_")) and super()._call(call)
+
+
+def _own_attribute(target: cst.CSTNode) -> bool:
+    """``self.<name>``."""
+    return isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self"
+
+
 def names_only(target: cst.CSTNode) -> bool:
     """An assignment target of names alone (``a``, ``_, b``): nothing but names is written."""
     if isinstance(target, cst.Name):
@@ -289,4 +340,5 @@ def handed_names(stmt: cst.CSTNode, is_function_call: Callable[[cst.Call], bool]
             for a in c.args for n in find_all(a.value, cst.Name)}  # type: ignore[attr-defined]
 
 
-__all__ = ["draws_random", "handed_names", "names_only", "tensor_function", "tensor_function_call", "torch_op"]
+__all__ = ["BUILTINS", "draws_random", "handed_names", "names_only", "store_method", "tensor_function", "tensor_function_call",
+           "torch_op"]
