@@ -12,37 +12,31 @@ diffusers >= 0.31) gets no new barrier: its other step loops are reported.
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple, Union
+from typing import List, Tuple, Union
 
 import libcst as cst
 
-from codemods.analysis.cuda import scope_of
 from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP
 from codemods.analysis import (
     Loop,
-    has_barrier,
     is_barrier_call,
     module_facts,
 )
 from codemods.analysis.loops import (
     body_statements,
     in_model_code,
-    last_optimizer_step,
     loop_step_kind,
     model_functions,
 )
-from codemods.analysis.growth import whole_growth
 from codemods.analysis.model_loops import model_loop_barrier
-from codemods.analysis.pass_reads import PassReads, has_exit
-from codemods.analysis.placement import host_read
-from codemods.analysis.step_tail import StepTail, evaluation_read, reads_host, step_tail
+from codemods.analysis.pass_reads import has_exit
 from codemods.analysis.state import ends_flow
-from codemods.analysis.values import values as values_of
 from codemods.analysis.kinds import model_source_triggers
 from codemods.analysis.steps import trigger_words
-from codemods.base import Rule, call_name, find_all, statement
+from codemods.base import Rule, find_all, statement
+from codemods.barrier_sites import BarrierSites
 from codemods.loop_codemod import LoopCodemod
-from codemods.syntax.hoist import ReadSite, joined_then_read
+from codemods.syntax.hoist import joined_then_read
 
 STEP_BARRIER = Rule(
     code="XLA302",
@@ -180,7 +174,7 @@ def _other_framework(tree) -> bool:
 _JOINED = " and the lines after it that only compute tensors"
 
 
-class StepBarrier(LoopCodemod):
+class StepBarrier(BarrierSites, LoopCodemod):
     DESCRIPTION = "Insert the XLA step barrier at the end of each step loop."
     RULES = (STEP_BARRIER,)
     # every word a step loop can be recognised by: step and model names (analysis.steps), and every
@@ -257,18 +251,6 @@ class StepBarrier(LoopCodemod):
             new_body.append(self._barrier())
         return updated.with_changes(body=body.with_changes(body=new_body))
 
-    def _one_graph_generation(self, loop: Loop) -> bool:
-        """A generation loop that feeds the model the whole sequence it grows
-        a token a step (XLA408 reports it: no buffer can take it) and reads
-        nothing on the host: with a barrier every step would compile a graph
-        of a new shape; without one, the loop is one graph, compiled once for
-        its count (bigram's ``generate``)."""
-        if whole_growth(loop, self.qualnames, self.target.barrier_names) is None:
-            return False
-        calls = find_all(loop.body, cst.Call, stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda))
-        return not any(host_read(self.tree, c, self.tensors, self.qualnames) or self.is_step_closure(c)  # type: ignore[arg-type]
-                       for c in calls)
-
     def _device_loader_loop(self, original: Loop, updated: Loop, exits: Tuple[type, ...]) -> Loop:
         """A loop over a device loader: it syncs at the next batch, not after a break."""
         if any(is_barrier_call(c, self.target.barrier_names, self.qualnames)  # type: ignore[arg-type]
@@ -313,42 +295,6 @@ class StepBarrier(LoopCodemod):
             return [*stmts[:k], self._barrier(), *stmts[k:]]
         return joined_then_read(list(before), k, tail.moved, tail.split, self._barrier())
 
-    def _step_tail(self, loop: Loop, k: int) -> StepTail:
-        """``analysis.step_tail`` for the barrier before statement ``k``, once
-        per loop; a split's name is new to the function the loop runs in, and
-        to the splits of the loops before it."""
-        def compute() -> StepTail:
-            scope = scope_of(loop, self.tree)
-            taken = self._memo("names", scope, lambda: {n.value for n in find_all(scope, cst.Name)})
-            tail = step_tail(self.tree, body_statements(loop), k, self.tensors, self.qualnames, set(taken))
-            taken.update(name for _, name in tail.split.values())  # type: ignore[attr-defined]
-            return tail
-        return self._memo(f"step_tail:{k}", loop, compute)  # type: ignore[no-any-return]
-
-    def _joins(self, loop: Loop, k: Optional[int]) -> bool:
-        """Lines after a barrier before statement ``k`` join the step's graph."""
-        return k is not None and bool(self._step_tail(loop, k))
-
-    def _evaluation_read(self, loop: Loop, exits: Tuple[type, ...]) -> Optional[int]:
-        """``analysis.step_tail.evaluation_read`` (a loop over a device loader:
-        a step closure handed over after the barrier runs at the loader's
-        sync, as it did with no barrier)."""
-        return evaluation_read(self.tree, loop, self.steps, self.tensors, self.qualnames, self._tensor_names, exits)
-
-    def _flushed_at_end(self, loop: Loop, k: Optional[int]) -> bool:
-        """A barrier before statement ``k`` of a loop that is not over a
-        device loader needs another at the end of the body: statements from
-        ``k`` on hand a step closure over (a print deferred after the step,
-        XLA210), which runs at the next barrier -- a pass late, and never
-        for the last pass, without one.  The second barrier finds the pass's
-        graph run already: it runs the closures and no graph."""
-        return k is not None and self._closure_from(body_statements(loop), k)
-
-    def _closure_from(self, stmts, k: int) -> bool:  # type: ignore[no-untyped-def]
-        """``stmts[k:]`` hand a step closure over."""
-        return any(self.is_step_closure(c) for s in stmts[k:]  # type: ignore[arg-type]
-                   for c in find_all(s, cst.Call, stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda)))
-
     def _flushed_before_exits(self, original: Loop, updated: Loop, exits: Tuple[type, ...]) -> Loop:
         """``updated`` with a barrier before each break/return of its own
         (``exits`` beyond ``continue``, where the loop defers prints): the
@@ -361,9 +307,6 @@ class StepBarrier(LoopCodemod):
             return updated.with_changes(body=body.with_changes(body=_before_exits(
                 list(body.body), exits[1:], self._barrier())))  # type: ignore[attr-defined]
         return updated
-
-    def _synced(self, loop: Loop) -> bool:
-        return has_barrier(loop, self.target.barrier_names, self.qualnames, self.syncing())
 
     def _model_loop_read(self, original: Loop, updated: Loop) -> Loop:
         """A loop inside a model's ``forward`` that feeds its state back to a
@@ -390,89 +333,8 @@ class StepBarrier(LoopCodemod):
         stmts.insert(k, self._barrier())
         return updated.with_changes(body=body.with_changes(body=stmts))
 
-    def _after_optimizer_step(self, loop: Loop, exits: Tuple[type, ...]) -> Optional[int]:
-        """Where the barrier goes when the loop reads a tensor on the host
-        after its optimizer step (``print(loss.item())``, a histogram of
-        the weights): right after that step -- and the LR scheduler's
-        ``step()`` and ``zero_grad()`` that follow it -- as experts place
-        it, so that the reads find the step computed instead of each running
-        the step's pending graph (or a part of it) on its own.  None (the
-        end of the body) when nothing after the step reads the host, or
-        when the body can end early after it.  (A step closure handed over
-        after it runs at the next barrier: :meth:`_flushed_at_end`.)"""
-        stmts = body_statements(loop)
-        k = last_optimizer_step(loop, self.steps, self.qualnames, values_of(self.tree))
-        if k is None or loop_step_kind(self.tree, loop, self.steps) != "step":
-            return None
-        k += 1
-        while k < len(stmts) and _host_step(stmts[k]):
-            k += 1  # `lr_scheduler.step()`, `optimizer.zero_grad()`
-        tail = stmts[k:]
-        calls = [c for s in tail for c in find_all(s, cst.Call, stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda))]
-        if not tail or has_exit(tail, exits):
-            return None
-        if not any(reads_host(self.tree, c, self.tensors, self.qualnames, self._tensor_names)  # type: ignore[arg-type]
-                   for c in calls):
-            return None
-        return k  # (what only computes tensors after it joins the step's graph: _after_step_joined)
-
-    def _before_first_read(self, loop: Loop, exits: Tuple[type, ...]) -> Optional[ReadSite]:
-        """Where the barrier goes in a loop that is not a training step (a
-        sampler, a decoder fed its own output) and reads a value it computed
-        on every pass (``out.append(nxt.item())``): right before that read,
-        so that the read finds the pass computed.  At the end, the read runs
-        the graph up to the value and the barrier the rest: two executions
-        and two graphs to compile per pass (a GRU cell read once a step: 4
-        compiles and 2 executions a step at 8 steps; 2 and 1 with the barrier
-        before the read, the same values).  The read is of a name (what the
-        pass computed), or an assignment whose read computes what it reads
-        (``ims = torch.clamp(xt, -1, 1).cpu()``: computed before the barrier,
-        :func:`~codemods.syntax.hoist.computed_then_read`), in a statement of
-        the loop's own level every pass runs, or in each branch of an
-        ``if``/``else`` there that decides on the host (pytorch/examples'
-        word_language_model, one branch per kind of model), or before such
-        an ``if`` where only some of its branches read; where it is:
-        :class:`~codemods.analysis.pass_reads.PassReads`.  None where there
-        is none, or where the body can end early (a step closure handed
-        over after it: :meth:`_flushed_at_end`)."""
-        if loop_step_kind(self.tree, loop, self.steps) == "step":
-            return None
-        stmts = body_statements(loop)
-        if has_exit(stmts, exits + (cst.Break, cst.Return)):
-            return None
-        return PassReads(self.tree, self.tensors, self.qualnames).first(list(stmts))
-
-    def _syncs_by_hand(self) -> bool:
-        """The module already calls a barrier somewhere (``xm.mark_step()``,
-        ``torch_xla.sync()``, ``xm.optimizer_step(..., barrier=True)``)."""
-        def scan() -> bool:
-            src = self.tree.source  # the original file, before any rule ran
-            if src and not any(k in src for k in (b"mark_step", b"sync", b"barrier")):
-                return False
-            if src and b"torch_xla" not in src:
-                # the barriers in the tree were put there by xlaport itself (a
-                # converted `torch.cuda.synchronize()`), not by its authors
-                return False
-            return any(is_barrier_call(c, self.target.barrier_names, self.qualnames)  # type: ignore[arg-type]
-                       for c in find_all(self.tree.module, cst.Call))
-        return bool(self._memo("syncs_by_hand", self.tree.module, scan))
-
     def _barrier(self) -> cst.SimpleStatementLine:
         return statement(self.target.sync_node())
-
-    def _defers(self, loop: Loop) -> bool:
-        """The loop's own body hands work to step closures (deferred prints)."""
-        return any(self.is_step_closure(c) for c in find_all(loop.body, cst.Call, stop=(cst.For, cst.While)))  # type: ignore[arg-type]
-
-
-def _host_step(stmt: cst.CSTNode) -> bool:
-    """``lr_scheduler.step()`` / ``optimizer.zero_grad(set_to_none=True)``:
-    bookkeeping on the host that belongs with the optimizer step (a ``step``
-    with no argument: ``ReduceLROnPlateau.step(loss)`` reads a value)."""
-    return isinstance(stmt, cst.SimpleStatementLine) and all(
-        isinstance(s, cst.Expr) and isinstance(s.value, cst.Call)
-        and (call_name(s.value) == "zero_grad" or call_name(s.value) == "step" and not s.value.args)
-        for s in stmt.body)
 
 
 def _is_exit(stmt: cst.CSTNode, kinds: Tuple[type, ...]) -> bool:
