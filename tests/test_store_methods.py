@@ -51,6 +51,10 @@ def test_a_meters_update_of_a_tensor_joins_the_steps_graph():
     assert JOINED in code and code.index("losses.update(") > code.index("torch_xla.sync()"), code
     # a plain line between that reaches no object
     assert JOINED in converted(loop(between="        n = len(y)\n"))
+    # meters made on one line
+    paired = loop().replace("    losses = AverageMeter()\n    top1 = AverageMeter()\n",
+                            "    losses, top1 = AverageMeter(), AverageMeter()\n")
+    assert JOINED in converted(paired)
 
 
 def test_what_keeps_the_update_after_the_barrier():
@@ -80,11 +84,12 @@ def test_what_keeps_the_update_after_the_barrier():
         assert code.index("top1.update(") > code.index("torch_xla.sync()"), (why, code)
     # a meter bound to another class too, or handed in: what its method does is not known
     twice = loop().replace("    top1 = AverageMeter()\n", "    top1 = AverageMeter()\n    if log:\n        top1 = Other()\n")
+    unpacked = loop().replace("    top1 = AverageMeter()\n", "    top1, other = meters()\n")
     handed = loop().replace("    top1 = AverageMeter()\n", "").replace("loader, log)", "loader, log, top1)")
     # a number that is no tensor's (a time) is host work: it keeps its place
     timed = loop().replace("top1.update(out.argmax(1).eq(y).float().mean(), x.size(0))",
                            "top1.update(out.argmax(1).eq(y).float().mean(), time.time())")
-    for src in (twice, handed, timed):
+    for src in (twice, unpacked, handed, timed):
         code = converted(src)
         assert code.index("top1.update(") > code.index("torch_xla.sync()"), code
 

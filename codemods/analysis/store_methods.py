@@ -101,16 +101,36 @@ def instance_class(tree: TreeCache, name: cst.Name) -> Optional[Tuple[TreeCache,
     found: Optional[Tuple[TreeCache, cst.ClassDef]] = None
     bindings = binding_nodes(tree, name)
     for bound in bindings:
-        target = tree.parents.get(id(bound))
-        assign = tree.parents.get(id(target)) if isinstance(target, cst.AssignTarget) else None
-        if not isinstance(assign, cst.Assign) or len(assign.targets) != 1 or not isinstance(assign.value, cst.Call):
-            return None
-        made = assign.value.func
-        cls = _class_of(tree, made) if isinstance(made, cst.Name) else None
+        made = _made_by(tree, bound)
+        cls = _class_of(tree, made.func) if made is not None and isinstance(made.func, cst.Name) else None
         if cls is None or found is not None and found[1] is not cls[1]:
             return None
         found = cls
     return found if bindings and found is not None and _plain(found[1]) else None
+
+
+def _made_by(tree: TreeCache, bound: cst.CSTNode) -> Optional[cst.Call]:
+    """The call a binding of a name is: ``top1 = C(...)``, or its place in
+    ``losses, top1 = C(...), C(...)``; None for any other binding."""
+    parent = tree.parents.get(id(bound))
+    index = None
+    if isinstance(parent, cst.Element):
+        names = tree.parents.get(id(parent))
+        if not isinstance(names, (cst.Tuple, cst.List)):
+            return None
+        index = next(i for i, e in enumerate(names.elements) if e is parent)
+        parent = tree.parents.get(id(names))
+    assign = tree.parents.get(id(parent)) if isinstance(parent, cst.AssignTarget) else None
+    if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
+        return None
+    value = assign.value
+    if index is not None:
+        size = len(names.elements)  # type: ignore[union-attr]
+        if not isinstance(value, (cst.Tuple, cst.List)) or len(value.elements) != size or any(
+                isinstance(e, cst.StarredElement) for e in (*value.elements, *names.elements)):  # type: ignore[union-attr]
+            return None
+        value = value.elements[index].value
+    return value if isinstance(value, cst.Call) else None
 
 
 def _class_of(tree: TreeCache, name: cst.Name) -> Optional[Tuple[TreeCache, cst.ClassDef]]:
