@@ -20,12 +20,11 @@ import libcst as cst
 from codemods.analysis import Loop, has_barrier, is_barrier_call
 from codemods.analysis.cuda import scope_of
 from codemods.analysis.growth import whole_growth
-from codemods.analysis.loops import body_statements, last_optimizer_step, loop_step_kind
+from codemods.analysis.loops import body_statements, loop_step_kind
 from codemods.analysis.pass_reads import PassReads, has_exit
 from codemods.analysis.placement import host_read
-from codemods.analysis.step_tail import StepTail, evaluation_read, reads_host, step_tail
-from codemods.analysis.values import values as values_of
-from codemods.base import call_name, find_all
+from codemods.analysis.step_tail import StepTail, evaluation_read, reads_host, step_end, step_tail
+from codemods.base import find_all
 from codemods.syntax.hoist import ReadSite
 
 
@@ -91,19 +90,18 @@ class BarrierSites:
         it, so that the reads find the step computed instead of each running
         the step's pending graph (or a part of it) on its own.  None (the
         end of the body) when nothing after the step reads the host, or
-        when the body can end early after it.  (A step closure handed over
+        when a pass can go on to the next after it (``continue``: ``exits[0]``;
+        a ``break`` or ``return`` after it, where the loop defers prints,
+        gets a barrier of its own before it).  (A step closure handed over
         after it runs at the next barrier: :meth:`_flushed_at_end`.)"""
         stmts = body_statements(loop)
-        k = last_optimizer_step(loop, self.steps, self.qualnames, values_of(self.tree))
-        if k is None or loop_step_kind(self.tree, loop, self.steps) != "step":
+        k = step_end(self.tree, loop, self.steps, self.qualnames)
+        if k is None:
             return None
-        k += 1
-        while k < len(stmts) and _host_step(stmts[k]):
-            k += 1  # `lr_scheduler.step()`, `optimizer.zero_grad()`
         tail = stmts[k:]
         calls = [c for s in tail for c in find_all(s, cst.Call, stop=(cst.FunctionDef, cst.ClassDef, cst.Lambda))]
-        if not tail or has_exit(tail, exits):
-            return None
+        if not tail or has_exit(tail, exits[:1]):
+            return None  # (a `continue`; a break or return after it is flushed: _flushed_before_exits)
         if not any(reads_host(self.tree, c, self.tensors, self.qualnames, self._tensor_names)  # type: ignore[arg-type]
                    for c in calls):
             return None
@@ -153,13 +151,3 @@ class BarrierSites:
     def _defers(self, loop: Loop) -> bool:
         """The loop's own body hands work to step closures (deferred prints)."""
         return any(self.is_step_closure(c) for c in find_all(loop.body, cst.Call, stop=(cst.For, cst.While)))  # type: ignore[arg-type]
-
-
-def _host_step(stmt: cst.CSTNode) -> bool:
-    """``lr_scheduler.step()`` / ``optimizer.zero_grad(set_to_none=True)``:
-    bookkeeping on the host that belongs with the optimizer step (a ``step``
-    with no argument: ``ReduceLROnPlateau.step(loss)`` reads a value)."""
-    return isinstance(stmt, cst.SimpleStatementLine) and all(
-        isinstance(s, cst.Expr) and isinstance(s.value, cst.Call)
-        and (call_name(s.value) == "zero_grad" or call_name(s.value) == "step" and not s.value.args)
-        for s in stmt.body)

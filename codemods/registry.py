@@ -40,6 +40,7 @@ ORDER: Tuple[Tuple[str, str], ...] = (
     # after the accumulators and the prints (a sum kept on the device, a print deferred to a step
     # closure, is no read) and before the barriers: a read moved after the step finds its barrier there
     ("codemods.step_reads", "ReadsAfterStep"),
+    ("codemods.deferred_reads", "DeferredReads"),  # after XLA417 (what it leaves) and before the barriers (likewise)
     ("codemods.loaders", "DeviceLoader"),
     ("codemods.barriers", "StepBarrier"),
     ("codemods.device_index", "DeviceIndex"),  # before the host reads: what it fixes is not reported

@@ -76,6 +76,9 @@ CODEMODS = (
     ('codemods.step_reads', 'ReadsAfterStep', (b'backward',), ('step_loop',), (
         ('XLA417', 'reads-after-step', "a host read between the step's forward and its backward (`losses.update(loss.item())`) moves after the optimizer step", True),
     ), ()),
+    ('codemods.deferred_reads', 'DeferredReads', (b'.item()',), ('step_loop',), (
+        ('XLA418', 'deferred-read', 'a number read before the optimizer step and used only after it (`D_x = out.mean().item()`) is read after the step', True),
+    ), ()),
     ('codemods.loaders', 'DeviceLoader', (b'oader', b'_dl'), ('loader_loop',), (
         ('XLA301', 'mp-device-loader', 'loop over a DataLoader: iterate `MpDeviceLoader(loader, device)` instead', True),
     ), ()),

@@ -24,12 +24,14 @@ import libcst as cst
 
 from codemods.analysis.bindings import target_names
 from codemods.analysis.calls import called_functions
-from codemods.analysis.loops import body_statements, loop_step_kind
+from codemods.analysis.loops import body_statements, last_optimizer_step, loop_step_kind
 from codemods.analysis.pass_reads import has_exit
 from codemods.analysis.placement import host_read
 from codemods.analysis.store_methods import reach_no_object, store_call, store_receiver
 from codemods.analysis.tensor_functions import BUILTINS, draws_random, handed_names, names_only, tensor_function_call
 from codemods.analysis.tensors import is_tensor_expr
+from codemods.analysis.values import values as values_of
+from codemods.syntax.nodes import call_name
 from codemods.syntax.tree import TreeCache, find_all
 
 QualNames = Callable[[cst.CSTNode], Iterable[str]]
@@ -229,6 +231,31 @@ def _fresh(name: str, taken: Set[str]) -> str:
     while out in taken:
         out, k = f"{name}{k}", k + 1
     return out
+
+
+def step_end(tree: TreeCache, loop: cst.CSTNode, steps: Set[str], qualnames: QualNames) -> Optional[int]:
+    """The index in a training step loop's body right after its optimizer
+    step (``analysis.loops.last_optimizer_step``) and the bookkeeping on the
+    host that belongs with it (:func:`host_step`): where the step's barrier
+    goes when reads follow.  None for a loop that takes no such step."""
+    k = last_optimizer_step(loop, steps, qualnames, values_of(tree))  # type: ignore[arg-type]
+    if k is None or loop_step_kind(tree, loop, steps) != "step":  # type: ignore[arg-type]
+        return None
+    stmts = body_statements(loop)  # type: ignore[arg-type]
+    k += 1
+    while k < len(stmts) and host_step(stmts[k]):
+        k += 1
+    return k
+
+
+def host_step(stmt: cst.CSTNode) -> bool:
+    """``lr_scheduler.step()`` / ``optimizer.zero_grad(set_to_none=True)``:
+    bookkeeping on the host that belongs with the optimizer step (a ``step``
+    with no argument: ``ReduceLROnPlateau.step(loss)`` reads a value)."""
+    return isinstance(stmt, cst.SimpleStatementLine) and all(
+        isinstance(s, cst.Expr) and isinstance(s.value, cst.Call)
+        and (call_name(s.value) == "zero_grad" or call_name(s.value) == "step" and not s.value.args)
+        for s in stmt.body)
 
 
 def evaluation_read(tree: TreeCache, loop: cst.CSTNode, steps: Set[str], tensors: Set[str], qualnames: QualNames,

@@ -37,7 +37,7 @@ def is_tensor_expr(node: cst.CSTNode, tensors: Set[str], qualnames: QualNames, v
         if isinstance(func, cst.Attribute):
             if func.attr.value in NON_TENSOR_METHODS:
                 return False
-            if is_tensor_expr(func.value, tensors, qualnames):
+            if is_tensor_expr(func.value, tensors, qualnames, values):
                 return True
         callee = dotted(func) or ""
         # named like a model: a name of this module, or a function of another
@@ -51,17 +51,17 @@ def is_tensor_expr(node: cst.CSTNode, tensors: Set[str], qualnames: QualNames, v
             return bool(values.of(func) & {"module", "loaded"})  # type: ignore[attr-defined]
         return False
     if isinstance(node, cst.Subscript):
-        return is_tensor_expr(node.value, tensors, qualnames)
+        return is_tensor_expr(node.value, tensors, qualnames, values)
     if isinstance(node, cst.BinaryOperation):
-        return is_tensor_expr(node.left, tensors, qualnames) or is_tensor_expr(node.right, tensors, qualnames)
+        return is_tensor_expr(node.left, tensors, qualnames, values) or is_tensor_expr(node.right, tensors, qualnames, values)
     if isinstance(node, cst.UnaryOperation):
-        return is_tensor_expr(node.expression, tensors, qualnames)
+        return is_tensor_expr(node.expression, tensors, qualnames, values)
     if isinstance(node, cst.Comparison):  # `out.argmax(1) == y`: elementwise (not `is`, `in`)
         return all(isinstance(c.operator, _ELEMENTWISE) for c in node.comparisons) and any(
-            is_tensor_expr(n, tensors, qualnames) for n in (node.left, *(c.comparator for c in node.comparisons)))
+            is_tensor_expr(n, tensors, qualnames, values) for n in (node.left, *(c.comparator for c in node.comparisons)))
     if isinstance(node, cst.Attribute):
         return node.attr.value in {"grad", "data", "T", "mT", "real", "imag"} and is_tensor_expr(
-            node.value, tensors, qualnames
+            node.value, tensors, qualnames, values
         )
     return False
 

@@ -1,0 +1,107 @@
+"""XLA418: a number a step reads before its optimizer step, and uses only after it, is read after it.
+
+``D_x = output.mean().item()`` between DCGAN's backward passes runs, on
+XLA, the part of the step it needs as a graph of its own; three such reads
+make four executions a step.  The tensor stays where it is computed
+(``D_x = output.mean()``: part of the step's graph) and is read right after
+the optimizer step (``D_x = D_x.item()``), where the step's barrier goes
+(XLA302): one execution a step.  ``analysis.deferred_reads`` says which
+reads change no value by this.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import libcst as cst
+
+from codemods.analysis.deferred_reads import deferred_reads
+from codemods.analysis.loops import Loop, body_statements, module_facts
+from codemods.analysis.prefilter import STEP_LOOP
+from codemods.base import Rule
+from codemods.loop_codemod import LoopCodemod
+
+DEFERRED_READ = Rule(
+    code="XLA418",
+    name="deferred-read",
+    summary="a number read before the optimizer step and used only after it (`D_x = out.mean().item()`) is read "
+            "after the step",
+    why=(
+        "On XLA a host read runs the pending graph: a read in the middle of a step (DCGAN's `D_x = "
+        "output.mean().item()` after the discriminator's backward) runs the part of the step it needs as a graph "
+        "of its own, and the step's barrier runs the step again with it; three such reads make four executions a "
+        "step. Where the number is used only after the optimizer step, the tensor is computed where it was "
+        "(`D_x = output.mean()`, in the step's graph) and read right after the step (`D_x = D_x.item()`), after "
+        "the step's barrier (XLA302): one execution, the same number. Rewritten only where the tensor is computed "
+        "on the line (not a name or a view the step could change), nothing between uses or binds the name or can "
+        "leave the body, and no function of the scope that could run between names it."
+    ),
+    before=(
+        "import torch\n\ndef train(model, loader, opt):\n    for x, y in loader:\n"
+        "        out = model(x)\n        loss = torch.nn.functional.cross_entropy(out, y)\n"
+        "        loss.backward()\n        mean = out.mean().item()\n        opt.step()\n"
+        "        print(loss.item(), mean)\n"
+    ),
+    after=(
+        "import torch\n\ndef train(model, loader, opt):\n    for x, y in loader:\n"
+        "        out = model(x)\n        loss = torch.nn.functional.cross_entropy(out, y)\n"
+        "        loss.backward()\n        mean = out.mean()\n        opt.step()\n        mean = mean.item()\n"
+        "        print(loss.item(), mean)\n"
+    ),
+    valid=(
+        # the number decides what the step does: it is needed before the step
+        "import torch\n\ndef train(model, loader, opt):\n    for x, y in loader:\n"
+        "        out = model(x)\n        loss = out.sum()\n        loss.backward()\n"
+        "        mean = out.mean().item()\n        if mean > 1:\n            opt.zero_grad()\n        opt.step()\n",
+        # a weight's value, read before the step changes it in place
+        "import torch\n\ndef train(model, loader, opt):\n    for x, y in loader:\n"
+        "        model(x).sum().backward()\n        w = model.weight[0, 0].item()\n        opt.step()\n"
+        "        print(w)\n",
+    ),
+)
+
+
+class DeferredReads(LoopCodemod):
+    DESCRIPTION = "Read the numbers a step reads before its optimizer step, and uses only after it, after the step."
+    RULES = (DEFERRED_READ,)
+    TRIGGERS = (b".item()",)
+    NEEDS = (STEP_LOOP,)
+
+    @classmethod
+    def wanted(cls, tree, options):  # type: ignore[no-untyped-def]
+        return bool(module_facts(tree).step_loops)
+
+    def regions(self, tree):  # type: ignore[no-untyped-def]
+        return module_facts(tree).step_loops
+
+    def rewrite_loop(self, original: Loop, updated: Loop) -> Union[Loop, cst.CSTNode]:
+        body = updated.body
+        if not self.enabled(DEFERRED_READ.code) or not isinstance(body, cst.IndentedBlock):
+            return updated
+        before = body_statements(original)
+        if len(before) != len(body.body) or not self.is_step_loop(original):
+            return updated
+        found = deferred_reads(self.tree, original, self.steps, self.tensors, self.qualnames)
+        if found is None:
+            return updated
+        stmts = list(body.body)
+        reads = []
+        for read in found.reads:
+            line = stmts[read.index]
+            small = line.body[0]  # type: ignore[attr-defined]
+            value = small.value  # (as the rules before this one left it)
+            if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
+                    and value.func.attr.value == "item") or not self.flag(
+                    before[read.index], DEFERRED_READ.code,
+                    f"`{read.name}` is read on the host before the optimizer step and used only after it: the tensor "
+                    "is computed here and read after the step (one graph execution a step)", fix=True):
+                continue
+            stmts[read.index] = line.with_changes(body=[small.with_changes(value=value.func.value)])  # type: ignore[attr-defined]
+            reads.append(cst.parse_statement(f"{read.name} = {read.name}.item()\n"))
+        if not reads:
+            return updated
+        stmts[found.end:found.end] = reads
+        return updated.with_changes(body=body.with_changes(body=stmts))
+
+
+__all__ = ["DEFERRED_READ", "DeferredReads"]
