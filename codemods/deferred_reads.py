@@ -11,15 +11,14 @@ reads change no value by this.
 
 from __future__ import annotations
 
-from typing import Union
+from typing import List, Optional
 
 import libcst as cst
 
 from codemods.analysis.deferred_reads import deferred_reads
-from codemods.analysis.loops import Loop, body_statements, module_facts
-from codemods.analysis.prefilter import STEP_LOOP
+from codemods.analysis.loops import Loop
 from codemods.base import Rule
-from codemods.loop_codemod import LoopCodemod
+from codemods.loop_codemod import StepBodyCodemod
 
 DEFERRED_READ = Rule(
     code="XLA418",
@@ -61,30 +60,16 @@ DEFERRED_READ = Rule(
 )
 
 
-class DeferredReads(LoopCodemod):
+class DeferredReads(StepBodyCodemod):
     DESCRIPTION = "Read the numbers a step reads before its optimizer step, and uses only after it, after the step."
     RULES = (DEFERRED_READ,)
     TRIGGERS = (b".item()",)
-    NEEDS = (STEP_LOOP,)
 
-    @classmethod
-    def wanted(cls, tree, options):  # type: ignore[no-untyped-def]
-        return bool(module_facts(tree).step_loops)
-
-    def regions(self, tree):  # type: ignore[no-untyped-def]
-        return module_facts(tree).step_loops
-
-    def rewrite_loop(self, original: Loop, updated: Loop) -> Union[Loop, cst.CSTNode]:
-        body = updated.body
-        if not self.enabled(DEFERRED_READ.code) or not isinstance(body, cst.IndentedBlock):
-            return updated
-        before = body_statements(original)
-        if len(before) != len(body.body) or not self.is_step_loop(original):
-            return updated
+    def rewrite_body(self, original: Loop, before: List[cst.BaseStatement],
+                     stmts: List[cst.BaseStatement]) -> Optional[List[cst.BaseStatement]]:
         found = deferred_reads(self.tree, original, self.steps, self.tensors, self.qualnames)
         if found is None:
-            return updated
-        stmts = list(body.body)
+            return None
         reads = []
         for read in found.reads:
             line = stmts[read.index]
@@ -99,9 +84,9 @@ class DeferredReads(LoopCodemod):
             stmts[read.index] = line.with_changes(body=[small.with_changes(value=value.func.value)])  # type: ignore[attr-defined]
             reads.append(cst.parse_statement(f"{read.name} = {read.name}.item()\n"))
         if not reads:
-            return updated
+            return None
         stmts[found.end:found.end] = reads
-        return updated.with_changes(body=body.with_changes(body=stmts))
+        return stmts
 
 
 __all__ = ["DEFERRED_READ", "DeferredReads"]

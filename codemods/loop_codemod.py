@@ -14,6 +14,7 @@ from codemods.analysis.loops import (
     _DEFS,
     Loop,
     accumulates_gradients,
+    body_statements,
     in_model_code,
     loop_step_kind,
     model_functions,
@@ -24,6 +25,7 @@ from codemods.analysis.loops import (
 from codemods.analysis.syncs import is_barrier_call
 from codemods.analysis.counters import loop_counters
 from codemods.analysis.nesting import is_outer_loop
+from codemods.analysis.prefilter import STEP_LOOP
 from codemods.analysis.bindings import read_from_module
 from codemods.analysis.tensors import tensor_names
 from codemods.analysis.values import values as values_of
@@ -198,3 +200,34 @@ class LoopCodemod(XlaCodemod):
         if self.qualnames(call.func) & set(self.target.step_closure_names):
             return True
         return call_name(call) == "add_step_closure"
+
+
+class StepBodyCodemod(LoopCodemod):
+    """A rule that reorders the lines of a training step loop's body (XLA417,
+    XLA418): it visits the module's step loops only, and rewrites a body whose
+    statements still line up one for one with the loop's as this pass found
+    it (``before``), through :meth:`rewrite_body`."""
+
+    NEEDS = (STEP_LOOP,)
+
+    @classmethod
+    def wanted(cls, tree, options):  # type: ignore[no-untyped-def]
+        return bool(module_facts(tree).step_loops)
+
+    def regions(self, tree):  # type: ignore[no-untyped-def]
+        return module_facts(tree).step_loops
+
+    def rewrite_loop(self, original: Loop, updated: Loop):  # type: ignore[no-untyped-def]
+        body = updated.body
+        if not self.enabled(self.RULES[0].code) or not isinstance(body, cst.IndentedBlock):
+            return updated
+        before = body_statements(original)
+        if len(before) != len(body.body) or not self.is_step_loop(original):
+            return updated
+        stmts = self.rewrite_body(original, before, list(body.body))
+        return updated if stmts is None else updated.with_changes(body=body.with_changes(body=stmts))
+
+    def rewrite_body(self, original: Loop, before: List[cst.BaseStatement],
+                     stmts: List[cst.BaseStatement]) -> Optional[List[cst.BaseStatement]]:
+        """The body's new statements, or None to leave it."""
+        raise NotImplementedError

@@ -10,16 +10,15 @@ and the reads (XLA302): one execution a step.
 
 from __future__ import annotations
 
-from typing import Union
+from typing import List, Optional
 
 import libcst as cst
 
-from codemods.analysis.loops import Loop, body_statements, module_facts
-from codemods.analysis.prefilter import STEP_LOOP
+from codemods.analysis.loops import Loop
 from codemods.analysis.step_head import step_head
 from codemods.analysis.values import values as values_of
 from codemods.base import Rule
-from codemods.loop_codemod import LoopCodemod
+from codemods.loop_codemod import StepBodyCodemod
 
 READS_AFTER_STEP = Rule(
     code="XLA417",
@@ -59,39 +58,24 @@ READS_AFTER_STEP = Rule(
 )
 
 
-class ReadsAfterStep(LoopCodemod):
+class ReadsAfterStep(StepBodyCodemod):
     DESCRIPTION = "Move the host reads between a step's forward and its backward after its optimizer step."
     RULES = (READS_AFTER_STEP,)
     TRIGGERS = (b"backward",)
-    NEEDS = (STEP_LOOP,)
 
-    @classmethod
-    def wanted(cls, tree, options):  # type: ignore[no-untyped-def]
-        return bool(module_facts(tree).step_loops)
-
-    def regions(self, tree):  # type: ignore[no-untyped-def]
-        return module_facts(tree).step_loops
-
-    def rewrite_loop(self, original: Loop, updated: Loop) -> Union[Loop, cst.CSTNode]:
-        body = updated.body
-        if not self.enabled(READS_AFTER_STEP.code) or not isinstance(body, cst.IndentedBlock):
-            return updated
-        before = body_statements(original)
-        if len(before) != len(body.body) or not self.is_step_loop(original):
-            return updated
+    def rewrite_body(self, original: Loop, before: List[cst.BaseStatement],
+                     stmts: List[cst.BaseStatement]) -> Optional[List[cst.BaseStatement]]:
         head = step_head(self.tree, original, self.steps, self.tensors, self.qualnames, self._tensor_names,
                          values_of(self.tree), self.is_step_closure)
         if head is None:
-            return updated
+            return None
         read = self.tree.module.code_for_node(before[head.start].with_changes(leading_lines=())).strip().splitlines()[0]
         if not self.flag(before[head.start], READS_AFTER_STEP.code,
                          f"`{read}` reads the host between the step's forward and its backward: the step's lines "
                          "moved before it, so that it follows the step (one graph execution a step, not two)",
                          fix=True):
-            return updated
-        stmts = list(body.body)
-        moved = [*stmts[:head.start], *stmts[head.first:head.end], *stmts[head.start:head.first], *stmts[head.end:]]
-        return updated.with_changes(body=body.with_changes(body=moved))
+            return None
+        return [*stmts[:head.start], *stmts[head.first:head.end], *stmts[head.start:head.first], *stmts[head.end:]]
 
 
 __all__ = ["ReadsAfterStep", "READS_AFTER_STEP"]
