@@ -23,8 +23,8 @@ STEP = (
     "        opt.step()\n"
     "        print(loss.item(), mean)\n"
 )
-DEFERRED = "        mean = out.mean()\n"
-READ_AFTER = "        opt.step()\n        torch_xla.sync()\n        mean = mean.item()\n"
+DEFERRED = "        mean_step = out.mean()\n"
+READ_AFTER = "        opt.step()\n        torch_xla.sync()\n        mean = mean_step.item()\n"
 
 
 def step(between: str = "") -> str:
@@ -37,9 +37,41 @@ def test_a_number_used_after_the_step_is_read_after_it():
     # a line between that neither uses nor binds it, the step's bookkeeping after it
     code = converted(step("        clip = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n").replace(
         "        opt.step()\n", "        opt.step()\n        opt.zero_grad()\n"))
-    assert DEFERRED in code and "        opt.zero_grad()\n        torch_xla.sync()\n        mean = mean.item()\n" in code
-    found = [f for f in transform(step().encode(), Settings()).findings if f.code == "XLA418"]
-    assert [f.line for f in found] == [8], found
+    assert DEFERRED in code and "        opt.zero_grad()\n        torch_xla.sync()\n        mean = mean_step.item()\n" in code
+    # both findings name the user's line: XLA418's, and XLA401's on the read now after the step
+    found = [(f.code, f.line) for f in transform(step().encode(), Settings()).findings if f.code in ("XLA418", "XLA401")]
+    assert ("XLA418", 8) in found and ("XLA401", 8) in found, found
+
+
+LOSS = (
+    "import torch\nimport torch.nn as nn\n\n"
+    "def train(model, opt, loader):\n"
+    "    criterion = nn.MSELoss()\n"
+    "    for x, y in loader:\n"
+    "        out = model(x.cuda())\n"
+    "        loss = criterion(out, y)\n"
+    "        loss.backward()\n"
+    "        value = loss.item()\n"
+    "{between}"
+    "        opt.step()\n"
+    "        print(value)\n"
+)
+
+
+def test_a_loss_read_before_the_step_is_read_after_it():
+    """A name bound to what a loss of torch.nn computed is a new tensor: nothing the step changes."""
+    code = converted(LOSS.format(between=""))
+    assert "        loss.backward()\n        opt.step()\n        torch_xla.sync()\n        value = loss.item()\n" in code, code
+    stops = {
+        "changed in place": LOSS.format(between="        loss.mul_(2)\n"),
+        "handed to a function": LOSS.format(between="        log(loss)\n"),
+        "a model's output": LOSS.format(between="").replace("loss = criterion(out, y)", "loss = model(y)"),
+        "an attribute": LOSS.format(between="").replace("loss = criterion(out, y)", "loss = model.scale"),
+        "a loss of the program": LOSS.format(between="").replace("nn.MSELoss()", "MyLoss()"),
+    }
+    for why, src in stops.items():
+        code = converted(src)
+        assert code.index("value = loss.item()") < code.index("opt.step()"), (why, code)
 
 
 def test_what_keeps_a_read_where_it_is():
@@ -57,12 +89,12 @@ def test_what_keeps_a_read_where_it_is():
     }
     for why, src in stops.items():
         code = converted(src)
-        assert "mean = mean.item()" not in code, (why, code)
+        assert "mean_step" not in code, (why, code)
     # a module-level loop: a function of the module may read the global between
     module = ("import torch\n\ndef log():\n    print(mean)\n\nfor x, y in loader:\n    out = model(x.cuda())\n"
               "    loss = out.sum()\n    loss.backward()\n    mean = out.mean().item()\n    log()\n    opt.step()\n"
               "    print(mean)\n")
-    assert "mean = mean.item()" not in converted(module)
+    assert "mean_step" not in converted(module)
 
 
 @pytest.mark.xla

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import difflib
+import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
 Pair = Tuple[int, int]  # (index in new, index in old), 0-based
@@ -77,6 +78,7 @@ def line_map(old: str, new: str) -> LineMap:
                 shifts[i + 1] = shift
         prev_i, prev_j = i, j
     _moved(new_lines, old_lines, pairs, table, shifts, inserted)
+    _split_reads(new_lines, old_lines, pairs, table, shifts, inserted)
     return LineMap(table, shifts, max(len(old_lines), 1), inserted)
 
 
@@ -101,6 +103,42 @@ def _moved(new_lines: Sequence[str], old_lines: Sequence[str], pairs: Sequence[P
         if len(was.get(text, ())) != len(ks):
             continue
         for k, j in zip(ks, was[text]):
+            table[k + 1] = j + 1
+            inserted.pop(k + 1, None)
+            shift = _indent(old_lines[j]) - _indent(new_lines[k])
+            if shift:
+                shifts[k + 1] = shift
+
+
+# the second half of a read a rewrite split (``d_x = d_x_step.item()`` after the step, XLA418;
+# ``ims = ims.cpu()`` after the barrier, XLA302), and what the user's line said (``d_x = out.mean().item()``)
+_SPLIT_READ = re.compile(r"(\w+) = \w+\.(\w+)\(\)")
+_READ = re.compile(r"(\w+) = .+\.(\w+)\(\)")
+
+
+def _split_reads(new_lines: Sequence[str], old_lines: Sequence[str], pairs: Sequence[Pair], table: Dict[int, int],
+                 shifts: Dict[int, int], inserted: Dict[int, Tuple[int, int]]) -> None:
+    """A line a rewrite added that reads what a line of the user's computed
+    (``d_x = d_x_step.item()``) maps to the user's line that read it (``d_x =
+    out.mean().item()``), where that line is the only one of its target and
+    method that the alignment left unpaired, and the added line the only one
+    of them too."""
+    paired_new, paired_old = {i for i, _ in pairs}, {j for _, j in pairs}
+    added: Dict[Tuple[str, str], List[int]] = {}
+    for k, line in enumerate(new_lines):
+        found = _SPLIT_READ.fullmatch(line.strip()) if k not in paired_new else None
+        if found:
+            added.setdefault((found.group(1), found.group(2)), []).append(k)
+    if not added:
+        return
+    was: Dict[Tuple[str, str], List[int]] = {}
+    for j, line in enumerate(old_lines):
+        found = _READ.fullmatch(line.strip()) if j not in paired_old else None
+        if found and (found.group(1), found.group(2)) in added:
+            was.setdefault((found.group(1), found.group(2)), []).append(j)
+    for key, ks in added.items():
+        if len(ks) == 1 and len(was.get(key, ())) == 1:
+            k, j = ks[0], was[key][0]
             table[k + 1] = j + 1
             inserted.pop(k + 1, None)
             shift = _indent(old_lines[j]) - _indent(new_lines[k])

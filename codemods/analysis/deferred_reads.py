@@ -6,16 +6,19 @@ output.mean().item()`` after the discriminator's backward, ``D_G_z1`` after
 the fake batch's and ``D_G_z2`` after the generator's, and prints them at the
 end of the step.  On XLA each read runs the part of the step it needs as a
 graph of its own, the forwards again: four executions a step.  The mean is
-computed where it is (``D_x = output.mean()``, part of the step's graph) and
-read once the step is computed (``D_x = D_x.item()`` after its barrier):
-one execution, the same numbers.
+computed where it is (``D_x_step = output.mean()``, part of the step's graph)
+and read once the step is computed (``D_x = D_x_step.item()`` after its
+barrier): one execution, the same numbers (``codemods/deferred_reads.py``).
 
 A read is deferred when its line is ``name = <tensor>.item()`` at the
 loop's own level before the optimizer step, where
 
 * the tensor is computed on the line (a torch op or a method of a tensor
-  that computes, ``output.mean()``; not a name or a view of one, whose
-  values the step could change in place), and draws no random numbers;
+  that computes, ``output.mean()``; not a view, whose values the step could
+  change in place), and draws no random numbers; or it is a name the body
+  bound to such a computation, or to a loss of ``torch.nn``, before (``loss
+  = criterion(out, y)``, then ``value = loss.item()``), that nothing from
+  there to the step's end touches but its ``backward()``;
 * ``name`` is neither used nor bound from the line to the step's end
   (``analysis.step_tail.step_end``), and no function, lambda or class of its
   scope outside the lines after the step names it (one could run between
@@ -30,10 +33,12 @@ from typing import List, NamedTuple, Optional, Sequence, Set
 
 import libcst as cst
 
+from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.cuda import scope_of
 from codemods.analysis.loops import body_statements
 from codemods.analysis.pass_reads import has_exit
 from codemods.analysis.step_tail import QualNames, computes, step_end
+from codemods.analysis.store_methods import made_by
 from codemods.analysis.tensor_functions import draws_random
 from codemods.syntax.tree import TreeCache, find_all
 
@@ -71,6 +76,8 @@ def deferred_reads(tree: TreeCache, loop: cst.CSTNode, steps: Set[str], tensors:
             continue
         name, tensor = found
         between = stmts[i + 1:end]
+        if isinstance(tensor, cst.Name) and not _fresh(tree, stmts[:i], between, tensor.value, tensors, qualnames):
+            continue
         if has_exit(between, _EXITS) or _named(between, name) or _seen_elsewhere(scope, stmts[end:], name):
             continue
         reads.append(DeferredRead(i, name, tensor))
@@ -90,9 +97,53 @@ def _read_line(tree: TreeCache, stmt: cst.CSTNode, tensors: Set[str],
             and call.func.attr.value == "item"):
         return None
     tensor = call.func.value
+    if isinstance(tensor, cst.Name):
+        return (small.targets[0].target.value, tensor) if tensor.value in tensors else None
     if not _computed(tensor) or draws_random(tensor) or not computes(tree, tensor, tensors, qualnames):
         return None
     return small.targets[0].target.value, tensor
+
+
+def _fresh(tree: TreeCache, before: Sequence[cst.CSTNode], between: Sequence[cst.CSTNode], name: str,
+           tensors: Set[str], qualnames: QualNames) -> bool:
+    """``name`` was last bound, at the body's own level, to a tensor computed
+    there (no view: nothing else holds it), and the lines ``between`` name it
+    only to call its ``backward()``."""
+    binding = None
+    for stmt in before:
+        if _named_binding(stmt, name):
+            binding = stmt
+    if binding is None or not isinstance(binding, cst.SimpleStatementLine) or len(binding.body) != 1:
+        return False
+    small = binding.body[0]
+    if not (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name)
+            and _computed(small.value) and (computes(tree, small.value, tensors, qualnames)
+                                            or _loss(tree, small.value, qualnames))):
+        return False
+    backward = {id(c.func.value) for s in between for c in find_all(s, cst.Call)  # type: ignore[attr-defined]
+                if isinstance(c.func, cst.Attribute) and c.func.attr.value == "backward"}  # type: ignore[attr-defined]
+    return all(id(n) in backward for s in between for n in find_all(s, cst.Name) if n.value == name)  # type: ignore[attr-defined]
+
+
+def _loss(tree: TreeCache, value: cst.BaseExpression, qualnames: QualNames) -> bool:
+    """``criterion(out, y)``, ``criterion`` bound only to a loss of ``torch.nn``
+    (``nn.CrossEntropyLoss()``): a new tensor, no module's parameter."""
+    if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Name):
+        return False
+    bindings = binding_nodes(tree, value.func)
+    made = [made_by(tree, b) for b in bindings]
+    return bool(made) and all(m is not None and any(q.startswith("torch.nn.") and q.endswith("Loss")
+                                                    for q in qualnames(m.func)) for m in made)
+
+
+def _named_binding(stmt: cst.CSTNode, name: str) -> bool:
+    """``stmt`` binds ``name`` (an assignment, a loop, a ``with ... as``, a ``del``...), at any depth."""
+    for node in find_all(stmt, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.WithItem, cst.Del,
+                                cst.NamedExpr, cst.CompFor)):
+        target = getattr(node, "target", None) or getattr(getattr(node, "asname", None), "name", None)
+        if target is not None and any(n.value == name for n in find_all(target, cst.Name)):  # type: ignore[attr-defined]
+            return True
+    return False
 
 
 def _computed(expr: cst.BaseExpression) -> bool:

@@ -130,7 +130,7 @@ def step_tail(tree: TreeCache, stmts: Sequence[cst.BaseStatement], k: int, tenso
         read = _computed_read(tree, stmt, tensors, qualnames, functions)
         if read is not None:
             receiver, target = read
-            name = _fresh(f"{target}_step", taken)
+            name = fresh_name(f"{target}_step", taken)
             if _may_skip(receiver, {name} | handed_names(receiver, functions), stays + [_without(stmt, receiver)]):
                 split[j] = (receiver, name)
                 taken.add(name)
@@ -226,7 +226,8 @@ def _without(stmt: cst.SimpleStatementLine, receiver: cst.BaseExpression) -> cst
     return stmt.deep_replace(receiver, cst.Name("_"))
 
 
-def _fresh(name: str, taken: Set[str]) -> str:
+def fresh_name(name: str, taken: Set[str]) -> str:
+    """``name``, or ``name2``, ``name3``... the first not in ``taken``."""
     k, out = 2, name
     while out in taken:
         out, k = f"{name}{k}", k + 1

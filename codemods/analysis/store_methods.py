@@ -101,7 +101,7 @@ def instance_class(tree: TreeCache, name: cst.Name) -> Optional[Tuple[TreeCache,
     found: Optional[Tuple[TreeCache, cst.ClassDef]] = None
     bindings = binding_nodes(tree, name)
     for bound in bindings:
-        made = _made_by(tree, bound)
+        made = made_by(tree, bound)
         cls = _class_of(tree, made.func) if made is not None and isinstance(made.func, cst.Name) else None
         if cls is None or found is not None and found[1] is not cls[1]:
             return None
@@ -109,7 +109,7 @@ def instance_class(tree: TreeCache, name: cst.Name) -> Optional[Tuple[TreeCache,
     return found if bindings and found is not None and _plain(found[1]) else None
 
 
-def _made_by(tree: TreeCache, bound: cst.CSTNode) -> Optional[cst.Call]:
+def made_by(tree: TreeCache, bound: cst.CSTNode) -> Optional[cst.Call]:
     """The call a binding of a name is: ``top1 = C(...)``, or its place in
     ``losses, top1 = C(...), C(...)``; None for any other binding."""
     parent = tree.parents.get(id(bound))
@@ -185,4 +185,4 @@ def _computes(tree: TreeCache, expr: cst.BaseExpression, tensors: Set[str], qual
     return reads or not draws_random(expr)
 
 
-__all__ = ["instance_class", "reach_no_object", "store_call", "store_receiver", "stores_only"]
+__all__ = ["instance_class", "made_by", "reach_no_object", "store_call", "store_receiver", "stores_only"]
