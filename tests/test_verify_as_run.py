@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from xlaport.cli import main
-from xlaport.verify.outputs import Comparison, compare_text
+from xlaport.verify.comparison import Comparison
+from xlaport.verify.printed import compare_text
 from xlaport.verify.crashes import _what_killed
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -2,7 +2,8 @@
 
 import pytest
 
-from xlaport.verify.outputs import Comparison, compare_text
+from xlaport.verify.comparison import Comparison
+from xlaport.verify.printed import compare_text
 
 
 def test_timings_are_left_out_even_when_two_reference_runs_print_the_same_value():
@@ -196,7 +197,7 @@ def test_tensors_are_judged_norm_wise_at_the_precision_that_ran(tmp_path):
 def test_a_word_that_ends_like_a_duration_word_is_not_one():
     """`beta1=0.5` is no `eta`: the words that announce a duration are whole
     words (dcgan's argument dump lost its numbers to this)."""
-    from xlaport.verify.outputs import _values
+    from xlaport.verify.printed import _values
 
     assert _values("Namespace(beta1=0.5, lr=0.0002, niter=1)") == ["1", "0.5", "0.0002", "1"]
     assert _values("eta 12 loss 0.5") == ["0.5"]
@@ -255,7 +256,7 @@ def test_a_programs_own_messages_are_not_values(tmp_path):
     """`print("done")` is compared, but it is the program's own string: a run
     whose only output it is compared no value.  A sampled text is not in the
     source: it is a value."""
-    from xlaport.verify.outputs import messages_only
+    from xlaport.verify.printed import messages_only
 
     src = tmp_path / "train.py"
     src.write_text('print("Training finished!")\nprint(f"{model} on {device}")\nprint("done")\n')

@@ -20,7 +20,8 @@ from xlaport.verify.model import (
     Run,
     VerifyError,
 )
-from xlaport.verify.outputs import WORDED, Comparison, compare, messages_only, tolerance
+from xlaport.verify.outputs import Comparison, compare, tolerance
+from xlaport.verify.printed import WORDED, messages_only
 from xlaport.verify.predicted import growth_reported, predicted
 from xlaport.verify.runs import Runs
 from xlaport.verify.syncs import read_graphs
