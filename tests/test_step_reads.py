@@ -96,6 +96,24 @@ def test_a_line_that_may_see_the_step_keeps_the_reads_where_they_are():
     assert code.index("losses.update(") < code.index("opt.zero_grad()"), code
 
 
+def test_a_function_imported_from_the_project_is_read_where_it_is_defined(tmp_path):
+    """`from util import f`: a logging helper may follow the step; one that
+    takes a step or calls a model's method (through what it is handed or a
+    global of its module) keeps the reads where they are."""
+    src = "from util import record\n" + with_line("        record(i, loss.item())\n")
+    (tmp_path / "main.py").write_text(src)
+    helpers = {
+        "def record(i, v):\n    print(i, v)\n": True,
+        "def record(i, v):\n    MODEL.eval()\n    print(i, v)\n": False,
+        "def record(i, v):\n    OPT.step()\n": False,
+        "def record(i, v):\n    global SEEN\n    SEEN = v\n": False,
+    }
+    for helper, moves in helpers.items():
+        (tmp_path / "util.py").write_text(helper)
+        code = transform(src.encode(), Settings(), filename=str(tmp_path / "main.py")).code.decode()
+        assert (code.index("record(") > code.index("opt.step()")) is moves, (helper, code)
+
+
 def test_the_finding_on_a_moved_read_names_its_line_in_the_users_file():
     out = transform(STEP.encode(), Settings())
     lines = {f.code: f.line for f in out.findings}

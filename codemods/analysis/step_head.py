@@ -37,7 +37,7 @@ from codemods.analysis.bindings import binding_scope
 from codemods.analysis.loops import _DEFS, body_statements, is_step_call, last_optimizer_step, loop_step_kind
 from codemods.analysis.placement import reads_truth
 from codemods.analysis.step_tail import bound_names, reads_host
-from codemods.analysis.tensor_functions import tensor_function_call, torch_op
+from codemods.analysis.tensor_functions import imported_def, tensor_function_call, torch_op
 from codemods.analysis.tensors import is_tensor_expr
 from codemods.syntax.nodes import call_name
 from codemods.syntax.tree import TreeCache, find_all
@@ -203,7 +203,7 @@ def _known_call(facts: _Facts, call: cst.Call, kept: Set[str]) -> bool:
         if binding_scope(facts.tree, func) is None:
             return func.value not in _REACHING
         if names:
-            return True  # imported (`from time import time`)
+            return _imported_known(facts, call)  # (`from time import time`; `from util import log_stats`)
         return tensor_function_call(facts.tree, call, facts.qualnames, facts.tensors)
     if isinstance(func, cst.Attribute):
         if names and not any(q.startswith("torch.") for q in names):
@@ -214,6 +214,21 @@ def _known_call(facts: _Facts, call: cst.Call, kept: Set[str]) -> bool:
         kinds = facts.values.of(func.value) if facts.values is not None else frozenset()  # type: ignore[attr-defined]
         return root is not None and root != "self" and root not in kept and not (kinds & {"module", "loaded"})
     return False
+
+
+def _imported_known(facts: _Facts, call: cst.Call) -> bool:
+    """An imported function reaches no parameter: a library's (it sees only
+    what it is handed), or a project module's whose own lines -- read there
+    -- take no step, call no model's method and declare no global
+    (``progress_bar(...)``, ``log_stats(...)``), or that only computes tensors."""
+    found = imported_def(facts.tree, call.func, cst.FunctionDef)  # type: ignore[arg-type]
+    if found is None:
+        return True
+    fn = found[1]
+    if find_all(fn, (cst.Global, cst.Nonlocal)):
+        return tensor_function_call(facts.tree, call, facts.qualnames, facts.tensors)
+    reaching = _MODEL_METHODS | {"backward", "step", "optimizer_step", "clip_grad_norm_", "clip_grad_value_"}
+    return not any(call_name(c) in reaching for c in find_all(fn, cst.Call))  # type: ignore[arg-type]
 
 
 def _reads(facts: _Facts, stmt: cst.CSTNode) -> bool:
