@@ -37,14 +37,11 @@ from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.cuda import scope_of
 from codemods.analysis.loops import body_statements
 from codemods.analysis.pass_reads import has_exit
-from codemods.analysis.step_tail import QualNames, computes, step_end
+from codemods.analysis.step_tail import VIEWS, QualNames, computes, step_end
 from codemods.analysis.store_methods import made_by
 from codemods.analysis.tensor_functions import draws_random
 from codemods.syntax.tree import TreeCache, find_all
 
-# methods that give another view of a tensor's values (its values are the viewed tensor's, not computed)
-_VIEWS = frozenset({"flatten", "view", "reshape", "squeeze", "unsqueeze", "t", "contiguous", "detach", "ravel",
-                    "view_as", "expand", "expand_as", "permute", "transpose", "narrow", "select", "data"})
 _EXITS = (cst.Continue, cst.Break, cst.Return, cst.Raise)
 
 
@@ -148,9 +145,9 @@ def _named_binding(stmt: cst.CSTNode, name: str) -> bool:
 
 def _computed(expr: cst.BaseExpression) -> bool:
     """The tensor is made on the line, not a name, an attribute or a view of one."""
-    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _VIEWS:
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in VIEWS:
         expr = expr.func.value
-    while isinstance(expr, cst.Attribute) and expr.attr.value in _VIEWS:
+    while isinstance(expr, cst.Attribute) and expr.attr.value in VIEWS:
         expr = expr.value
     return not isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript))
 

@@ -212,11 +212,12 @@ def _computed_read(tree: TreeCache, stmt: cst.SimpleStatementLine, tensors: Set[
 
 
 # methods that give another view of a tensor's values, computing none
-_VIEWS = frozenset({"flatten", "view", "reshape", "squeeze", "unsqueeze", "t", "contiguous", "detach", "ravel"})
+VIEWS = frozenset({"flatten", "view", "reshape", "squeeze", "unsqueeze", "t", "contiguous", "detach", "ravel",
+                   "view_as", "expand", "expand_as", "permute", "transpose", "narrow", "select", "data"})
 
 
 def _only_viewed(expr: cst.BaseExpression) -> bool:
-    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _VIEWS:
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in VIEWS:
         expr = expr.func.value
     return isinstance(expr, (cst.Name, cst.Attribute))
 
