@@ -303,13 +303,15 @@ class StepBarrier(BarrierSites, LoopCodemod):
         (``exits`` beyond ``continue``, where the loop defers prints): the
         step closures handed over in the last pass run."""
         body = updated.body
-        if len(exits) > 1 and has_exit(body.body, exits[1:]) and self.flag(  # type: ignore[attr-defined]
-                original, STEP_BARRIER.code, "`torch_xla.sync()` before break/return: the step's deferred "
-                "prints run", fix=True):
-            self.add_imports(self.target.sync_imports)
-            return updated.with_changes(body=body.with_changes(body=_before_exits(
-                list(body.body), exits[1:], self._barrier())))  # type: ignore[attr-defined]
-        return updated
+        if len(exits) < 2 or not has_exit(body.body, exits[1:]):  # type: ignore[attr-defined]
+            return updated
+        flushed = _before_exits(list(body.body), exits[1:], self._barrier())  # type: ignore[attr-defined]
+        if len(flushed) == len(body.body) and all(a.deep_equals(b) for a, b in zip(flushed, body.body)) or \
+                not self.flag(original, STEP_BARRIER.code, "`torch_xla.sync()` before break/return: the step's "
+                              "deferred prints run", fix=True):  # type: ignore[attr-defined]
+            return updated  # (each has its barrier already: a second run)
+        self.add_imports(self.target.sync_imports)
+        return updated.with_changes(body=body.with_changes(body=flushed))
 
     def _model_loop_read(self, original: Loop, updated: Loop) -> Loop:
         """A loop inside a model's ``forward`` that feeds its state back to a
@@ -373,7 +375,8 @@ def _before_exits(stmts: List[cst.BaseStatement], exits: Tuple[type, ...],
     fixed: List[cst.BaseStatement] = []
     for s in stmts:
         if _is_exit(s, exits):
-            fixed.append(barrier)
+            if not (fixed and fixed[-1].deep_equals(barrier)):
+                fixed.append(barrier)
             fixed.append(s)
         elif isinstance(s, cst.SimpleStatementLine):
             fixed.append(s)

@@ -72,6 +72,19 @@ def test_the_reads_follow_the_step_and_what_only_computes_stays_before_it():
             "        losses.update(loss.item(), x.size(0))\n") in code, code
 
 
+def test_a_break_after_the_moved_step_gets_its_barrier_once():
+    """pytorch/examples' dry runs: `if args.dry_run: break` after the step, in a loop that defers its
+    prints. The barrier follows the step, another goes before the break; a second run adds nothing and
+    says nothing (verify re-reads the conversion for a step loop without its barrier)."""
+    src = with_line("        print(i, loss.item())\n").replace(
+        "        opt.step()\n", "        opt.step()\n        if args.dry_run:\n            break\n").replace(
+        "losses):", "losses, args):")
+    code = converted(src)
+    assert "        opt.step()\n        torch_xla.sync()\n" in code and \
+        "        if args.dry_run:\n            torch_xla.sync()\n            break\n" in code, code
+    assert not [f for f in transform(code.encode(), Settings()).findings if f.code == "XLA302"]
+
+
 def test_a_line_that_may_see_the_step_keeps_the_reads_where_they_are():
     stops = {
         "calls the model": with_line("        seen = model(x).sum().item()\n"),

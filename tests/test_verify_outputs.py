@@ -286,6 +286,14 @@ def test_a_global_the_conversion_holds_as_a_number_is_compared_by_its_value(tmp_
         compare_files(refs, cand, 1e-3, 1e-5, out)
         by_key = {o.name: o.ok for o in out.outputs}
         assert by_key == {f"{LEFTOVERS}[i]": ok, f"{LEFTOVERS}[w]": True}, by_key
+    # a global only the conversion has is a name it added (XLA418's `d_x_step`): not the program's;
+    # one only the original has is an output the conversion lost
+    out = Comparison()
+    compare_files(refs, run("added.pt", i=4, w=torch.ones(2), d_x_step=torch.ones(1)), 1e-3, 1e-5, out)
+    assert {o.name: o.ok for o in out.outputs} == {f"{LEFTOVERS}[i]": True, f"{LEFTOVERS}[w]": True}
+    out = Comparison()
+    compare_files(refs, run("lost.pt", i=4), 1e-3, 1e-5, out)
+    assert {o.name: o.ok for o in out.outputs} == {f"{LEFTOVERS}[i]": True, f"{LEFTOVERS}[w]": False}
 
 
 def test_a_runs_leftovers_hold_its_global_tensors_and_numbers(tmp_path):

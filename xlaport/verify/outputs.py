@@ -252,8 +252,10 @@ def _compare_saved(name: str, refs: List[Path], cand: Path, rtol: float, atol: f
         return
     def pairs(a, b):  # type: ignore[no-untyped-def]
         found = leaves(name, a, b)
-        if name == LEFTOVERS:  # (a run's global numbers: compared only with a tensor of the other run)
-            found = ((k, x, y) for k, x, y in found if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor))
+        if name == LEFTOVERS:  # (a run's global numbers: compared only with a tensor of the other run; a
+            # global only the conversion has is a name it added, `d_x_step`: none of the program's outputs)
+            found = ((k, x, y) for k, x, y in found if x is not None
+                     and (isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor)))
         return found
 
     varying = set()
