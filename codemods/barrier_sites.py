@@ -24,6 +24,7 @@ from codemods.analysis.loops import body_statements, loop_step_kind
 from codemods.analysis.pass_reads import PassReads, has_exit
 from codemods.analysis.placement import host_read
 from codemods.analysis.step_tail import StepTail, evaluation_read, reads_host, step_end, step_tail
+from codemods.analysis.step_updates import update_call
 from codemods.base import find_all
 from codemods.syntax.hoist import ReadSite
 
@@ -54,6 +55,11 @@ class BarrierSites:
             taken.update(name for _, name in tail.split.values())  # type: ignore[attr-defined]
             return tail
         return self._memo(f"step_tail:{k}", loop, compute)  # type: ignore[no-any-return]
+
+    def _updated(self, loop: Loop, k: Optional[int]) -> bool:
+        """The barrier before statement ``k`` follows an update of tensors
+        after the optimizer step (``analysis.step_updates``)."""
+        return bool(k) and update_call(self.tree, body_statements(loop)[k - 1], self.qualnames)  # type: ignore[index,operator]
 
     def _joins(self, loop: Loop, k: Optional[int]) -> bool:
         """Lines after a barrier before statement ``k`` join the step's graph."""

@@ -55,7 +55,9 @@ STEP_BARRIER = Rule(
         "through the body counts as a barrier (not one under a flag); the micro-steps of gradient "
         "accumulation share the barrier after the optimizer step. When the body reads a tensor on the host after "
         "its optimizer step (`total += loss.item()`, or a call of the module's own that reads, `record(loss)`), the "
-        "barrier goes right after that step, as experts place it: "
+        "barrier goes right after that step, as experts place it (and after what follows it that only updates "
+        "tensors on the device: an average of the weights kept by a function or a plain helper object of the program, "
+        "`ema(model, ema_model, decay)`, `ema_helper.update(model)`, which so joins the step's graph): "
         "the read then finds the step computed instead of running the pending step as a graph of its own; so too "
         "in a loop over `MpDeviceLoader`, which syncs only when the next batch is asked for (each read would run the "
         "forward pass again), and in an evaluation loop over one that reads every batch, right before its first read. "
@@ -175,6 +177,7 @@ def _other_framework(tree) -> bool:
 
 # how a barrier after the step says that what follows joins the step's graph (analysis.step_tail)
 _JOINED = " and the lines after it that only compute tensors"
+_UPDATED = " and the update of tensors after it (an average of the weights)"
 
 
 class StepBarrier(BarrierSites, LoopCodemod):
@@ -222,7 +225,8 @@ class StepBarrier(BarrierSites, LoopCodemod):
                       "add one here if this loop runs on the device", fix=False)
             return updated
         after = self._after_optimizer_step(original, exits)
-        where = f"right after its optimizer step{_JOINED * self._joins(original, after)} (the host reads after it " \
+        where = f"right after its optimizer step{_UPDATED * self._updated(original, after)}" \
+                f"{_JOINED * self._joins(original, after)} (the host reads after it " \
                 "find the step computed)"
         read = None
         if after is None:
@@ -273,7 +277,8 @@ class StepBarrier(BarrierSites, LoopCodemod):
         it did with no barrier (a print deferred after the step: XLA210)."""
         after = self._after_optimizer_step(original, exits)
         where = f"step loop over a device loader that reads the host after its optimizer step: `torch_xla.sync()` " \
-                f"added right after that step{_JOINED * self._joins(original, after)}"
+                f"added right after that step{_UPDATED * self._updated(original, after)}" \
+                f"{_JOINED * self._joins(original, after)}"
         if after is None:
             after = self._evaluation_read(original, exits)
             where = "loop over a device loader that reads the host every batch (an evaluation pass): " \

@@ -27,6 +27,7 @@ from codemods.analysis.calls import called_functions
 from codemods.analysis.loops import body_statements, last_optimizer_step, loop_step_kind
 from codemods.analysis.pass_reads import has_exit
 from codemods.analysis.placement import host_read
+from codemods.analysis.step_updates import update_call
 from codemods.analysis.store_methods import reach_no_object, store_call, store_receiver
 from codemods.analysis.tensor_functions import BUILTINS, draws_random, handed_names, names_only, tensor_function_call
 from codemods.analysis.tensors import is_tensor_expr
@@ -237,15 +238,17 @@ def fresh_name(name: str, taken: Set[str]) -> str:
 
 def step_end(tree: TreeCache, loop: cst.CSTNode, steps: Set[str], qualnames: QualNames) -> Optional[int]:
     """The index in a training step loop's body right after its optimizer
-    step (``analysis.loops.last_optimizer_step``) and the bookkeeping on the
-    host that belongs with it (:func:`host_step`): where the step's barrier
-    goes when reads follow.  None for a loop that takes no such step."""
+    step (``analysis.loops.last_optimizer_step``), the bookkeeping on the
+    host that belongs with it (:func:`host_step`) and the updates of tensors
+    on the device that follow it (an average of the weights:
+    ``analysis.step_updates``): where the step's barrier goes when reads
+    follow.  None for a loop that takes no such step."""
     k = last_optimizer_step(loop, steps, qualnames, values_of(tree))  # type: ignore[arg-type]
     if k is None or loop_step_kind(tree, loop, steps) != "step":  # type: ignore[arg-type]
         return None
     stmts = body_statements(loop)  # type: ignore[arg-type]
     k += 1
-    while k < len(stmts) and host_step(stmts[k]):
+    while k < len(stmts) and (host_step(stmts[k]) or update_call(tree, stmts[k], qualnames)):
         k += 1
     return k
 

@@ -95,18 +95,30 @@ def store_receiver(call: cst.Call) -> str:
     return call.func.value.value  # type: ignore[attr-defined,no-any-return]
 
 
-def instance_class(tree: TreeCache, name: cst.Name) -> Optional[Tuple[TreeCache, cst.ClassDef]]:
+def instance_class(tree: TreeCache, name: cst.Name, or_none: bool = False) -> Optional[Tuple[TreeCache, cst.ClassDef]]:
     """(the tree it is defined in, the class) where every binding of ``name``
-    is ``name = C(...)`` of one plain class ``C`` of the program; else None."""
+    is ``name = C(...)`` of one plain class ``C`` of the program (or, with
+    ``or_none``, ``name = None``: ermongroup/ddim's ``ema_helper`` where the
+    average is turned off); else None."""
     found: Optional[Tuple[TreeCache, cst.ClassDef]] = None
     bindings = binding_nodes(tree, name)
     for bound in bindings:
+        if or_none and _bound_to_none(tree, bound):
+            continue
         made = made_by(tree, bound)
         cls = _class_of(tree, made.func) if made is not None and isinstance(made.func, cst.Name) else None
         if cls is None or found is not None and found[1] is not cls[1]:
             return None
         found = cls
     return found if bindings and found is not None and _plain(found[1]) else None
+
+
+def _bound_to_none(tree: TreeCache, bound: cst.CSTNode) -> bool:
+    """``name = None``."""
+    target = tree.parents.get(id(bound))
+    assign = tree.parents.get(id(target)) if isinstance(target, cst.AssignTarget) else None
+    return (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.value, cst.Name)
+            and assign.value.value == "None")
 
 
 def made_by(tree: TreeCache, bound: cst.CSTNode) -> Optional[cst.Call]:

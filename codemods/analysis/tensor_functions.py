@@ -136,7 +136,7 @@ def tensor_function(tree: TreeCache, fn: cst.FunctionDef, qualnames: QualNames, 
     its parameters ``params`` tensors."""
     key = ("tensor_function", id(fn), params, depth)
     if key not in tree.memo:
-        tree.memo[key] = _Check(tree, fn, qualnames, params, depth).function()
+        tree.memo[key] = FunctionCheck(tree, fn, qualnames, params, depth).function()
     return tree.memo[key]  # type: ignore[no-any-return]
 
 
@@ -164,7 +164,7 @@ def handed_tensors(fn: cst.FunctionDef, call: cst.Call, tensors: Set[str],
     return frozenset(out)
 
 
-class _Check:
+class FunctionCheck:
     """One function's statements and calls, against the module doc's list."""
 
     method = False  # (a method: its first parameter is the object)
@@ -290,8 +290,8 @@ def store_method(tree: TreeCache, fn: cst.FunctionDef, qualnames: QualNames, par
     return tree.memo[key]  # type: ignore[no-any-return]
 
 
-class _StoreCheck(_Check):
-    """A method's statements: :class:`_Check`'s, simple lines only, whose
+class _StoreCheck(FunctionCheck):
+    """A method's statements: :class:`FunctionCheck`'s, simple lines only, whose
     assignments may store into the object's attributes."""
 
     method = True
@@ -340,5 +340,5 @@ def handed_names(stmt: cst.CSTNode, is_function_call: Callable[[cst.Call], bool]
             for a in c.args for n in find_all(a.value, cst.Name)}  # type: ignore[attr-defined]
 
 
-__all__ = ["BUILTINS", "draws_random", "handed_names", "names_only", "store_method", "tensor_function", "tensor_function_call",
-           "torch_op"]
+__all__ = ["BUILTINS", "FunctionCheck", "draws_random", "handed_names", "names_only", "store_method", "tensor_function",
+           "tensor_function_call", "torch_op"]
