@@ -99,6 +99,10 @@ def is_update(defs: str, line: str) -> bool:
     (METHODS, "helper.step_ema(ema_model, model)"),
     # ermongroup/ddim: the average turned on by the configuration
     (HELPER, "if config.model.ema:\n    helper.update(model)"),
+    # blocks of the body: WGAN's clipped critic, an average kept inline
+    ("", "for p in netD.parameters():\n    p.data.clamp_(-opt.clip_value, opt.clip_value)"),
+    ("", "with torch.no_grad():\n    for e, p in zip(ema.parameters(), model.parameters()):\n"
+         "        e.mul_(0.999).add_(p.detach(), alpha=0.001)"),
 ])
 def test_an_average_of_the_weights_is_an_update(defs, line):
     assert is_update(defs + ("" if "class EMA" in defs else "\n" + HELPER), line)
@@ -126,6 +130,11 @@ def test_an_average_of_the_weights_is_an_update(defs, line):
     # an `if` decided by a call, or one that does more than update in a branch
     (HELPER, "if use_ema(step):\n    helper.update(model)"),
     (HELPER, "if config.model.ema:\n    helper.update(model)\nelse:\n    print('no average')"),
+    # a block that reads, logs or leaves the body
+    ("", "for name, p in model.named_parameters():\n    writer.add_histogram(name, p, step)"),
+    ("", "for p in netD.parameters():\n    total += p.data.norm().item()"),
+    ("", "for p in netD.parameters():\n    p.data.clamp_(-0.01, 0.01)\n    break"),
+    ("", "with open('w.txt', 'w') as f:\n    for p in netD.parameters():\n        p.data.clamp_(-0.01, 0.01)"),
     # more than one call on the line
     (DDPM, "ema(a, b, 0.9); print('done')"),
 ])

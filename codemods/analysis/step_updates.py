@@ -38,6 +38,7 @@ import libcst as cst
 
 from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.calls import called_functions
+from codemods.analysis.cuda import scope_of
 from codemods.analysis.placement import host_read
 from codemods.analysis.steps import RANDOM_FILLS
 from codemods.analysis.store_methods import instance_class
@@ -50,7 +51,7 @@ from codemods.analysis.tensor_functions import (
     quick_qualnames,
     torch_op,
 )
-from codemods.analysis.tensors import is_tensor_expr
+from codemods.analysis.tensors import is_tensor_expr, tensor_names
 from codemods.syntax.tree import TreeCache, find_all
 
 # a model's methods that walk its tensors: one by one, in (name, tensor) pairs, or as a dict
@@ -68,9 +69,10 @@ _MORE_BUILTINS = frozenset({"dict", "hasattr"})
 
 
 def update_call(tree: TreeCache, stmt: cst.CSTNode, qualnames: QualNames) -> bool:
-    """``stmt`` is a line of one update call (see the module doc), or an
-    ``if`` of such lines decided without a call (``if config.model.ema:
-    ema_helper.update(model)``)."""
+    """``stmt`` is a line of one update call (see the module doc), an ``if``
+    of such lines decided without a call (``if config.model.ema:
+    ema_helper.update(model)``), or a ``for`` or ``with torch.no_grad():``
+    block whose lines are an update function's (:class:`_BlockCheck`)."""
     if isinstance(stmt, cst.If):
         # (a test that reads a tensor would run the step's graph before the
         # barrier, which then runs the update: two executions, as before)
@@ -79,6 +81,8 @@ def update_call(tree: TreeCache, stmt: cst.CSTNode, qualnames: QualNames) -> boo
         branches = [stmt.body] + ([stmt.orelse.body] if stmt.orelse is not None else [])
         return all(isinstance(b, cst.IndentedBlock) and all(update_call(tree, s, qualnames) for s in b.body)
                    for b in branches)
+    if isinstance(stmt, (cst.For, cst.With)):
+        return _BlockCheck(tree, stmt, qualnames).block()
     if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Expr)
             and isinstance(stmt.body[0].value, cst.Call)):
         return False
@@ -167,6 +171,27 @@ class _UpdateCheck(FunctionCheck):
                                               for fn in fns):
                 return True
         return super()._call(call)
+
+
+class _BlockCheck(_UpdateCheck):
+    """A ``for`` or ``with torch.no_grad():`` block of the loop's body,
+    checked as an update function's statement would be, in the function (or
+    module) that runs it: WGAN's ``for p in netD.parameters():
+    p.data.clamp_(-c, c)``, an average kept inline (``for e, p in
+    zip(ema.parameters(), model.parameters()): e.mul_(d).add_(p, alpha=1 - d)``)."""
+
+    def __init__(self, tree: TreeCache, stmt: cst.CSTNode, qualnames: QualNames) -> None:  # (no function's own)
+        self.tree, self.fn, self.qualnames, self.depth, self.method = tree, scope_of(stmt, tree), qualnames, 2, False
+        self.stmt, self.lists = stmt, set()
+        self.walks = _walked(stmt, set())
+        self.tensors = tensor_names(self.fn, qualnames) | self.walks
+
+    def block(self) -> bool:
+        stmt = self.stmt
+        if find_all(stmt, (cst.Return, cst.Break, cst.Continue, cst.Yield, cst.Await, cst.Lambda, cst.Global,
+                           cst.Nonlocal, cst.FunctionDef, cst.ClassDef)):
+            return False
+        return self._statement(stmt)
 
 
 def _store(target: cst.CSTNode) -> bool:
