@@ -273,3 +273,30 @@ def test_installed_and_built_code_is_not_scanned(tmp_path):
     assert {Path(r["path"]).parent.name for r in rows} == {"src"}
 
 
+
+
+def test_the_console_script_exits_with_the_commands_status_and_all_its_output(tmp_path):
+    """`python -m xlaport` (the console script's `entry`) ends `lint` and
+    `convert` without the interpreter's teardown: the exit status is the
+    command's, the report on a pipe is whole, a converted file is written
+    whole, and a command that keeps a normal exit (`rules`) exits as before."""
+    many = tmp_path / "many.py"
+    many.write_bytes(b"import torch\n" + b"".join(b"x%d = torch.zeros(2).cuda()\n" % i for i in range(300)))
+    clean = tmp_path / "clean.py"
+    clean.write_text("print('hi')\n")
+    bad = tmp_path / "bad.py"
+    bad.write_text("x = (\n")
+
+    def console(*args):
+        return subprocess.run([sys.executable, "-m", "xlaport", *map(str, args)], capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path)
+
+    assert console("lint", clean).returncode == 0
+    report = console("lint", "--no-cache", "--format", "json", many)
+    assert report.returncode == 1 and len(json.loads(report.stdout)["findings"]) == 300
+    assert console("lint", bad).returncode == 2
+    done = console("convert", "--no-cache", many)
+    assert done.returncode == 0, done.stderr
+    text = many.read_text()
+    assert text.count("torch_xla.device()") == 300 and ".cuda()" not in text
+    assert console("rules").returncode == 0 and "XLA101" in console("rules").stdout

@@ -1,3 +1,3 @@
-from xlaport.cli import main
+from xlaport.cli import entry
 
-main()
+entry()
