@@ -57,6 +57,7 @@ ORDER: Tuple[Tuple[str, str], ...] = (
     ("codemods.runtime", "XlaRuntime"),  # late: it asks whether the rules before it import torch_xla
     ("codemods.recompiles", "Recompiles"),
     ("codemods.partial_batches", "PartialBatches"),
+    ("codemods.inplace_results", "InplaceResults"),
     ("codemods.xla_limits", "XlaLimits"),  # before the catch-all: what it reports keeps CUDA tests too
     ("codemods.index_errors", "CaughtIndexErrors"),
     ("codemods.coverage", "CudaCatchAll"),
