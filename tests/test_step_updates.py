@@ -101,6 +101,11 @@ def is_update(defs: str, line: str) -> bool:
     (HELPER, "if config.model.ema:\n    helper.update(model)"),
     # blocks of the body: WGAN's clipped critic, an average kept inline
     ("", "for p in netD.parameters():\n    p.data.clamp_(-opt.clip_value, opt.clip_value)"),
+    # timm's ModelEmaV2 shape: the state dicts' values walked together, a dict of the object's updated in place
+    ("", "with torch.no_grad():\n    for e, m in zip(ema.state_dict().values(), model.state_dict().values()):\n"
+         "        e.copy_(e * 0.99 + (1.0 - 0.99) * m)"),
+    (HELPER.replace("self.shadow[name].data = (1.0 - self.mu) * param.data + self.mu * self.shadow[name].data",
+                    "self.shadow[name].mul_(self.mu).add_(param.data, alpha=1 - self.mu)"), "helper.update(model)"),
     ("", "with torch.no_grad():\n    for e, p in zip(ema.parameters(), model.parameters()):\n"
          "        e.mul_(0.999).add_(p.detach(), alpha=0.001)"),
 ])

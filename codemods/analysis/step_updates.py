@@ -62,6 +62,9 @@ _DICTS = frozenset({"state_dict"})
 _COPIES = frozenset({"load_state_dict"})
 # what a dict of tensors gives
 _DICT_VIEWS = frozenset({"keys", "values", "items"})
+# in-place methods only a tensor has (whatever the analysis knows of what they are called on)
+_TENSOR_IN_PLACE = frozenset({"copy_", "lerp_", "mul_", "add_", "sub_", "div_", "addcmul_", "addcdiv_", "clamp_",
+                              "zero_", "fill_", "masked_fill_"})
 # in-place methods that draw random numbers or do more than compute
 _NOT_IN_PLACE = RANDOM_FILLS | {"requires_grad_", "share_memory_"}
 # builtins an update function may call besides a tensor function's
@@ -156,11 +159,12 @@ class _UpdateCheck(FunctionCheck):
                 fns = called_functions(self.tree, call)  # (another method of the object: dome272's `step_ema`)
                 return bool(self.depth > 0 and fns and all(
                     update_function(self.tree, fn, self.qualnames, method=True, depth=self.depth - 1) for fn in fns))
-            if name in _DICT_VIEWS and isinstance(func.value, cst.Name) and func.value.value in self.walks:
+            if name in _DICT_VIEWS and _walk_kind(call, self.walks) is not None or name == "keys" and isinstance(
+                    func.value, cst.Name) and func.value.value in self.walks:
                 return True
-            if name.endswith("_") and not name.startswith("_") and is_tensor_expr(func.value, self.tensors,
-                                                                                  self.qualnames):
-                return name not in _NOT_IN_PLACE
+            if name in _TENSOR_IN_PLACE or name.endswith("_") and not name.startswith("_") and is_tensor_expr(
+                    func.value, self.tensors, self.qualnames):
+                return name not in _NOT_IN_PLACE  # (`self.shadow[name].mul_(d)`: only a tensor has these)
         if any(q.startswith("torch._foreach_") for q in self.qualnames(func)):
             return True
         if isinstance(func, cst.Name):
@@ -244,8 +248,9 @@ def _walk_kind(it: cst.BaseExpression, walks: Set[str]) -> Optional[str]:
         if name in _NAMED_WALKS:
             return "pairs"
         owner = it.func.value
-        if isinstance(owner, cst.Name) and owner.value in walks:
-            return {"values": "one", "items": "pairs"}.get(name)
+        if (isinstance(owner, cst.Name) and owner.value in walks or isinstance(owner, cst.Call)
+                and isinstance(owner.func, cst.Attribute) and owner.func.attr.value in _DICTS):
+            return {"values": "one", "items": "pairs"}.get(name)  # (`m.state_dict().values()` too)
     return None
 
 
