@@ -7,8 +7,8 @@ those that are not, and the XLA run."""
 import pytest
 
 from test_runnable_ports import needs_xla
-from test_step_calls import at_two_lengths, original_output
-from xlaport.engine import Settings, transform
+from test_step_calls import one_execution_a_step, original_output, printed_numbers
+from test_step_tail import converted
 
 IMAGENET = (
     "import torch\n\n"
@@ -26,13 +26,6 @@ IMAGENET = (
     "        return res\n\n"
     "model = model.cuda()\n"
 )
-
-
-def converted(src: str) -> str:
-    code = transform(src.encode(), Settings()).code.decode()
-    assert transform(code.encode(), Settings()).code.decode() == code  # idempotent
-    compile(code, "<converted>", "exec")
-    return code
 
 
 def test_imagenets_accuracy_returns_a_new_tensor():
@@ -92,11 +85,7 @@ def test_the_meters_prints_copy_with_the_originals_numbers(tmp_path):
     """fixtures/inplace_accuracy on XLA at 3 and 6 batches: compiles flat, one
     execution a step (with `mul_`: each print of the two meters' views runs
     graphs of its own), and every line the original prints on the CPU."""
-    a, _, b, out6 = at_two_lengths("inplace_accuracy", tmp_path, "--steps", 3, 6)
-    assert a["compiles"] == b["compiles"] and b["executions"] - a["executions"] == 3, (a, b)
+    out6 = one_execution_a_step("inplace_accuracy", tmp_path)
     original = original_output("inplace_accuracy", "--steps", "6")
-
-    def numbers(text):
-        return [float(w.strip("()")) for line in text.splitlines() for w in line.split()[2:] if w[0] in "(0123456789"]
-
-    assert len(out6.splitlines()) == 6 and numbers(out6) == pytest.approx(numbers(original), rel=1e-4, abs=1e-4)
+    assert len(out6.splitlines()) == 6 and printed_numbers(out6) == pytest.approx(printed_numbers(original), rel=1e-4,
+                                                                                  abs=1e-4)

@@ -19,6 +19,26 @@ def at_two_lengths(name: str, tmp_path, flag: str, short: int, long: int):
     return a["metrics"], out_a, b["metrics"], out_b
 
 
+def one_execution_a_step(name: str, tmp_path, short: int = 3, long: int = 6) -> str:
+    """The fixture's conversion on XLA at ``--steps short`` and ``long``:
+    asserts that compiles stay flat and that each step more is one graph
+    execution more; what it prints at ``long``."""
+    a, _, b, out = at_two_lengths(name, tmp_path, "--steps", short, long)
+    assert a["compiles"] == b["compiles"] and b["executions"] - a["executions"] == long - short, (a, b)
+    return out
+
+
+def printed_numbers(text: str) -> list:
+    """Every word of ``text`` that reads as a number (brackets, commas and ``%`` stripped)."""
+    found = []
+    for word in text.split():
+        try:
+            found.append(float(word.strip("()[],%")))
+        except ValueError:
+            pass
+    return found
+
+
 def original_output(name: str, *args: str) -> str:
     """What the fixture's unconverted program prints on the CPU (CUDA hidden)."""
     import os

@@ -11,7 +11,7 @@ import pytest
 from codemods.analysis.step_updates import update_call
 from codemods.syntax.tree import TreeCache
 from test_runnable_ports import needs_xla
-from test_step_calls import at_two_lengths, original_output
+from test_step_calls import one_execution_a_step, original_output, printed_numbers
 from test_step_tail import converted
 
 DDPM = (
@@ -179,11 +179,7 @@ def test_the_average_joins_the_step_with_the_originals_numbers(tmp_path):
     """fixtures/ema_after_step on XLA at 3 and 6 batches: compiles flat, one
     execution a step (with the barrier before the two updates: two a step),
     and the losses and both averages the original prints on the CPU."""
-    a, _, b, out6 = at_two_lengths("ema_after_step", tmp_path, "--steps", 3, 6)
-    assert a["compiles"] == b["compiles"] and b["executions"] - a["executions"] == 3, (a, b)
+    out6 = one_execution_a_step("ema_after_step", tmp_path)
     original = original_output("ema_after_step", "--steps", "6")
-
-    def numbers(text):
-        return [float(line.split()[-1]) for line in text.splitlines()]
-
-    assert len(out6.splitlines()) == 8 and numbers(out6) == pytest.approx(numbers(original), rel=1e-4, abs=1e-4)
+    assert len(out6.splitlines()) == 8 and printed_numbers(out6) == pytest.approx(printed_numbers(original), rel=1e-4,
+                                                                                  abs=1e-4)

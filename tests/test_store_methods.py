@@ -9,7 +9,7 @@ the XLA run."""
 import pytest
 
 from test_runnable_ports import needs_xla
-from test_step_calls import at_two_lengths, original_output
+from test_step_calls import one_execution_a_step, original_output, printed_numbers
 from test_step_tail import converted
 
 METER = (
@@ -115,11 +115,7 @@ def test_the_meters_sums_join_the_step_with_the_originals_numbers(tmp_path):
     one execution a step (with the meter's sums after the barrier: five
     compiles and three executions a step), and every progress line the
     original prints on the CPU."""
-    a, _, b, out6 = at_two_lengths("meters_after_step", tmp_path, "--steps", 3, 6)
-    assert a["compiles"] == b["compiles"] and b["executions"] - a["executions"] == 3, (a, b)
+    out6 = one_execution_a_step("meters_after_step", tmp_path)
     original = original_output("meters_after_step", "--steps", "6")
-
-    def numbers(text):
-        return [float(w.strip("()")) for line in text.splitlines() for w in line.split()[2:] if w[0] in "(0123456789"]
-
-    assert len(out6.splitlines()) == 6 and numbers(out6) == pytest.approx(numbers(original), rel=1e-4, abs=1e-4)
+    assert len(out6.splitlines()) == 6 and printed_numbers(out6) == pytest.approx(printed_numbers(original), rel=1e-4,
+                                                                                  abs=1e-4)
