@@ -41,7 +41,7 @@ from codemods.analysis.calls import called_functions
 from codemods.analysis.cuda import scope_of
 from codemods.analysis.placement import host_read
 from codemods.analysis.steps import RANDOM_FILLS
-from codemods.analysis.store_methods import instance_class
+from codemods.analysis.store_methods import method_of
 from codemods.analysis.tensor_functions import (
     BUILTINS,
     FunctionCheck,
@@ -99,16 +99,8 @@ def update_call(tree: TreeCache, stmt: cst.CSTNode, qualnames: QualNames) -> boo
             found = imported_def(tree, func, cst.FunctionDef)
             return found is not None and update_function(found[0], found[1], quick_qualnames(found[0]))  # type: ignore[arg-type]
         return bool(fns) and all(update_function(tree, fn, qualnames) for fn in fns)
-    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
-        owned = instance_class(tree, func.value, or_none=True)  # (None: the call would fail whatever the barrier)
-        if owned is None:
-            return False
-        owner, cls = owned
-        body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
-        method = next((s for s in body if isinstance(s, cst.FunctionDef) and s.name.value == func.attr.value), None)
-        own = qualnames if owner is tree else quick_qualnames(owner)
-        return method is not None and update_function(owner, method, own, method=True)
-    return False
+    found = method_of(tree, call, qualnames, or_none=True)  # (bound to None: the call would fail whatever the barrier)
+    return found is not None and update_function(found[0], found[1], found[2], method=True)
 
 
 def _plain_argument(tree: TreeCache, expr: cst.BaseExpression, qualnames: QualNames) -> bool:

@@ -59,19 +59,30 @@ def store_call(tree: TreeCache, call: cst.Call, tensors: Set[str], qualnames: Qu
 def stores_only(tree: TreeCache, call: cst.Call, tensors: Set[str], qualnames: QualNames) -> bool:
     """``call`` runs a store method of a plain object (the first two points
     of the module doc; its arguments anything: ``losses.update(loss.item(), n)``)."""
-    func = call.func
-    if not isinstance(func, cst.Attribute) or not isinstance(func.value, cst.Name) or any(a.star for a in call.args):
+    if any(a.star for a in call.args):
         return False
-    found = instance_class(tree, func.value)
+    found = method_of(tree, call, qualnames)
     if found is None:
         return False
+    owner, method, own = found
+    params = handed_tensors(_without_self(method), call, tensors, qualnames)
+    return params is not None and store_method(owner, method, own, params)
+
+
+def method_of(tree: TreeCache, call: cst.Call, qualnames: QualNames,
+              or_none: bool = False) -> Optional[Tuple[TreeCache, cst.FunctionDef, QualNames]]:
+    """For ``obj.m(...)``, ``obj`` a plain object of the program
+    (:func:`instance_class`): the tree its class is defined in, the method
+    ``m`` there, and the qualified names to read that tree with."""
+    func = call.func
+    if not isinstance(func, cst.Attribute) or not isinstance(func.value, cst.Name):
+        return None
+    found = instance_class(tree, func.value, or_none)
+    if found is None:
+        return None
     owner, cls = found
     method = next((s for s in _body(cls) if isinstance(s, cst.FunctionDef) and s.name.value == func.attr.value), None)
-    if method is None:
-        return False
-    params = handed_tensors(_without_self(method), call, tensors, qualnames)
-    own = qualnames if owner is tree else quick_qualnames(owner)
-    return params is not None and store_method(owner, method, own, params)
+    return None if method is None else (owner, method, qualnames if owner is tree else quick_qualnames(owner))
 
 
 def reach_no_object(tree: TreeCache, stmts: Sequence[cst.CSTNode], tensors: Set[str], qualnames: QualNames) -> bool:
@@ -197,4 +208,4 @@ def _computes(tree: TreeCache, expr: cst.BaseExpression, tensors: Set[str], qual
     return reads or not draws_random(expr)
 
 
-__all__ = ["instance_class", "made_by", "reach_no_object", "store_call", "store_receiver", "stores_only"]
+__all__ = ["instance_class", "made_by", "method_of", "reach_no_object", "store_call", "store_receiver", "stores_only"]
