@@ -554,3 +554,50 @@ def test_the_metric_in_the_steps_graph_runs_once_a_step_with_the_originals_numbe
         return [float(w) for line in text.splitlines() for w in line.split()[1::2]]
 
     assert len(numbers(out6)) == 18 and numbers(out6) == pytest.approx(numbers(original), rel=1e-4, abs=1e-5)
+
+
+# -- a plain helper object's method, called from a step loop -----------------------------------------------------
+
+OBJECT_HELPER = ("import torch\n\n\nclass RF:\n    def __init__(self, model):\n        self.model = model\n\n"
+                 "    def forward(self, x):\n        out = self.model(x)\n        loss = (out ** 2).mean(dim=1)\n"
+                 "        seen = loss.detach().cpu().tolist()\n        return loss.mean(), seen\n\n\n"
+                 "model = torch.nn.Linear(4, 4).cuda()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                 "rf = RF(model)\nfor x in loader:\n    loss, seen = rf.forward(x.cuda())\n    loss.backward()\n"
+                 "    opt.step()\n")
+
+
+def test_a_plain_objects_method_called_from_the_step_loop_runs_every_step():
+    """minRF's ``rf = RF(model)``, then ``rf.forward(x, c)`` in the step
+    loop: the method runs every step, and its host read says so, with the
+    call it is reached through."""
+    found = {(f.code, f.line): f.message for f in transform(OBJECT_HELPER.encode(), Settings()).findings}
+    assert "runs every step: in `forward()`, called from the loop at line 18" in found[("XLA402", 11)]
+
+
+@pytest.mark.parametrize("change", [
+    ("class RF:", "class RF(Base):"),  # a base class: not a plain object
+    ("rf = RF(model)\n", "rf = RF(model)\nif flag:\n    rf = Other()\n"),  # bound to two kinds of objects
+    ("rf = RF(model)\n", "rf = make_rf(model)\n"),  # made by something else
+])
+def test_an_object_that_is_not_plainly_one_classes_is_not_followed(change):
+    source = OBJECT_HELPER.replace(*change)
+    assert ("XLA402", 11) not in [(f.code, f.line) for f in transform(source.encode(), Settings()).findings]
+
+
+def test_a_counter_handed_to_a_plain_objects_method_indexes_its_tables_with_a_device_int():
+    """fixtures/object_sampler: ``schedule.ddim_step(model, x, i)`` in the
+    sampling loop, ``self.alphas_cumprod[t]`` in the method (XLA411)."""
+    found = lint_codes((FIXTURES / "object_sampler" / "input.py").read_text())
+    assert [line for code, line in found if code == "XLA411"] == [22, 23]
+
+
+@pytest.mark.xla
+@needs_xla
+def test_the_object_sampler_compiles_once_with_the_originals_numbers(tmp_path):
+    """Its conversion on XLA at 3 and 6 steps: compiles flat (4 -> 7 before
+    the method was followed), one execution a step, and the sample the
+    original prints on the CPU."""
+    out6 = one_execution_a_step("object_sampler", tmp_path)
+    original = original_output("object_sampler", "--steps", "6")
+    assert len(printed_numbers(out6)) == 16
+    assert printed_numbers(out6) == pytest.approx(printed_numbers(original), rel=1e-4, abs=1e-5)

@@ -26,6 +26,7 @@ from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
 import libcst as cst
 
+from codemods.analysis.calls import object_methods
 from codemods.analysis.dataflow import dataflow
 from codemods.syntax.nodes import dotted
 from codemods.syntax.tree import TreeCache, call_name, find_all
@@ -197,7 +198,8 @@ def counter_through_call(tree: TreeCache, call: cst.Call, counters: Set[str], te
 
     if not counters:
         return None
-    fn_tree, fn = callee if callee is not None else (tree, dataflow(tree).local_function(call))
+    fn_tree, fn = callee if callee is not None else (
+        tree, dataflow(tree).local_function(call) or next(iter(object_methods(tree, call)), None))
     if not isinstance(fn, cst.FunctionDef):
         return None
     params = [p for p in list(fn.params.posonly_params) + list(fn.params.params)

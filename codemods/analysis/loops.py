@@ -24,7 +24,7 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 import libcst as cst
 
 from codemods.analysis.bindings import binding_nodes
-from codemods.analysis.calls import FunctionSet, called_functions
+from codemods.analysis.calls import FunctionSet, called_functions, object_methods
 from codemods.analysis.state import _carries_model_state, _root
 from codemods.analysis.steps import LOADER_NAME_RE, STEP_CALLS, callers_closure
 from codemods.analysis.syncs import (  # noqa: F401 -- part of this module's API
@@ -412,7 +412,7 @@ def per_step_functions(module: cst.Module, loops: List[cst.CSTNode]) -> Dict[int
     while todo:
         node, chain, loop = todo.pop(0)  # breadth first: the shortest chain
         for call in find_all(node, cst.Call, stop=(cst.ClassDef, cst.Lambda)):
-            for target in called_functions(tree, call) or ():  # type: ignore[arg-type]
+            for target in called_functions(tree, call) or object_methods(tree, call):  # type: ignore[arg-type]
                 if id(target) not in found and target is not node:
                     found[id(target)] = (chain, loop)
                     todo.append((target, chain + [target.name.value], loop))
