@@ -10,17 +10,28 @@ conditions are ``codemods.analysis.element_walks``'), the walk over
 ``y.flatten().tolist()`` gives the same numbers from one read, and
 ``i.item()`` is ``i``.
 
+Where the elements are used on the host in other ways -- arithmetic with
+numbers, a truth, an index of a host tensor or of a tuple of names, over a
+``zip`` or ``enumerate`` of such tensors (the forums' confusion matrix, the
+CIFAR-10 tutorial's count per class: ``analysis.element_walks.host_walk``)
+-- the walk goes over each tensor's host copy, ``labels.view(-1).cpu()``.
+
 Rewritten where the walk runs every step (as XLA407 would report it); a
 tensor on the device by what the module says of it (``analysis.placement``).
 """
 
 from __future__ import annotations
 
-from typing import Optional, Set
+from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from codemods.analysis.element_walks import NumberWalk, comprehension_walk, for_walk
+from codemods.analysis.bindings import binding_nodes
+from codemods.analysis.element_walks import (HostWalk, NumberWalk, comprehension_walk, for_walk, host_walk, read_elsewhere,
+                                             root)
+from codemods.analysis.placement import HOST, placement
+from codemods.analysis.tensors import is_tensor_expr
+from codemods.analysis.values import MODULE, TENSORS, values
 from codemods.base import Rule
 from codemods.hot_path import HotPathCodemod, code, walks_device_tensor
 
@@ -28,7 +39,7 @@ ELEMENT_READ = Rule(
     code="XLA416",
     name="element-number-walk",
     summary="a walk over a device tensor that reads each element as a number (`int(i)`) reads it once: "
-            "`y.flatten().tolist()`",
+            "`y.flatten().tolist()`, or walks its host copy where the elements are used on the host",
     why=(
         "Walking a device tensor (`for i in y`, `[itos[int(i)] for i in y]`) unbinds it into one tensor per "
         "element; each is a graph of its own, a new one per index, and each `int(i)` runs it and reads the "
@@ -36,7 +47,12 @@ ELEMENT_READ = Rule(
         "element is only read as a number (`int(i)`, `float(i)`, `bool(i)`, `i.item()`), "
         "`y.flatten().tolist()` gives the same numbers from one read (a one-element row is its one number "
         "either way). Only where the element's name is a plain one read nowhere after the walk, and the walk "
-        "never names the tensor again."
+        "never names the tensor again. Where the elements are used on the host in other ways -- arithmetic with "
+        "numbers before the read (`int(s * 10)`), a truth (`if label == prediction:`), an index of a host tensor or "
+        "of a tuple of names (`confusion[t.long(), p.long()] += 1`, `classes[label]`), over `zip(...)` or "
+        "`enumerate(...)` of such tensors -- the walk goes over each tensor's host copy (`labels.view(-1).cpu()`): "
+        "the same elements, tensors of the same values and dtypes, from one read (a confusion matrix and a count "
+        "per class over batches of 4: 21 -> 4 compiles, 32 -> 5 executions a batch)."
     ),
     before=(
         "import torch\n\nmodel = torch.nn.Linear(4, 4).cuda()\nfor x in loader:\n"
@@ -59,6 +75,9 @@ ELEMENT_READ = Rule(
         # a copy on the host already
         "import torch\n\nmodel = torch.nn.Linear(4, 4).cuda()\nfor x in loader:\n"
         "    y = model(x.cuda()).argmax(-1)\n    words.append([int(i) for i in y.tolist()])\n",
+        # an element that meets a device tensor: not a use on the host
+        "import torch\n\nmodel = torch.nn.Linear(4, 4).cuda()\nfor x in loader:\n"
+        "    y = model(x.cuda()).argmax(-1)\n    for t in y:\n        words.append(float(model.weight[t].sum()))\n",
     ),
 )
 
@@ -71,13 +90,20 @@ class ElementReads(HotPathCodemod):
         self._walks: Set[int] = set()  # ids of the loops and comprehensions rewritten
         self._items: Set[int] = set()  # ids of their `i.item()` calls
         self._arguments: Set[int] = set()  # ids of generator expressions handed to a call
+        self._host_walks: Dict[int, Tuple[int, ...]] = {}  # ids of the host walks -> the places of their tensors
 
     def visit_For(self, node: cst.For) -> None:
-        where = self._where() or "it runs once per call, each of its elements a graph of its own"
+        hot = self._where()
+        where = hot or "it runs once per call, each of its elements a graph of its own"
         super().visit_For(node)
-        if self._element_loop() is node and isinstance(node.iter, cst.Name):
-            scope = self.function_nodes[-1] if self.function_nodes else self.tree.module
-            self._take(node, for_walk(node, scope), where)
+        scope = self.function_nodes[-1] if self.function_nodes else self.tree.module
+        if self._element_loop() is node and isinstance(node.iter, cst.Name) and self._take(node, for_walk(node, scope),
+                                                                                           where):
+            return
+        if hot is not None and node.asynchronous is None and node.orelse is None:
+            walk = self._host_walk(node.target, node.iter, [node.body])
+            if walk is not None and not any(read_elsewhere(scope, n.value, node) for n in _element_names(node.target)):
+                self._take_host(node, walk, where)
 
     def visit_Call(self, node: cst.Call) -> None:
         super().visit_Call(node)
@@ -98,22 +124,66 @@ class ElementReads(HotPathCodemod):
 
     def _comprehension(self, node) -> None:  # type: ignore[no-untyped-def]
         where = self._where()
-        if where is not None and walks_device_tensor(self.tree, node.for_in.iter):
-            self._take(node, comprehension_walk(node), where)
-
-    def _take(self, node: cst.CSTNode, walk: Optional[NumberWalk], where: str) -> None:
-        if walk is None:
+        if where is None:
             return
+        first = node.for_in
+        if walks_device_tensor(self.tree, first.iter) and self._take(node, comprehension_walk(node), where):
+            return
+        if first.asynchronous is None:
+            parts = [*first.ifs, *([first.inner_for_in] if first.inner_for_in else [])]
+            parts += [node.key, node.value] if isinstance(node, cst.DictComp) else [node.elt]
+            walk = self._host_walk(first.target, first.iter, parts)
+            if walk is not None:
+                self._take_host(node, walk, where)
+
+    def _take(self, node: cst.CSTNode, walk: Optional[NumberWalk], where: str) -> bool:
+        if walk is None:
+            return False
         y = code(walk.tensor)
         if self.flag(walk.tensor, ELEMENT_READ.code, f"walking device tensor `{y}` reads each element as a number: a "
                      f"graph and a host read per element -> `{y}.flatten().tolist()`, the same numbers read once; "
                      f"{where}", fix=True, hot=True):
             self._walks.add(id(node))
             self._items.update(id(c) for c in walk.items)
+        return True
+
+    def _host_walk(self, target, iterable, parts) -> Optional[HostWalk]:  # type: ignore[no-untyped-def]
+        """A host walk (``analysis.element_walks``) over at least one tensor on the device."""
+        walk = host_walk(target, iterable, parts, self._tensor, self._host_value)
+        return walk if walk is not None and any(self._on_device(root(t)) for t in walk.tensors) else None  # type: ignore[arg-type]
+
+    def _tensor(self, walked: cst.BaseExpression) -> bool:
+        """A tensor by the analysis, or made from one on the device (``labels.view(-1)``, ``labels`` a batch moved
+        there): not a module, whose ``.cpu()`` would move it."""
+        if isinstance(walked, (cst.Name, cst.Attribute)) and values(self.tree).of(walked) & {MODULE, TENSORS}:
+            return False  # (the pieces of a split, a model: no tensor's `.cpu()`)
+        start = root(walked)
+        return is_tensor_expr(walked, self.tensors, self.qualnames) or (start is not None and walks_device_tensor(
+            self.tree, start))
+
+    def _host_value(self, value: cst.BaseExpression) -> bool:
+        """A tensor on the host, or a name bound only to a literal container
+        or string (``classes = ("cat", "dog")``, ``correct = {c: 0 for c in classes}``)."""
+        if placement(self.tree, value) == HOST:
+            return True
+        if not isinstance(value, cst.Name):
+            return False
+        bindings = binding_nodes(self.tree, value)
+        return bool(bindings) and all(isinstance(_assigned(self.tree, b), _CONTAINERS) for b in bindings)
+
+    def _take_host(self, node: cst.CSTNode, walk: HostWalk, where: str) -> None:
+        ys = ", ".join(f"`{code(t)}`" for t in walk.tensors)
+        if self.flag(walk.tensors[0], ELEMENT_READ.code, f"walking device tensor {ys} uses each element on the host: "
+                     f"a graph and a host read per element -> walked as " + ", ".join(
+                         f"`{code(t)}.cpu()`" for t in walk.tensors) + f", the same elements read once; {where}",
+                     fix=True, hot=True):
+            self._host_walks[id(node)] = walk.places
 
     def rewrite_loop(self, original, updated):  # type: ignore[no-untyped-def]
         if id(original) in self._walks:
             return updated.with_changes(iter=_read_once(updated.iter))
+        if id(original) in self._host_walks:
+            updated = updated.with_changes(iter=_host_copies(updated.iter, self._host_walks[id(original)]))
         return super().rewrite_loop(original, updated)
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
@@ -123,6 +193,10 @@ class ElementReads(HotPathCodemod):
         return updated
 
     def _leave_comprehension(self, original, updated):  # type: ignore[no-untyped-def]
+        if id(original) in self._host_walks:
+            places = self._host_walks[id(original)]
+            return updated.with_changes(for_in=updated.for_in.with_changes(iter=_host_copies(updated.for_in.iter,
+                                                                                             places)))
         if id(original) not in self._walks:
             return updated
         return updated.with_changes(for_in=updated.for_in.with_changes(iter=_read_once(updated.for_in.iter)))
@@ -138,6 +212,36 @@ class ElementReads(HotPathCodemod):
 
     def leave_GeneratorExp(self, original_node: cst.GeneratorExp, updated_node: cst.GeneratorExp) -> cst.BaseExpression:
         return self._leave_comprehension(original_node, updated_node)  # type: ignore[no-any-return]
+
+
+_CONTAINERS = (cst.Tuple, cst.List, cst.Dict, cst.Set, cst.SimpleString, cst.ConcatenatedString, cst.ListComp,
+               cst.DictComp, cst.SetComp)
+
+
+def _assigned(tree, bound: cst.CSTNode) -> Optional[cst.CSTNode]:  # type: ignore[no-untyped-def]
+    """The value ``name = value`` binds a name to (the name its one target); None for any other binding."""
+    target = tree.parents.get(id(bound))
+    assign = tree.parents.get(id(target)) if isinstance(target, cst.AssignTarget) else None
+    return assign.value if isinstance(assign, cst.Assign) and len(assign.targets) == 1 else None
+
+
+def _element_names(target: cst.CSTNode) -> List[cst.Name]:
+    return [e.value for e in target.elements if isinstance(e.value, cst.Name)] if isinstance(  # type: ignore[misc]
+        target, (cst.Tuple, cst.List)) else [target] if isinstance(target, cst.Name) else []
+
+
+def _host_copies(iterable: cst.BaseExpression, places: Tuple[int, ...]) -> cst.BaseExpression:
+    """``zip(a, b)`` -> ``zip(a.cpu(), b.cpu())`` at ``places``; ``y`` -> ``y.cpu()`` where there are none."""
+    if not places:
+        return _cpu(iterable)
+    args = list(iterable.args)  # type: ignore[attr-defined]
+    for i in places:
+        args[i] = args[i].with_changes(value=_cpu(args[i].value))
+    return iterable.with_changes(args=args)  # type: ignore[attr-defined]
+
+
+def _cpu(tensor: cst.BaseExpression) -> cst.Call:
+    return cst.Call(cst.Attribute(tensor, cst.Name("cpu")))
 
 
 def _read_once(tensor: cst.BaseExpression) -> cst.Call:

@@ -427,20 +427,20 @@ def test_a_loop_over_a_module_moved_to_the_device_walks_no_tensor():
 def test_a_comprehension_over_a_device_tensor_is_reported_like_a_loop():
     """A comprehension walks a device tensor element by element as a `for`
     does (one graph and one read each): reported where the elements are
-    tensors (`float(i * 2)`; where they are only read as numbers, XLA416
+    tensors (`float((i * 2).exp())`; where they are only used on the host, XLA416
     reads the tensor once: tests/test_element_reads.py); over `y.tolist()`,
     or a module moved to the device, not."""
     src = ("import torch\n\nmodel = torch.nn.Linear(4, 4).cuda()\nitos = {0: 'a', 1: 'b', 2: 'c', 3: 'd'}\n\n"
            "def decode(loader, words):\n    for x in loader:\n        y = model(x.cuda()).argmax(-1)\n"
-           "        words.append([float(i * 2) for i in y])\n")
+           "        words.append([float((i * 2).exp()) for i in y])\n")
     found = [(f.code, f.line, f.col) for f in transform(src.encode(), Settings()).findings if f.code == "XLA407"]
-    assert found == [("XLA407", 9, 45)], found  # (on `y`)
+    assert found == [("XLA407", 9, 53)], found  # (on `y`)
     message = next(f.message for f in transform(src.encode(), Settings()).findings if f.code == "XLA407")
     assert "`y.tolist()`" in message and message.endswith("runs every step (in the loop at line 7)")
     assert "XLA407" not in [c for c, _ in lint_codes(src.replace("for i in y]", "for i in y.tolist()]"))]
     layers = src.replace("model = torch.nn.Linear(4, 4).cuda()", "model = torch.nn.Linear(4, 4).cuda()\n"
                          "layers = torch.nn.ModuleList([torch.nn.Linear(4, 4)]).cuda()").replace(
-        "words.append([float(i * 2) for i in y])", "outs = [layer(x) for layer in layers]")
+        "words.append([float((i * 2).exp()) for i in y])", "outs = [layer(x) for layer in layers]")
     assert "XLA407" not in [c for c, _ in lint_codes(layers)]
 
 

@@ -14,12 +14,25 @@ a ``for`` loop, the element's name read nowhere else in its scope but in other
 loops that bind it first (after the loop it holds a number, not a tensor).
 Whether the tensor lives on the device, and whether the walk runs every step,
 the rule asks (``codemods.element_reads``).
+
+A *host walk* goes further: ``for t, p in zip(labels.view(-1), preds.view(-1)):
+confusion[t.long(), p.long()] += 1`` (the forums' confusion matrix), the
+CIFAR-10 tutorial's ``if label == prediction: correct[classes[label]] += 1``,
+``[int(s * 10) for s in scores]``.  Each element is used only on the host:
+read as a number or a truth, or as an index of a host tensor or container,
+through nothing but arithmetic with numbers and the other elements and a
+cast (``t.long()``).  Walking each tensor's host copy (``labels.view(-1).cpu()``)
+gives the same elements -- tensors still, of the same values and dtypes, so
+``t * 10`` computes as it did -- from one read.  A walk over ``zip(...)`` or
+``enumerate(...)`` of such tensors counts (the others it walks are left as
+they are); for a ``for`` loop, the elements' names are read nowhere else
+in its scope, as above.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Callable, List, Optional, Sequence, Set, Tuple, Union
 
 import libcst as cst
 
@@ -46,7 +59,7 @@ def for_walk(loop: cst.For, scope: cst.CSTNode) -> Optional[NumberWalk]:
     if not (isinstance(loop.target, cst.Name) and isinstance(loop.iter, cst.Name)):
         return None
     items = _reads_as_numbers([loop.body], loop.target.value, loop.iter.value)
-    if items is None or _read_elsewhere(scope, loop.target.value, loop):
+    if items is None or read_elsewhere(scope, loop.target.value, loop):
         return None
     return NumberWalk(loop.iter, tuple(items))
 
@@ -96,7 +109,7 @@ def _number_read(call: cst.Call, element: str) -> Optional[str]:
     return None
 
 
-def _read_elsewhere(scope: cst.CSTNode, name: str, loop: cst.For) -> bool:
+def read_elsewhere(scope: cst.CSTNode, name: str, loop: cst.For) -> bool:
     """Is ``name`` used in ``scope`` outside ``loop``, other than in a loop
     or comprehension that binds it before its body reads it?"""
     stack: List[cst.CSTNode] = [scope]
@@ -119,4 +132,177 @@ def _read_elsewhere(scope: cst.CSTNode, name: str, loop: cst.For) -> bool:
     return False
 
 
-__all__ = ["NumberWalk", "comprehension_walk", "for_walk"]
+@dataclass(frozen=True)
+class HostWalk:
+    """A walk whose elements are only used on the host: the tensors it
+    walks (the arguments of its ``zip``/``enumerate``, or its iterable),
+    each to be walked as its host copy."""
+
+    tensors: Tuple[cst.BaseExpression, ...]
+    places: Tuple[int, ...]  # their places among the arguments of the zip/enumerate; () for the iterable itself
+
+
+Predicate = Callable[[cst.BaseExpression], bool]
+
+
+def host_walk(target: cst.BaseAssignTargetExpression, iterable: cst.BaseExpression, parts: Sequence[cst.CSTNode],
+              is_tensor: Predicate, on_host: Predicate) -> Optional[HostWalk]:
+    """The host walk (see the module doc) of ``target`` over ``iterable``
+    whose body is ``parts``, or None.  ``is_tensor``: an expression is a
+    tensor; ``on_host``: a subscripted value lives on the host (a host
+    tensor, a tuple of class names)."""
+    pairs = _pairs(target, iterable)
+    walked = [(name, tensor) for name, tensor in pairs or () if is_tensor(tensor)]
+    wrapped = isinstance(iterable, cst.Call)
+    places = tuple(i for i, a in enumerate(iterable.args) if any(a.value is t for _, t in walked)) if wrapped else ()
+    if not walked or not all(_pure(t) and not _pair_of_tensors(t) for _, t in walked):
+        return None
+    elements = {name for name, _ in walked}
+    roots = {root(t).value for _, t in walked}  # type: ignore[union-attr]  # (pure: each has one)
+    if len(elements) < len(walked) or roots & elements:
+        return None
+    if any(isinstance(n, cst.Name) and n.value in roots for p in parts for n in _names(p)):
+        return None  # (the tensor named while it is walked: a write would show in the elements to come)
+    if not all(_host_only(p, elements, on_host) for p in parts):
+        return None
+    return HostWalk(tuple(t for _, t in walked), places)
+
+
+def _pairs(target: cst.CSTNode, iterable: cst.BaseExpression) -> Optional[List[Tuple[str, cst.BaseExpression]]]:
+    """(element name, what it is an element of): ``for t, p in zip(a, b)``
+    -> t of a, p of b; ``for i, x in enumerate(a)`` -> x of a (``i`` is a
+    number); ``for x in a`` -> x of a."""
+    names = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else None
+    if isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Name) and iterable.func.value in (
+            "zip", "enumerate"):
+        args = iterable.args
+        if any(a.star or a.keyword is not None for a in args) or names is None:
+            return None
+        if not all(isinstance(e, cst.Name) for e in names):
+            return None
+        values = [e.value for e in names]  # type: ignore[attr-defined]
+        if iterable.func.value == "zip":
+            return list(zip(values, [a.value for a in args])) if len(values) == len(args) else None
+        return [(values[1], args[0].value)] if len(args) == 1 and len(values) == 2 else None
+    return [(target.value, iterable)] if isinstance(target, cst.Name) else None
+
+
+# tensor methods that make a new tensor of the one they read, the walked expression may apply
+_WALKED_OPS = frozenset({"view", "reshape", "flatten", "squeeze", "detach", "long", "int", "float", "argmax",
+                         "max", "min", "sigmoid", "softmax", "round", "t", "contiguous", "clone"})
+# what an element may be turned into before it is read (its value the same kind of number)
+_CASTS = frozenset({"long", "int", "float", "double", "bool", "abs", "round", "squeeze", "flatten"})
+_TERMINAL = frozenset({"item", "tolist"})
+
+
+def _pure(node: cst.BaseExpression) -> bool:
+    """A name, an attribute, or those through tensor ops with numbers
+    (``labels.view(-1)``, ``outputs.max(1)[0].sigmoid()``)."""
+    if isinstance(node, (cst.Name, cst.Attribute)):
+        return True
+    if isinstance(node, cst.Subscript):
+        return _pure(node.value) and all(isinstance(e.slice, cst.Index) and _number(e.slice.value)
+                                         for e in node.slice)
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _WALKED_OPS:
+        return all(a.keyword is None and not a.star and _number(a.value) for a in node.args) and _pure(node.func.value)
+    return False
+
+
+def _pair_of_tensors(node: cst.BaseExpression) -> bool:
+    """``x.max(1)``: the values and the indices, a tuple (not a tensor) to walk."""
+    return isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in (
+        "max", "min") and bool(node.args)
+
+
+def root(node: cst.BaseExpression) -> Optional[cst.Name]:
+    """The name a walked expression starts from (``labels`` of ``labels.view(-1)``); None for anything else
+    (a list, a call of a function)."""
+    while not isinstance(node, cst.Name):
+        if isinstance(node, (cst.Subscript, cst.Attribute)):
+            node = node.value
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            node = node.func.value
+        else:
+            return None
+    return node
+
+
+def _number(node: cst.CSTNode) -> bool:
+    if isinstance(node, cst.UnaryOperation):
+        return _number(node.expression)
+    return isinstance(node, (cst.Integer, cst.Float))
+
+
+def _names(node: cst.CSTNode) -> List[cst.CSTNode]:
+    found: List[cst.CSTNode] = []
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, cst.Name):
+            found.append(n)
+        stack.extend(n.children)
+    return found
+
+
+def _element_expr(node: cst.CSTNode, elements: Set[str]) -> bool:
+    """An element, or what arithmetic, comparisons and casts make of the
+    elements and numbers: the value a host read would read."""
+    if isinstance(node, cst.Name):
+        return node.value in elements
+    if _number(node):
+        return True
+    if isinstance(node, cst.BinaryOperation):
+        return _element_expr(node.left, elements) and _element_expr(node.right, elements)
+    if isinstance(node, cst.UnaryOperation):
+        return _element_expr(node.expression, elements)
+    if isinstance(node, cst.Comparison):
+        return _element_expr(node.left, elements) and all(
+            _element_expr(c.comparator, elements) and not isinstance(c.operator, (cst.In, cst.NotIn, cst.Is, cst.IsNot))
+            for c in node.comparisons)
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _CASTS:
+        return all(_number(a.value) and a.keyword is None for a in node.args) and _element_expr(node.func.value,
+                                                                                               elements)
+    return False
+
+
+def _host_only(node: cst.CSTNode, elements: Set[str], on_host: Predicate) -> bool:
+    """Every use of ``elements`` in ``node`` is on the host: read as a
+    number (``int(E)``, ``E.item()``), a truth (the test of an ``if``,
+    ``while`` or conditional expression, an ``and``/``or``/``not`` there),
+    or an index of a value ``on_host`` (``confusion[E, E2]``,
+    ``classes[E]``), ``E`` an element expression."""
+    def reads(expr: cst.CSTNode) -> bool:
+        return _element_expr(expr, elements) and any(isinstance(n, cst.Name) and n.value in elements
+                                                     for n in _names(expr))
+
+    def truth(test: cst.CSTNode) -> bool:
+        if isinstance(test, cst.BooleanOperation):
+            return truth(test.left) and truth(test.right)
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            return truth(test.expression)
+        return reads(test) or _host_only(test, elements, on_host)
+
+    if isinstance(node, cst.Name):
+        return node.value not in elements
+    if isinstance(node, cst.Call):
+        func, args = node.func, node.args
+        if isinstance(func, cst.Name) and func.value in SCALAR_READS and len(args) == 1 and not args[0].keyword \
+                and not args[0].star and reads(args[0].value):
+            return True
+        if isinstance(func, cst.Attribute) and func.attr.value in _TERMINAL and not args and reads(func.value):
+            return True
+    if isinstance(node, (cst.If, cst.While)):
+        rest = [node.body] + ([node.orelse] if node.orelse is not None else [])
+        return truth(node.test) and all(_host_only(r, elements, on_host) for r in rest)
+    if isinstance(node, cst.IfExp):
+        return truth(node.test) and _host_only(node.body, elements, on_host) and _host_only(node.orelse, elements,
+                                                                                          on_host)
+    if isinstance(node, cst.Subscript):
+        indexes = [e.slice.value if isinstance(e.slice, cst.Index) else e.slice for e in node.slice]
+        direct = [i for i in indexes if reads(i)]  # (an element itself the index: the value must be the host's)
+        return (not direct or on_host(node.value)) and _host_only(node.value, elements, on_host) and all(
+            _host_only(i, elements, on_host) for i in indexes if not any(i is d for d in direct))
+    return all(_host_only(c, elements, on_host) for c in node.children)
+
+
+__all__ = ["HostWalk", "NumberWalk", "comprehension_walk", "for_walk", "host_walk", "root"]
