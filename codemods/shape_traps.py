@@ -19,7 +19,7 @@ from codemods.analysis.syncs import is_barrier_call
 from codemods.generation import GENERATION_WINDOW
 from codemods.analysis.values import TENSOR, values
 from codemods.base import Rule, call_name, dotted, find_all
-from codemods.hot_path import HotPathCodemod, code, walks_device_tensor
+from codemods.hot_path import HotPathCodemod, code, walked_tensors, walks_device_tensor
 
 DYNAMIC = Rule(
     code="XLA405",
@@ -255,10 +255,11 @@ class ShapeTraps(HotPathCodemod):
     def visit_CompFor(self, node: cst.CompFor) -> None:
         """``[itos[int(i)] for i in y]``, ``y`` on the device: one graph and
         one transfer per element, where ``y.tolist()`` reads it once."""
-        if walks_device_tensor(self.tree, node.iter):
-            self._report(node.iter, COUNTER_INDEX, f"a comprehension over device tensor `{code(node.iter)}` takes each "
-                                                   "element as a graph of its own and reads it on the host one by one: "
-                                                   f"read it once (`{code(node.iter)}.tolist()`) and walk the copy")
+        for walked in walked_tensors(node.iter):
+            if walks_device_tensor(self.tree, walked):
+                self._report(walked, COUNTER_INDEX, f"a comprehension over device tensor `{code(walked)}` takes each "
+                                                    "element as a graph of its own and reads it on the host one by "
+                                                    f"one: read it once (`{code(walked)}.tolist()`) and walk the copy")
 
 
 def _number(node: cst.CSTNode) -> bool:

@@ -11,7 +11,9 @@ dataflow of :mod:`codemods.analysis.values`:
   host tensor; with another ``device=`` a device tensor; ``torch.*_like(x)``
   and ``torch.cat``/``torch.stack`` are made where their inputs are;
 * ``.to(x)``/``.cuda()`` moves to the device (``.to("cpu")``/``.cpu()``
-  back to the host); other methods and indexing keep the placement;
+  back to the host); other methods, indexing, arithmetic with numbers and
+  other torch functions (``torch.cumprod(alphas, 0)``, placed by their first
+  argument) keep the placement;
 * a model's output is on the device, a function of the module's output where
   all its returns are; a name is placed where every binding
   that reaches it is; a parameter is placed where every argument the
@@ -155,6 +157,8 @@ class _Placement:
             return self.of(node.value, busy)
         if isinstance(node, cst.Call):
             return self._call(node, busy)
+        if isinstance(node, (cst.BinaryOperation, cst.UnaryOperation)):
+            return self._arithmetic(node, busy)
         if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
             buffers = model_buffers(self.tree)
             if node.attr.value in buffers.named(node) or buffers.computed(node):
@@ -172,6 +176,10 @@ class _Placement:
                 return self._factory(call)
             if torch_name in _LIKE or torch_name in _JOINS:
                 return self._from_inputs(call, torch_name in _JOINS, busy)
+            if torch_name is not None and call.args and call.args[0].keyword is None and not call.args[0].star:
+                # any other torch function computes where its tensor is (`torch.cumprod(alphas, 0)`,
+                # `torch.sigmoid(nt)`, `F.relu(h)`): placed where its first argument is, when that can be told
+                return self.of(call.args[0].value, busy)
             if name in TO_HOST:
                 return HOST
             if name == "cuda":
@@ -197,6 +205,13 @@ class _Placement:
             # dtype, a reduction: `torch.tensor(losses).mean()` is on the host)
             return self.of(func.value, busy)
         return None
+
+    def _arithmetic(self, node: cst.CSTNode, busy: Set[int]) -> Optional[str]:
+        """``1.0 - self.betas``, ``-x``: where its tensors are -- every operand that is no number literal placed
+        alike (a number beside a tensor keeps the tensor's placement)."""
+        operands = [node.expression] if isinstance(node, cst.UnaryOperation) else [node.left, node.right]  # type: ignore[attr-defined]
+        found = {self.of(o, busy) for o in operands if not _literal_number(o)}
+        return found.pop() if len(found) == 1 else None
 
     def _from_inputs(self, call: cst.Call, join: bool, busy: Set[int]) -> Optional[str]:
         """``torch.zeros_like(x)`` is made where ``x`` is, ``torch.cat((a, b))``
@@ -243,6 +258,12 @@ class _Placement:
         if DEVICE_LOADER in kinds:
             return DEVICE
         return HOST if kinds == {LOADER} and batches_stay_on_host(loop) else None
+
+
+def _literal_number(node: cst.CSTNode) -> bool:
+    if isinstance(node, cst.UnaryOperation):
+        return _literal_number(node.expression)
+    return isinstance(node, (cst.Integer, cst.Float))
 
 
 def _element(value: cst.CSTNode, path: List[int]) -> Optional[cst.CSTNode]:
