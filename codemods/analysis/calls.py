@@ -5,7 +5,7 @@ module level, a closure of the enclosing function, a function defined in a
 loop's body -- never a function of the same name elsewhere (a method, another
 function's closure, a parameter called ``train``).  ``self.m(...)`` runs the
 method ``m`` of the class around the call; ``obj.m(...)``, ``obj`` a plain
-object of a class of the module, its method ``m`` (:func:`object_methods`:
+object of a class of the module, its method ``m`` (``analysis.objects``:
 asked where a question needs it -- what runs every step, what a counter
 reaches -- not by :func:`called_functions`).  Every rule that follows calls
 (the step functions, the functions run once per step) asks here.
@@ -18,7 +18,8 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 import libcst as cst
 
 from codemods.analysis.bindings import binding_nodes
-from codemods.syntax.tree import TreeCache, find_all
+from codemods.analysis.objects import function_names as _function_names
+from codemods.syntax.tree import TreeCache
 
 
 def called_functions(tree: TreeCache, call: cst.Call) -> Optional[List[cst.FunctionDef]]:
@@ -45,21 +46,6 @@ def called_functions(tree: TreeCache, call: cst.Call) -> Optional[List[cst.Funct
         methods = [s for s in cls.body.body if type(s) is cst.FunctionDef and s.name.value == func.attr.value]
         return methods or None  # type: ignore[return-value]
     return None
-
-
-def object_methods(tree: TreeCache, call: cst.Call) -> List[cst.FunctionDef]:
-    """``obj.m(...)``, ``obj`` a plain object of a class of the module
-    (``analysis.store_methods.instance_class``: minRF's ``rf = RF(model)``,
-    then ``rf.forward(x, c)`` in the step loop): its method ``m``, which
-    the call runs; ``[]`` for any other call."""
-    from codemods.analysis.store_methods import method_of  # (store_methods reads this module)
-
-    func = call.func
-    if not (type(func) is cst.Attribute and type(func.value) is cst.Name and func.value.value != "self"
-            and func.attr.value in _function_names(tree)):
-        return []
-    found = method_of(tree, call, tree.import_qualnames)  # type: ignore[arg-type]
-    return [found[1]] if found is not None and found[0] is tree else []
 
 
 # what a torch.autograd.Function subclass is made from
@@ -106,15 +92,6 @@ def _passes(cls: cst.ClassDef) -> List[cst.FunctionDef]:
     """An autograd Function's ``forward`` and ``backward``."""
     body = cls.body.body if type(cls.body) is cst.IndentedBlock else ()
     return [s for s in body if type(s) is cst.FunctionDef and s.name.value in ("forward", "backward")]  # type: ignore[misc]
-
-
-def _function_names(tree: TreeCache) -> Set[str]:
-    """The names the module's functions, methods and closures are defined
-    with: a call spelled otherwise runs none of them."""
-    names = tree.memo.get("function_names")
-    if names is None:
-        names = tree.memo["function_names"] = {fn.name.value for fn in find_all(tree.module, cst.FunctionDef)}
-    return names  # type: ignore[return-value]
 
 
 def _enclosing_class(tree: TreeCache, node: cst.CSTNode) -> Optional[cst.ClassDef]:

@@ -26,8 +26,8 @@ from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
 import libcst as cst
 
-from codemods.analysis.calls import object_methods
 from codemods.analysis.dataflow import dataflow
+from codemods.analysis.objects import object_methods
 from codemods.syntax.nodes import dotted
 from codemods.syntax.tree import TreeCache, call_name, find_all
 

@@ -38,7 +38,7 @@ from codemods.analysis.cuda import scope_of
 from codemods.analysis.loops import body_statements
 from codemods.analysis.pass_reads import has_exit
 from codemods.analysis.step_tail import VIEWS, QualNames, computes, step_end
-from codemods.analysis.store_methods import made_by
+from codemods.analysis.objects import made_by
 from codemods.analysis.tensor_functions import draws_random
 from codemods.syntax.tree import TreeCache, find_all
 

@@ -24,7 +24,8 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 import libcst as cst
 
 from codemods.analysis.bindings import binding_nodes
-from codemods.analysis.calls import FunctionSet, called_functions, object_methods
+from codemods.analysis.calls import FunctionSet, called_functions
+from codemods.analysis.objects import object_methods
 from codemods.analysis.state import _carries_model_state, _root
 from codemods.analysis.steps import LOADER_NAME_RE, STEP_CALLS, callers_closure
 from codemods.analysis.syncs import (  # noqa: F401 -- part of this module's API

@@ -37,7 +37,8 @@ from codemods.analysis.bindings import binding_scope
 from codemods.analysis.loops import _DEFS, body_statements, is_step_call, last_optimizer_step, loop_step_kind
 from codemods.analysis.placement import reads_truth
 from codemods.analysis.step_tail import bound_names, reads_host
-from codemods.analysis.tensor_functions import imported_def, tensor_function_call, torch_op
+from codemods.analysis.objects import imported_def
+from codemods.analysis.tensor_functions import tensor_function_call, torch_op
 from codemods.analysis.tensors import is_tensor_expr
 from codemods.syntax.nodes import call_name
 from codemods.syntax.tree import TreeCache, find_all

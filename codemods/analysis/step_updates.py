@@ -17,7 +17,7 @@ An *update call* is a line ``f(args)`` or ``obj.m(args)`` where
 
 * ``f`` is a function of the module, or one imported from a module of the
   project, and ``m`` a method of a plain class of the program that ``obj``
-  is bound to (``analysis.store_methods.instance_class``);
+  is bound to (``analysis.objects.instance_class``);
 * every call in ``args`` is a torch op or a builtin, none a host read;
 * the function is an *update function*: a tensor function's statements
   (``analysis.tensor_functions``), but that it may store into attributes and
@@ -41,14 +41,11 @@ from codemods.analysis.calls import called_functions
 from codemods.analysis.cuda import scope_of
 from codemods.analysis.placement import host_read
 from codemods.analysis.steps import RANDOM_FILLS
-from codemods.analysis.store_methods import method_of
+from codemods.analysis.objects import QualNames, imported_def, method_of, quick_qualnames
 from codemods.analysis.tensor_functions import (
     BUILTINS,
     FunctionCheck,
-    QualNames,
-    imported_def,
     names_only,
-    quick_qualnames,
     torch_op,
 )
 from codemods.analysis.tensors import is_tensor_expr, tensor_names

@@ -21,20 +21,18 @@ itself (two calls down); and that reads no tensor on the host.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Callable, Dict, FrozenSet, Iterable, Optional, Set, Tuple
+from typing import Callable, FrozenSet, Iterable, Optional, Set
 
 import libcst as cst
 
 from codemods.analysis.bindings import binding_scope
 from codemods.analysis.calls import called_functions
 from codemods.analysis.placement import host_read, reads_truth
-from codemods.analysis.project import file_stamp, imported_from
+from codemods.analysis.objects import QualNames, imported_def, quick_qualnames
 from codemods.analysis.steps import APPEND_METHODS, RANDOM_DRAWS, RANDOM_FILLS
 from codemods.analysis.tensors import is_tensor_expr, tensor_names, used_as_tensor
 from codemods.syntax.tree import TreeCache, find_all
 
-QualNames = Callable[[cst.CSTNode], Iterable[str]]
 
 # the torch namespaces whose functions compute tensors, and what in them does more
 _OP_SPACES = frozenset({"torch", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special"})
@@ -94,40 +92,6 @@ def tensor_function_call(tree: TreeCache, call: cst.Call, qualnames: QualNames, 
         if params is None or not tensor_function(tree, fn, qualnames, params, depth):
             return False
     return True
-
-
-def imported_def(tree: TreeCache, callee: cst.Name, kind: type) -> Optional[Tuple[TreeCache, cst.CSTNode]]:
-    """The tree of the project module a function (``kind``: ``cst.FunctionDef``)
-    or class (``cst.ClassDef``) is imported from, and its definition there."""
-    found = imported_from(tree, callee)
-    if found is None:
-        return None
-    sibling = _sibling(found[0])
-    fn = None if sibling is None else next((s for s in sibling.module.body if isinstance(s, kind)
-                                            and s.name.value == found[1]), None)
-    return None if sibling is None or fn is None else (sibling, fn)
-
-
-_SIBLINGS: Dict[Tuple[str, object], Optional[TreeCache]] = {}
-
-
-def _sibling(path: Path) -> Optional[TreeCache]:
-    """A project module read whole (the last few kept, by file and stamp); None where it does not parse."""
-    key = (str(path), file_stamp(path))
-    if key not in _SIBLINGS:
-        if len(_SIBLINGS) >= 8:
-            _SIBLINGS.pop(next(iter(_SIBLINGS)))
-        try:
-            source = path.read_bytes()
-            _SIBLINGS[key] = TreeCache(cst.parse_module(source), source, filename=str(path))
-        except (OSError, cst.ParserSyntaxError, RecursionError):
-            _SIBLINGS[key] = None
-    return _SIBLINGS[key]
-
-
-def quick_qualnames(tree: TreeCache) -> QualNames:
-    """Qualified names read from a module's imports alone (where they are not sure: none, so nothing is a torch op)."""
-    return lambda node: tree.import_qualnames(node) or set()
 
 
 def tensor_function(tree: TreeCache, fn: cst.FunctionDef, qualnames: QualNames, params: FrozenSet[str],
