@@ -106,6 +106,46 @@ def test_what_is_not_a_host_walk_is_left(body):
     assert ".cpu()" not in out.split("def decode", 1)[1], out
 
 
+INDEXED = ("import torch\n\nmodel = torch.nn.Linear(4, 4).cuda()\nclasses = ('a', 'b', 'c', 'd')\n\n\n"
+           "def count(loader, correct, total):\n    for x, labels in loader:\n        labels = labels.cuda()\n"
+           "        pred = model(x.cuda()).argmax(-1)\n        c = (pred == labels).squeeze()\n{body}")
+
+
+def test_an_index_walk_indexes_host_copies_made_once_before_the_loop():
+    """The older CIFAR-10 tutorial: ``label = labels[i]``, ``c[i].item()``."""
+    body = ("        for i in range(4):\n            label = labels[i]\n            correct[classes[label]] += c[i].item()\n"
+            "            total[classes[label]] += 1\n")
+    out, findings = convert_text(INDEXED.format(body=body))
+    assert [f.line for f in findings if f.code == "XLA416"] == [12], out
+    assert ("        c_host = c.cpu()\n        labels_host = labels.cpu()\n        for i in range(4):\n"
+            "            label = labels_host[i]\n            correct[classes[label]] += c_host[i].item()\n") in out, out
+    assert transform(out.encode(), Settings()).code.decode() == out  # idempotent
+    # a tensor on the host already is indexed as it is
+    host = INDEXED.replace("        c = (pred == labels).squeeze()\n", "        c = (pred == labels).squeeze().cpu()\n")
+    out = convert_text(host.format(body=body))[0]
+    assert "        labels_host = labels.cpu()\n        for i in range(4):\n" in out and "c_host" not in out, out
+    # a name the module already has is not taken for the copy
+    taken = INDEXED.replace("classes = ", "c_host = 1\nclasses = ").format(body=body)
+    assert "c_host_1 = c.cpu()" in convert_text(taken)[0]
+
+
+@pytest.mark.parametrize("body", [
+    "        for i in range(4):\n            correct[0] += c[i]\n",  # a tensor kept: summed on the device
+    "        for i in range(4):\n            labels[i] = 0\n",  # written
+    "        for i in range(4):\n            label = labels[i]\n            correct[label] += 1\n        print(label)\n",
+    "        for i in range(4):\n            label = labels[i]\n            label = label + 1\n            correct[int(label)] += 1\n",
+    "        for i in range(4):\n            correct[int(labels[i])] += int(labels[0])\n",  # named otherwise
+    "        for i in range(4):\n            correct[0] += float(model.weight[labels[i]].sum())\n",  # a device index
+    "        for i in range(labels.size(0)):\n            correct[0] += float(c[i] * labels)\n",
+    # taken only sometimes (minGPT's demo prints a few mistakes): a copy every batch would read more
+    "        for i in range(4):\n            if total[0] < 3:\n                print(c[i].tolist())\n",
+])
+def test_what_is_not_an_index_walk_is_left(body):
+    out, findings = convert_text(INDEXED.format(body=body))
+    assert "XLA416" not in [f.code for f in findings], out
+    assert "_host" not in out
+
+
 def test_a_deferred_print_does_not_bind_its_comprehensions_own_name():
     """The print rule binds what a deferred print reads as lambda defaults;
     a comprehension's own name is not the step's (`i=i` raised NameError
@@ -169,3 +209,15 @@ def test_counts_per_class_and_a_confusion_matrix_read_each_batch_once(tmp_path):
     a, _, b, out = at_two_lengths("element_metrics", tmp_path, "--steps", 3, 6)
     assert a["compiles"] == b["compiles"] <= 4 and b["executions"] - a["executions"] <= 3 * 5, (a, b)
     assert out == original_output("element_metrics", "--steps", "6")
+
+
+@pytest.mark.xla
+@needs_xla
+def test_an_index_walk_runs_one_execution_a_batch_with_the_originals_counts(tmp_path):
+    """fixtures/index_metrics (the older CIFAR-10 tutorial's count per class)
+    on XLA at 3 and 6 batches: measured 9 compiles and 21 executions a batch
+    before, 1 compile and one execution a batch after; the original's lines."""
+    from test_step_calls import one_execution_a_step, original_output
+
+    out = one_execution_a_step("index_metrics", tmp_path)
+    assert out == original_output("index_metrics", "--steps", "6")

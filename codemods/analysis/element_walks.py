@@ -32,7 +32,7 @@ in its scope, as above.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Set, Tuple, Union
+from typing import Callable, FrozenSet, List, Optional, Sequence, Set, Tuple, Union
 
 import libcst as cst
 
@@ -163,7 +163,7 @@ def host_walk(target: cst.BaseAssignTargetExpression, iterable: cst.BaseExpressi
         return None
     if any(isinstance(n, cst.Name) and n.value in roots for p in parts for n in _names(p)):
         return None  # (the tensor named while it is walked: a write would show in the elements to come)
-    if not all(_host_only(p, elements, on_host) for p in parts):
+    if not all(_host_only(p, _Elements(elements), on_host) for p in parts):
         return None
     return HostWalk(tuple(t for _, t in walked), places)
 
@@ -244,11 +244,113 @@ def _names(node: cst.CSTNode) -> List[cst.CSTNode]:
     return found
 
 
-def _element_expr(node: cst.CSTNode, elements: Set[str]) -> bool:
+@dataclass(frozen=True)
+class IndexWalk:
+    """``for i in range(n)`` whose body takes elements of device tensors by
+    the counter (``labels[i]``, the old CIFAR-10 tutorial's count per class)
+    and uses them only on the host: the tensors, by name, each to be indexed
+    as a host copy made right before the loop."""
+
+    tensors: Tuple[str, ...]  # (those whose elements every pass takes: a copy of one taken only sometimes
+    aliases: Tuple[str, ...]  # the names bound to their elements (``label``)       would read more than it saves)
+
+
+def index_walk(loop: cst.For, is_tensor: Predicate, on_host: Predicate) -> Optional[IndexWalk]:
+    """The index walk of ``loop`` (see :class:`IndexWalk`), or None.  Each
+    ``X[i]`` is a use on the host, as a host walk's element is, or the value
+    of a name bound once in the body (``label = labels[i]``) whose uses are;
+    ``X`` is named nowhere else in the loop (not written, not resized), and
+    such a name is read nowhere after it (the caller asks)."""
+    if loop.asynchronous is not None or loop.orelse is not None or not isinstance(loop.target, cst.Name):
+        return None
+    counter = loop.target.value
+    subs = [n for n in _nodes(loop.body, cst.Subscript) if isinstance(n.value, cst.Name) and len(n.slice) == 1
+            and isinstance(n.slice[0].slice, cst.Index) and isinstance(n.slice[0].slice.value, cst.Name)
+            and n.slice[0].slice.value.value == counter]
+    tensors = sorted({n.value.value for n in subs if is_tensor(n.value)})
+    if not tensors or counter in tensors:
+        return None
+    taken = frozenset(id(n) for n in subs if n.value.value in tensors)
+    aliases: Set[str] = set()
+    binds: List[cst.Assign] = []
+    for assign in _nodes(loop.body, cst.Assign):
+        if len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name) and id(assign.value) in taken:
+            aliases.add(assign.targets[0].target.value)
+            binds.append(assign)
+    bound = [n.target.value for n in _nodes(loop.body, cst.AssignTarget) if isinstance(n.target, cst.Name)]
+    if any(bound.count(a) > 1 for a in aliases) or aliases & set(tensors):
+        return None
+    elements = _Elements(aliases, taken, frozenset(tensors))
+    stmts = [st for st in _statements(loop.body)]
+    for st in stmts:
+        small = st.body[0] if isinstance(st, cst.SimpleStatementLine) and len(st.body) == 1 else None
+        if small is not None and any(small is b for b in binds):
+            continue  # (`label = labels[i]`: an alias, its uses checked where they are)
+        if not _host_only(st, elements, on_host):
+            return None
+    every = _every_pass(loop.body)
+    tensors = [t for t in tensors if any(id(n) in taken and n.value.value == t for n in every)]
+    return IndexWalk(tuple(tensors), tuple(sorted(aliases))) if tensors else None
+
+
+def _every_pass(body: cst.BaseSuite) -> List[cst.Subscript]:
+    """The subscripts every pass of a loop with this body evaluates: in its
+    simple statements and in the tests of its ``if`` and ``while`` statements
+    (the ``minGPT`` demo's ``inp[i].tolist()`` printed for a mistake is
+    taken only sometimes)."""
+    found: List[cst.Subscript] = []
+    for st in _statements(body):
+        if isinstance(st, (cst.If, cst.While)):
+            found += _nodes(st.test, cst.Subscript)
+        elif isinstance(st, cst.SimpleStatementLine):
+            found += _nodes(st, cst.Subscript)
+    return found
+
+
+def _nodes(node: cst.CSTNode, kind: type) -> List:  # type: ignore[type-arg]
+    found, stack = [], [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, kind):
+            found.append(n)
+        stack.extend(n.children)
+    return found
+
+
+def _statements(body: cst.BaseSuite) -> List[cst.BaseStatement]:
+    return list(body.body) if isinstance(body, cst.IndentedBlock) else [cst.SimpleStatementLine(list(body.body))]
+
+
+class _Elements:
+    """What a walk's elements are: names (``label`` of ``for label in labels``,
+    or bound to ``labels[i]``) and subscripts (``labels[i]``, by id); and the
+    names that may appear only inside them (``labels`` of an index walk)."""
+
+    def __init__(self, names: Set[str], subscripts: FrozenSet[int] = frozenset(),
+                 inside: FrozenSet[str] = frozenset()) -> None:
+        self.names, self.subscripts, self.forbidden = names, subscripts, names | inside
+
+    def __call__(self, node: cst.CSTNode) -> bool:
+        return (isinstance(node, cst.Name) and node.value in self.names) or id(node) in self.subscripts
+
+    def named(self, expr: cst.CSTNode) -> bool:
+        """``expr`` holds an element."""
+        stack = [expr]
+        while stack:
+            n = stack.pop()
+            if self(n):
+                return True
+            stack.extend(n.children)
+        return False
+
+
+def _element_expr(node: cst.CSTNode, elements: _Elements) -> bool:
     """An element, or what arithmetic, comparisons and casts make of the
     elements and numbers: the value a host read would read."""
+    if elements(node):
+        return True
     if isinstance(node, cst.Name):
-        return node.value in elements
+        return False
     if _number(node):
         return True
     if isinstance(node, cst.BinaryOperation):
@@ -265,15 +367,14 @@ def _element_expr(node: cst.CSTNode, elements: Set[str]) -> bool:
     return False
 
 
-def _host_only(node: cst.CSTNode, elements: Set[str], on_host: Predicate) -> bool:
+def _host_only(node: cst.CSTNode, elements: _Elements, on_host: Predicate) -> bool:
     """Every use of ``elements`` in ``node`` is on the host: read as a
     number (``int(E)``, ``E.item()``), a truth (the test of an ``if``,
     ``while`` or conditional expression, an ``and``/``or``/``not`` there),
     or an index of a value ``on_host`` (``confusion[E, E2]``,
     ``classes[E]``), ``E`` an element expression."""
     def reads(expr: cst.CSTNode) -> bool:
-        return _element_expr(expr, elements) and any(isinstance(n, cst.Name) and n.value in elements
-                                                     for n in _names(expr))
+        return _element_expr(expr, elements) and elements.named(expr)
 
     def truth(test: cst.CSTNode) -> bool:
         if isinstance(test, cst.BooleanOperation):
@@ -282,8 +383,10 @@ def _host_only(node: cst.CSTNode, elements: Set[str], on_host: Predicate) -> boo
             return truth(test.expression)
         return reads(test) or _host_only(test, elements, on_host)
 
+    if elements(node):
+        return False  # (an element where no host use takes it)
     if isinstance(node, cst.Name):
-        return node.value not in elements
+        return node.value not in elements.forbidden
     if isinstance(node, cst.Call):
         func, args = node.func, node.args
         if isinstance(func, cst.Name) and func.value in SCALAR_READS and len(args) == 1 and not args[0].keyword \
@@ -305,4 +408,4 @@ def _host_only(node: cst.CSTNode, elements: Set[str], on_host: Predicate) -> boo
     return all(_host_only(c, elements, on_host) for c in node.children)
 
 
-__all__ = ["HostWalk", "NumberWalk", "comprehension_walk", "for_walk", "host_walk", "root"]
+__all__ = ["HostWalk", "IndexWalk", "NumberWalk", "comprehension_walk", "for_walk", "host_walk", "index_walk", "root"]
