@@ -38,6 +38,7 @@ from codemods.analysis.tensors import is_tensor_expr
 from codemods.analysis.values import MODULE, TENSORS, values
 from codemods.base import Rule
 from codemods.hot_path import HotPathCodemod, code, walks_device_tensor
+from codemods.syntax.tree import find_all
 
 ELEMENT_READ = Rule(
     code="XLA416",
@@ -198,7 +199,7 @@ class ElementReads(HotPathCodemod):
         counter = loop.target.value  # type: ignore[attr-defined]
         copies = {t: self.tree.unused_name(f"{t}_host") for t in walk.tensors  # (a host tensor is indexed as it is)
                   if placement(self.tree, _read_in(loop, t)) != HOST}
-        taken = ", ".join(f"`{t}[{counter}]`" for t in walk.tensors)
+        taken = ", ".join(f"`{t}[{counter}]`" for t in copies)
         made = "; ".join(f"`{c} = {t}.cpu()`" for t, c in copies.items())
         if self.flag(loop.iter, ELEMENT_READ.code, f"{taken} take an element of a device tensor at each index and use "
                      f"it on the host: a graph and a host read per element -> indexed in a host copy made once "
@@ -271,18 +272,8 @@ class _Renamed(cst.CSTTransformer):
 
 
 def _read_in(loop: cst.For, name: str) -> cst.Name:
-    """The first read of ``name`` in the loop's body (placement asks it where it is read)."""
-    return next(n for n in _names_in(loop.body) if n.value == name)
-
-
-def _names_in(node: cst.CSTNode) -> List[cst.Name]:
-    found, stack = [], [node]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, cst.Name):
-            found.append(n)
-        stack.extend(reversed(n.children))
-    return found
+    """A read of ``name`` in the loop's body (placement asks it where it is read: the loop binds it nowhere)."""
+    return next(n for n in find_all(loop.body, cst.Name) if n.value == name)  # type: ignore[attr-defined,return-value]
 
 
 # what a host value an element may index is made of: literals, comprehensions, and the builtins and numpy

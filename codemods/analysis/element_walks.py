@@ -37,6 +37,8 @@ from typing import Callable, FrozenSet, List, Optional, Sequence, Set, Tuple, Un
 import libcst as cst
 
 from codemods.analysis.steps import SCALAR_READS
+from codemods.syntax.nodes import number_literal
+from codemods.syntax.tree import find_all
 
 Comprehension = Union[cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp]
 
@@ -161,7 +163,7 @@ def host_walk(target: cst.BaseAssignTargetExpression, iterable: cst.BaseExpressi
     roots = {root(t).value for _, t in walked}  # type: ignore[union-attr]  # (pure: each has one)
     if len(elements) < len(walked) or roots & elements:
         return None
-    if any(isinstance(n, cst.Name) and n.value in roots for p in parts for n in _names(p)):
+    if any(isinstance(n, cst.Name) and n.value in roots for p in parts for n in find_all(p, cst.Name)):
         return None  # (the tensor named while it is walked: a write would show in the elements to come)
     if not all(_host_only(p, _Elements(elements), on_host) for p in parts):
         return None
@@ -201,10 +203,10 @@ def _pure(node: cst.BaseExpression) -> bool:
     if isinstance(node, (cst.Name, cst.Attribute)):
         return True
     if isinstance(node, cst.Subscript):
-        return _pure(node.value) and all(isinstance(e.slice, cst.Index) and _number(e.slice.value)
+        return _pure(node.value) and all(isinstance(e.slice, cst.Index) and number_literal(e.slice.value)
                                          for e in node.slice)
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _WALKED_OPS:
-        return all(a.keyword is None and not a.star and _number(a.value) for a in node.args) and _pure(node.func.value)
+        return all(a.keyword is None and not a.star and number_literal(a.value) for a in node.args) and _pure(node.func.value)
     return False
 
 
@@ -227,23 +229,6 @@ def root(node: cst.BaseExpression) -> Optional[cst.Name]:
     return node
 
 
-def _number(node: cst.CSTNode) -> bool:
-    if isinstance(node, cst.UnaryOperation):
-        return _number(node.expression)
-    return isinstance(node, (cst.Integer, cst.Float))
-
-
-def _names(node: cst.CSTNode) -> List[cst.CSTNode]:
-    found: List[cst.CSTNode] = []
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, cst.Name):
-            found.append(n)
-        stack.extend(n.children)
-    return found
-
-
 @dataclass(frozen=True)
 class IndexWalk:
     """``for i in range(n)`` whose body takes elements of device tensors by
@@ -264,7 +249,7 @@ def index_walk(loop: cst.For, is_tensor: Predicate, on_host: Predicate) -> Optio
     if loop.asynchronous is not None or loop.orelse is not None or not isinstance(loop.target, cst.Name):
         return None
     counter = loop.target.value
-    subs = [n for n in _nodes(loop.body, cst.Subscript) if isinstance(n.value, cst.Name) and len(n.slice) == 1
+    subs = [n for n in find_all(loop.body, cst.Subscript) if isinstance(n.value, cst.Name) and len(n.slice) == 1
             and isinstance(n.slice[0].slice, cst.Index) and isinstance(n.slice[0].slice.value, cst.Name)
             and n.slice[0].slice.value.value == counter]
     tensors = sorted({n.value.value for n in subs if is_tensor(n.value)})
@@ -273,11 +258,11 @@ def index_walk(loop: cst.For, is_tensor: Predicate, on_host: Predicate) -> Optio
     taken = frozenset(id(n) for n in subs if n.value.value in tensors)
     aliases: Set[str] = set()
     binds: List[cst.Assign] = []
-    for assign in _nodes(loop.body, cst.Assign):
+    for assign in find_all(loop.body, cst.Assign):
         if len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name) and id(assign.value) in taken:
             aliases.add(assign.targets[0].target.value)
             binds.append(assign)
-    bound = [n.target.value for n in _nodes(loop.body, cst.AssignTarget) if isinstance(n.target, cst.Name)]
+    bound = [n.target.value for n in find_all(loop.body, cst.AssignTarget) if isinstance(n.target, cst.Name)]
     if any(bound.count(a) > 1 for a in aliases) or aliases & set(tensors):
         return None
     elements = _Elements(aliases, taken, frozenset(tensors))
@@ -301,19 +286,9 @@ def _every_pass(body: cst.BaseSuite) -> List[cst.Subscript]:
     found: List[cst.Subscript] = []
     for st in _statements(body):
         if isinstance(st, (cst.If, cst.While)):
-            found += _nodes(st.test, cst.Subscript)
+            found += find_all(st.test, cst.Subscript)
         elif isinstance(st, cst.SimpleStatementLine):
-            found += _nodes(st, cst.Subscript)
-    return found
-
-
-def _nodes(node: cst.CSTNode, kind: type) -> List:  # type: ignore[type-arg]
-    found, stack = [], [node]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, kind):
-            found.append(n)
-        stack.extend(n.children)
+            found += find_all(st, cst.Subscript)
     return found
 
 
@@ -351,7 +326,7 @@ def _element_expr(node: cst.CSTNode, elements: _Elements) -> bool:
         return True
     if isinstance(node, cst.Name):
         return False
-    if _number(node):
+    if number_literal(node):
         return True
     if isinstance(node, cst.BinaryOperation):
         return _element_expr(node.left, elements) and _element_expr(node.right, elements)
@@ -362,7 +337,7 @@ def _element_expr(node: cst.CSTNode, elements: _Elements) -> bool:
             _element_expr(c.comparator, elements) and not isinstance(c.operator, (cst.In, cst.NotIn, cst.Is, cst.IsNot))
             for c in node.comparisons)
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _CASTS:
-        return all(_number(a.value) and a.keyword is None for a in node.args) and _element_expr(node.func.value,
+        return all(number_literal(a.value) and a.keyword is None for a in node.args) and _element_expr(node.func.value,
                                                                                                elements)
     return False
 

@@ -40,6 +40,7 @@ from codemods.analysis.syncs import false_on_xla
 from codemods.analysis.values import DEVICE as DEVICE_KIND
 from codemods.analysis.values import DEVICE_LOADER, DEVICE_STR, LOADER, MODULE, Values
 from codemods.analysis.values import values as values_of
+from codemods.syntax.nodes import number_literal
 from codemods.syntax.tree import TreeCache, call_name, find_all, string_value
 
 HOST, DEVICE = "host", "device"
@@ -210,7 +211,7 @@ class _Placement:
         """``1.0 - self.betas``, ``-x``: where its tensors are -- every operand that is no number literal placed
         alike (a number beside a tensor keeps the tensor's placement)."""
         operands = [node.expression] if isinstance(node, cst.UnaryOperation) else [node.left, node.right]  # type: ignore[attr-defined]
-        found = {self.of(o, busy) for o in operands if not _literal_number(o)}
+        found = {self.of(o, busy) for o in operands if not number_literal(o)}
         return found.pop() if len(found) == 1 else None
 
     def _from_inputs(self, call: cst.Call, join: bool, busy: Set[int]) -> Optional[str]:
@@ -258,12 +259,6 @@ class _Placement:
         if DEVICE_LOADER in kinds:
             return DEVICE
         return HOST if kinds == {LOADER} and batches_stay_on_host(loop) else None
-
-
-def _literal_number(node: cst.CSTNode) -> bool:
-    if isinstance(node, cst.UnaryOperation):
-        return _literal_number(node.expression)
-    return isinstance(node, (cst.Integer, cst.Float))
 
 
 def _element(value: cst.CSTNode, path: List[int]) -> Optional[cst.CSTNode]:

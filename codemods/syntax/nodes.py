@@ -31,6 +31,13 @@ def string_value(node: cst.CSTNode) -> Optional[str]:
     return None
 
 
+def number_literal(node: cst.CSTNode) -> bool:
+    """A number written out: ``4``, ``1e-4``, ``-1`` (a unary operator over one)."""
+    if isinstance(node, cst.UnaryOperation):
+        return number_literal(node.expression)
+    return isinstance(node, (cst.Integer, cst.Float))
+
+
 def call_name(node: cst.CSTNode) -> Optional[str]:
     """The last name of a call's callee: ``a.b.c(...)`` -> ``c``."""
     if not isinstance(node, cst.Call):
