@@ -176,14 +176,6 @@ def walks_device_tensor(tree: TreeCache, iterable: Optional[cst.CSTNode]) -> boo
             and not values(tree).of(iterable) & {MODULE, TENSORS})
 
 
-def walked_tensors(iterable: cst.BaseExpression) -> List[cst.BaseExpression]:
-    """What a walk takes elements of: the arguments of ``zip(a, b)`` and ``enumerate(a)``, else the iterable."""
-    if isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Name) and iterable.func.value in (
-            "zip", "enumerate") and not any(a.star or a.keyword is not None for a in iterable.args):
-        return [a.value for a in iterable.args][:1 if iterable.func.value == "enumerate" else None]
-    return [iterable]
-
-
 def code(node: cst.CSTNode) -> str:
     """The source text of ``node``, for a message."""
     return cst.Module([]).code_for_node(node)

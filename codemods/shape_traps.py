@@ -19,7 +19,8 @@ from codemods.analysis.syncs import is_barrier_call
 from codemods.generation import GENERATION_WINDOW
 from codemods.analysis.values import TENSOR, values
 from codemods.base import Rule, call_name, dotted, find_all
-from codemods.hot_path import HotPathCodemod, code, walked_tensors, walks_device_tensor
+from codemods.analysis.element_walks import walked_by
+from codemods.hot_path import HotPathCodemod, code, walks_device_tensor
 
 DYNAMIC = Rule(
     code="XLA405",
@@ -255,7 +256,7 @@ class ShapeTraps(HotPathCodemod):
     def visit_CompFor(self, node: cst.CompFor) -> None:
         """``[itos[int(i)] for i in y]``, ``y`` on the device: one graph and
         one transfer per element, where ``y.tolist()`` reads it once."""
-        for walked in walked_tensors(node.iter):
+        for walked in walked_by(node.iter)[1]:
             if walks_device_tensor(self.tree, walked):
                 self._report(walked, COUNTER_INDEX, f"a comprehension over device tensor `{code(walked)}` takes each "
                                                     "element as a graph of its own and reads it on the host one by "

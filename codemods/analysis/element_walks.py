@@ -170,23 +170,30 @@ def host_walk(target: cst.BaseAssignTargetExpression, iterable: cst.BaseExpressi
     return HostWalk(tuple(t for _, t in walked), places)
 
 
+def walked_by(iterable: cst.BaseExpression) -> Tuple[Optional[str], List[cst.BaseExpression]]:
+    """What a walk takes elements of: ``("zip", its arguments)``,
+    ``("enumerate", [its first])``, or ``(None, [the iterable])``."""
+    if isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Name) and iterable.func.value in (
+            "zip", "enumerate") and not any(a.star or a.keyword is not None for a in iterable.args):
+        args = [a.value for a in iterable.args]
+        return iterable.func.value, args if iterable.func.value == "zip" else args[:1]
+    return None, [iterable]
+
+
 def _pairs(target: cst.CSTNode, iterable: cst.BaseExpression) -> Optional[List[Tuple[str, cst.BaseExpression]]]:
     """(element name, what it is an element of): ``for t, p in zip(a, b)``
     -> t of a, p of b; ``for i, x in enumerate(a)`` -> x of a (``i`` is a
     number); ``for x in a`` -> x of a."""
+    kind, walked = walked_by(iterable)
+    if kind is None:
+        return [(target.value, iterable)] if isinstance(target, cst.Name) else None
     names = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else None
-    if isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Name) and iterable.func.value in (
-            "zip", "enumerate"):
-        args = iterable.args
-        if any(a.star or a.keyword is not None for a in args) or names is None:
-            return None
-        if not all(isinstance(e, cst.Name) for e in names):
-            return None
-        values = [e.value for e in names]  # type: ignore[attr-defined]
-        if iterable.func.value == "zip":
-            return list(zip(values, [a.value for a in args])) if len(values) == len(args) else None
-        return [(values[1], args[0].value)] if len(args) == 1 and len(values) == 2 else None
-    return [(target.value, iterable)] if isinstance(target, cst.Name) else None
+    if names is None or not all(isinstance(e, cst.Name) for e in names):
+        return None
+    values = [e.value for e in names]  # type: ignore[attr-defined]
+    if kind == "zip":
+        return list(zip(values, walked)) if len(values) == len(walked) else None
+    return [(values[1], walked[0])] if len(iterable.args) == 1 and len(values) == 2 else None  # type: ignore[attr-defined]
 
 
 # tensor methods that make a new tensor of the one they read, the walked expression may apply
@@ -383,4 +390,5 @@ def _host_only(node: cst.CSTNode, elements: _Elements, on_host: Predicate) -> bo
     return all(_host_only(c, elements, on_host) for c in node.children)
 
 
-__all__ = ["HostWalk", "IndexWalk", "NumberWalk", "comprehension_walk", "for_walk", "host_walk", "index_walk", "root"]
+__all__ = ["HostWalk", "IndexWalk", "NumberWalk", "comprehension_walk", "for_walk", "host_walk", "index_walk", "root",
+           "walked_by"]
