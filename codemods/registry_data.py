@@ -29,8 +29,8 @@ CODEMODS = (
         ('XLA103', 'cuda-if-available', '`"cuda" if torch.cuda.is_available() else "cpu"`: use the XLA device', True),
         ('XLA106', 'cuda-parameter-default', 'a parameter defaulting to a CUDA device defaults to the target\'s device (`torch.device("xla")`)', True),
     ), ()),
-    ('codemods.generators', 'CudaGenerators', (b'Generator',), ('code~cuda',), (
-        ('XLA107', 'cuda-generator', '`torch.Generator("cuda")`: XLA has no device generators; use a CPU one', True),
+    ('codemods.generators', 'CudaGenerators', (b'Generator',), ('torch:Generator',), (
+        ('XLA107', 'cuda-generator', '`torch.Generator("cuda")`, or on a device the conversion makes XLA\'s: XLA has no device generators; use a CPU one', True),
     ), ()),
     ('codemods.device_compare', 'DeviceComparisons', (b'cuda',), ('code~cuda',), (
         ('XLA104', 'cuda-comparison', '`device.type == "cuda"` -> `"xla"`; other comparisons with "cuda" are reported', True),

@@ -23,6 +23,7 @@ from typing import Dict, Optional, Set, Tuple
 import libcst as cst
 
 from codemods.analysis.cuda import AVAILABILITY, in_cuda_module, is_cuda_string
+from codemods.syntax.nodes import calls_nothing
 from codemods.syntax.tree import TreeCache, call_name, dotted, string_value, walk
 from codemods.target import XLA_CUDA_API
 
@@ -113,7 +114,8 @@ class Guards:
             right, rrest = self.fold(expr.right, on_cuda)
             if left is not None and left != is_and:  # False and ..., True or ...
                 return left, expr
-            if right is not None and right != is_and and left is None and _pure(expr.left):
+            # (the left side dropped: it must change no state)
+            if right is not None and right != is_and and left is None and calls_nothing(expr.left):
                 return right, expr
             if left is not None:  # True and X, False or X -> X
                 return right, rrest
@@ -131,11 +133,6 @@ class Guards:
 def _cuda_word(node: cst.CSTNode) -> bool:
     """``device.type`` compared with a string holding "cuda" (``"cuda:0"``)."""
     return (string_value(node) or "").startswith("cuda:")
-
-
-def _pure(node: cst.CSTNode) -> bool:
-    """Dropping ``node`` from a test changes no state (no call in it)."""
-    return not any(isinstance(n, (cst.Call, cst.NamedExpr, cst.Await)) for n in walk(node))
 
 
 def cuda_only(node: cst.CSTNode, qualnames, api=None) -> Optional[str]:  # type: ignore[no-untyped-def]

@@ -141,6 +141,13 @@ def node_types(kinds: Union[type, Tuple[type, ...]]) -> FrozenSet[type]:
 _BELOW: Dict[type, Set[type]] = {}  # a class -> the node classes that are it or derive from it
 
 
+def calls_nothing(node: cst.CSTNode) -> bool:
+    """Reading ``node`` again gives the same and changes nothing: no call,
+    assignment expression, ``await`` or ``yield`` in it (names, attributes,
+    subscripts and operators of them)."""
+    return not any(isinstance(n, (cst.Call, cst.NamedExpr, cst.Await, cst.Yield)) for n in walk(node))
+
+
 def walk(node: cst.CSTNode, stop: Tuple[type, ...] = ()) -> Iterator[cst.CSTNode]:
     """Every descendant of ``node`` (itself first), without building new nodes.
 
