@@ -36,6 +36,7 @@ ORDER: Tuple[Tuple[str, str], ...] = (
     # before the prints too: a walk in a print (`''.join([itos[int(i)] for i in y])`) is read once there,
     # then deferred with it (in a step closure it runs after the step, a graph per element all the same)
     ("codemods.element_reads", "ElementReads"),
+    ("codemods.generator_draws", "GeneratorDraws"),  # (XLA107 made the generators it draws from CPU ones)
     ("codemods.prints", "HotPrints"),
     # after the accumulators and the prints (a sum kept on the device, a print deferred to a step
     # closure, is no read) and before the barriers: a read moved after the step finds its barrier there

@@ -70,6 +70,9 @@ CODEMODS = (
     ('codemods.element_reads', 'ElementReads', (b'.item(', b'.tolist(', b'.numpy(', b'.cpu(', b'float(', b'int(', b'bool(', b'if ', b'while ', b'nonzero', b'masked_select', b'unique', b'where(', b'[', b'for '), ('step_loop', 'loader_loop', 'step_method', 'option:include_cold'), (
         ('XLA416', 'element-number-walk', 'a walk over a device tensor that reads each element as a number (`int(i)`) reads it once: `y.flatten().tolist()`, or walks its host copy where the elements are used on the host', True),
     ), ()),
+    ('codemods.generator_draws', 'GeneratorDraws', (b'generator=',), ('step_loop', 'loader_loop', 'step_method', 'option:include_cold'), (
+        ('XLA420', 'generator-draw-on-device', "a random draw from a generator on the device, every step (`torch.randn(s, generator=g, device=d)`), is drawn on the generator's device and moved", True),
+    ), ()),
     ('codemods.prints', 'HotPrints', (b'print', b'log', b'add_scalar'), ('step_loop&output_in_loop', 'loader_loop&output_in_loop'), (
         ('XLA210', 'hot-loop-tensor-print', 'print/log of a tensor value in the hot loop: defer it to a step closure', True),
     ), ()),

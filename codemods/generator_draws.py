@@ -1,0 +1,109 @@
+"""XLA420: a random draw from a generator, on the device, where it runs every
+step, is drawn on the generator's own device and moved.
+
+torch_xla has no device generators, so a generator a program draws from on
+the XLA device is a CPU one (XLA107 makes ``torch.Generator(device=...)``
+one where the device is XLA's).  ``torch.randn(shape, generator=g,
+device=xla)`` still works: the op falls back to the CPU (``aten::normal_``),
+which first runs the step's pending graph to read the empty tensor it fills
+-- a graph execution of its own every time, cutting the step in two (a
+DDPM sampler's ``noise = torch.randn(x.shape, generator=self.generator,
+device=device)``: two executions a step).  Drawn on the generator's device
+and moved (``torch.randn(shape, generator=g, device=d if g is None else
+g.device).to(d)``) it gives the same numbers -- the CPU generator's, which
+the fallback drew as well -- with no fallback and no execution; where the
+generator is on the device asked for (a CUDA one on CUDA, the CPU's on the
+CPU) or is None, the draw is what it was.
+
+Rewritten where the draw runs every step, its generator and device read
+without calls (names, attributes: read twice, the same), and no keyword
+makes moving it differ (``out=``, ``requires_grad=``, ``pin_memory=``).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from codemods.base import Rule
+from codemods.hot_path import HotPathCodemod
+from codemods.syntax.nodes import calls_nothing
+
+# torch's random factories that take `generator=` and `device=`
+_DRAWS = ("torch.randn", "torch.rand", "torch.randint", "torch.randperm")
+_KEPT_AS_MADE = frozenset({"out", "requires_grad", "pin_memory"})  # (a move would make another tensor than these ask)
+
+CPU_GENERATOR_DRAW = Rule(
+    code="XLA420",
+    name="generator-draw-on-device",
+    summary="a random draw from a generator on the device, every step (`torch.randn(s, generator=g, device=d)`), "
+            "is drawn on the generator's device and moved",
+    why=(
+        "torch_xla has no device generators: the generator drawn from is a CPU one, and `torch.randn(shape, "
+        "generator=g, device=xla)` falls back to the CPU (`aten::normal_`), running the step's pending graph "
+        "first: a graph execution of its own every step, the step cut in two. Drawn on the generator's device "
+        "and moved (`device=d if g is None else g.device` then `.to(d)`), it gives the same numbers, the CPU "
+        "generator's, with no fallback; where the generator is on the device asked for, or None, the draw is "
+        "what it was."
+    ),
+    before=(
+        "import torch\n\nfor t in timesteps:\n    x = model(x, t)\n"
+        "    x = x + torch.randn(x.shape, generator=gen, device=x.device)\n"
+    ),
+    after=(
+        "import torch\n\nfor t in timesteps:\n    x = model(x, t)\n"
+        "    x = x + torch.randn(x.shape, generator=gen, device=x.device if gen is None else gen.device).to(x.device)\n"
+    ),
+    valid=(
+        # no generator, or none on a device: nothing falls back
+        "import torch\n\nfor t in timesteps:\n    x = model(x, t) + torch.randn(x.shape, device=x.device)\n",
+        "import torch\n\nfor t in timesteps:\n    x = model(x, t) + torch.randn(x.shape, generator=gen).to(x.device)\n",
+        # a leaf that asks for its gradient: moved, it would be another tensor
+        "import torch\n\nfor t in timesteps:\n"
+        "    z = torch.randn(4, generator=gen, device=d, requires_grad=True)\n    step(z)\n",
+    ),
+)
+
+
+class GeneratorDraws(HotPathCodemod):
+    DESCRIPTION = "Draw from a generator on its own device and move the numbers, where the draw runs every step."
+    RULES = (CPU_GENERATOR_DRAW,)
+    TRIGGERS = (b"generator=",)
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if not self.is_qualname(original_node.func, *_DRAWS):
+            return updated_node
+        keywords = {a.keyword.value: a.value for a in original_node.args if a.keyword is not None}
+        generator, device = keywords.get("generator"), keywords.get("device")
+        if generator is None or device is None or _KEPT_AS_MADE & set(keywords) or any(a.star for a in original_node.args):
+            return updated_node
+        if _none(generator) or _none(device) or not (calls_nothing(generator) and calls_nothing(device)) or \
+                _on_its_own(device):
+            return updated_node
+        where = self._where()
+        if where is None:
+            return updated_node
+        g, d = self.code_of(generator), self.code_of(device)
+        if not self.flag(original_node, CPU_GENERATOR_DRAW.code, f"a draw from generator `{g}` on `{d}`: torch_xla's "
+                         "generators are CPU ones, and the draw falls back to the CPU, a graph execution of its own "
+                         f"-> drawn on `{g}.device` and moved to `{d}` (the same numbers); {where}", fix=True, hot=True):
+            return updated_node
+        on_its_own = cst.parse_expression(f"{d} if {g} is None else {g}.device")
+        args = [a.with_changes(value=on_its_own) if a.keyword is not None and a.keyword.value == "device" else a
+                for a in updated_node.args]
+        moved = cst.Attribute(value=updated_node.with_changes(args=args), attr=cst.Name("to"))
+        return cst.Call(func=moved, args=[cst.Arg(cst.parse_expression(d))])
+
+    def code_of(self, node: cst.CSTNode) -> str:
+        return self.tree.module.code_for_node(node)
+
+
+def _none(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value == "None"
+
+
+
+def _on_its_own(device: cst.BaseExpression) -> bool:
+    """``d if g is None else g.device``: what this rule wrote (a second run leaves it)."""
+    return isinstance(device, cst.IfExp) and isinstance(device.orelse, cst.Attribute) and \
+        device.orelse.attr.value == "device" and isinstance(device.test, cst.Comparison) and \
+        isinstance(device.test.comparisons[0].operator, cst.Is) and _none(device.test.comparisons[0].comparator)
