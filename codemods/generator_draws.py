@@ -18,6 +18,9 @@ CPU) or is None, the draw is what it was.
 Rewritten where the draw runs every step, its generator and device read
 without calls (names, attributes: read twice, the same), and no keyword
 makes moving it differ (``out=``, ``requires_grad=``, ``pin_memory=``).
+A draw from a generator whose input is a device tensor
+(``torch.multinomial(probs, 1, generator=g)``, ``x.normal_(generator=g)``)
+falls back the same way, but has no device to draw on instead: reported.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ from codemods.syntax.nodes import calls_nothing
 
 # torch's random factories that take `generator=` and `device=`
 _DRAWS = ("torch.randn", "torch.rand", "torch.randint", "torch.randperm")
+# draws from a generator whose input is a tensor (their device is its): reported where it is on the device
+_INPUT_DRAWS = ("torch.multinomial", "torch.bernoulli", "torch.poisson", "torch.normal")
+_INPUT_METHODS = frozenset({"multinomial", "bernoulli", "bernoulli_", "normal_", "uniform_", "random_",
+                            "exponential_", "geometric_", "log_normal_", "cauchy_"})
 _KEPT_AS_MADE = frozenset({"out", "requires_grad", "pin_memory"})  # (a move would make another tensor than these ask)
 
 CPU_GENERATOR_DRAW = Rule(
@@ -71,6 +78,7 @@ class GeneratorDraws(HotPathCodemod):
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if not self.is_qualname(original_node.func, *_DRAWS):
+            self._input_draw(original_node)
             return updated_node
         keywords = {a.keyword.value: a.value for a in original_node.args if a.keyword is not None}
         generator, device = keywords.get("generator"), keywords.get("device")
@@ -92,6 +100,25 @@ class GeneratorDraws(HotPathCodemod):
                 for a in updated_node.args]
         moved = cst.Attribute(value=updated_node.with_changes(args=args), attr=cst.Name("to"))
         return cst.Call(func=moved, args=[cst.Arg(cst.parse_expression(d))])
+
+    def _input_draw(self, call: cst.Call) -> None:
+        """``torch.multinomial(probs, 1, generator=g)``, ``x.normal_(generator=g)``, ``probs`` or ``x`` on the device."""
+        keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+        if "generator" not in keywords or _none(keywords["generator"]):
+            return
+        func = call.func
+        if self.is_qualname(func, *_INPUT_DRAWS) and call.args and call.args[0].keyword is None:
+            drawn_from = call.args[0].value
+        elif isinstance(func, cst.Attribute) and func.attr.value in _INPUT_METHODS and not self.qualnames(func):
+            drawn_from = func.value
+        else:
+            return
+        if self._on_device(drawn_from):
+            g = self.code_of(keywords["generator"])
+            self._report(call, CPU_GENERATOR_DRAW, f"a draw from generator `{g}` on device tensor "
+                         f"`{self.code_of(drawn_from)}`: torch_xla's generators are CPU ones, and the draw falls back "
+                         "to the CPU, a graph execution of its own: without the generator the device draws from "
+                         "`torch_xla.manual_seed`'s stream (other numbers), with it the draw costs that execution")
 
     def code_of(self, node: cst.CSTNode) -> str:
         return self.tree.module.code_for_node(node)

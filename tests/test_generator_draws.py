@@ -79,3 +79,21 @@ def test_a_samplers_draw_is_one_execution_a_step_with_the_cpu_originals_numbers(
     assert a["compiles"] == b["compiles"] and b["executions"] - a["executions"] == 3, (a, b)
     assert b["fallbacks"].get("aten::normal_", 0) == a["fallbacks"].get("aten::normal_", 0) <= 1, (a, b)
     assert out.splitlines()[1:] == original_output("generator_devices", "--steps", "6").splitlines()[1:]
+
+
+@pytest.mark.parametrize("line", [
+    "tokens = torch.multinomial(probs, 1, generator=gen)",
+    "noise = x.normal_(generator=gen)",
+])
+def test_a_draw_from_a_device_tensor_with_a_generator_is_reported(line):
+    src = ("import torch\n\nmodel = torch.nn.Linear(4, 4).cuda()\nfor t in timesteps:\n"
+           "    x = model(x.cuda())\n    probs = x.softmax(-1)\n    " + line + "\n")
+    out, found = _draws(src)
+    assert found == [(7, False)], out
+    assert f"    {line}\n" in out
+
+
+def test_a_draw_from_a_host_tensor_with_a_generator_is_not_reported():
+    src = ("import torch\n\nfor t in timesteps:\n    probs = torch.ones(4) / 4\n"
+           "    tokens = torch.multinomial(probs, 1, generator=gen)\n    step(tokens)\n")
+    assert _draws(src)[1] == []
