@@ -33,6 +33,7 @@ import libcst as cst
 from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.element_walks import (HostWalk, IndexWalk, NumberWalk, comprehension_walk, for_walk, host_walk,
                                              index_walk, read_elsewhere, root)
+from codemods.analysis.handed_walks import handed_back_walk
 from codemods.analysis.placement import HOST, placement
 from codemods.analysis.tensors import is_tensor_expr
 from codemods.analysis.values import MODULE, TENSORS, values
@@ -147,6 +148,8 @@ class ElementReads(HotPathCodemod):
             parts = [*first.ifs, *([first.inner_for_in] if first.inner_for_in else [])]
             parts += [node.key, node.value] if isinstance(node, cst.DictComp) else [node.elt]
             walk = self._host_walk(first.target, first.iter, parts)
+            if walk is None and isinstance(node, cst.ListComp) and self.function_nodes:
+                walk = self._handed_back(node, self.function_nodes[-1])
             if walk is not None:
                 self._take_host(node, walk, where)
 
@@ -164,6 +167,11 @@ class ElementReads(HotPathCodemod):
     def _host_walk(self, target, iterable, parts) -> Optional[HostWalk]:  # type: ignore[no-untyped-def]
         """A host walk (``analysis.element_walks``) over at least one tensor on the device."""
         walk = host_walk(target, iterable, parts, self._tensor, self._host_value)
+        return walk if walk is not None and any(self._on_device(root(t)) for t in walk.tensors) else None  # type: ignore[arg-type]
+
+    def _handed_back(self, comp: cst.ListComp, fn: cst.FunctionDef) -> Optional[HostWalk]:
+        """Pairs of device elements handed back to callers that use them on the host (``analysis.handed_walks``)."""
+        walk = handed_back_walk(self.tree, comp, fn, self._tensor, self._host_value)
         return walk if walk is not None and any(self._on_device(root(t)) for t in walk.tensors) else None  # type: ignore[arg-type]
 
     def _tensor(self, walked: cst.BaseExpression) -> bool:

@@ -153,11 +153,11 @@ def host_walk(target: cst.BaseAssignTargetExpression, iterable: cst.BaseExpressi
     whose body is ``parts``, or None.  ``is_tensor``: an expression is a
     tensor; ``on_host``: a subscripted value lives on the host (a host
     tensor, a tuple of class names)."""
-    pairs = _pairs(target, iterable)
+    pairs = element_pairs(target, iterable)
     walked = [(name, tensor) for name, tensor in pairs or () if is_tensor(tensor)]
     wrapped = isinstance(iterable, cst.Call)
     places = tuple(i for i, a in enumerate(iterable.args) if any(a.value is t for _, t in walked)) if wrapped else ()
-    if not walked or not all(_pure(t) and not _pair_of_tensors(t) for _, t in walked):
+    if not walked or not all(pure_walked(t) and not pair_of_tensors(t) for _, t in walked):
         return None
     elements = {name for name, _ in walked}
     roots = {root(t).value for _, t in walked}  # type: ignore[union-attr]  # (pure: each has one)
@@ -165,7 +165,7 @@ def host_walk(target: cst.BaseAssignTargetExpression, iterable: cst.BaseExpressi
         return None
     if any(isinstance(n, cst.Name) and n.value in roots for p in parts for n in find_all(p, cst.Name)):
         return None  # (the tensor named while it is walked: a write would show in the elements to come)
-    if not all(_host_only(p, _Elements(elements), on_host) for p in parts):
+    if not all(host_only(p, Elements(elements), on_host) for p in parts):
         return None
     return HostWalk(tuple(t for _, t in walked), places)
 
@@ -180,7 +180,7 @@ def walked_by(iterable: cst.BaseExpression) -> Tuple[Optional[str], List[cst.Bas
     return None, [iterable]
 
 
-def _pairs(target: cst.CSTNode, iterable: cst.BaseExpression) -> Optional[List[Tuple[str, cst.BaseExpression]]]:
+def element_pairs(target: cst.CSTNode, iterable: cst.BaseExpression) -> Optional[List[Tuple[str, cst.BaseExpression]]]:
     """(element name, what it is an element of): ``for t, p in zip(a, b)``
     -> t of a, p of b; ``for i, x in enumerate(a)`` -> x of a (``i`` is a
     number); ``for x in a`` -> x of a."""
@@ -204,20 +204,20 @@ _CASTS = frozenset({"long", "int", "float", "double", "bool", "abs", "round", "s
 _TERMINAL = frozenset({"item", "tolist"})
 
 
-def _pure(node: cst.BaseExpression) -> bool:
+def pure_walked(node: cst.BaseExpression) -> bool:
     """A name, an attribute, or those through tensor ops with numbers
     (``labels.view(-1)``, ``outputs.max(1)[0].sigmoid()``)."""
     if isinstance(node, (cst.Name, cst.Attribute)):
         return True
     if isinstance(node, cst.Subscript):
-        return _pure(node.value) and all(isinstance(e.slice, cst.Index) and number_literal(e.slice.value)
+        return pure_walked(node.value) and all(isinstance(e.slice, cst.Index) and number_literal(e.slice.value)
                                          for e in node.slice)
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _WALKED_OPS:
-        return all(a.keyword is None and not a.star and number_literal(a.value) for a in node.args) and _pure(node.func.value)
+        return all(a.keyword is None and not a.star and number_literal(a.value) for a in node.args) and pure_walked(node.func.value)
     return False
 
 
-def _pair_of_tensors(node: cst.BaseExpression) -> bool:
+def pair_of_tensors(node: cst.BaseExpression) -> bool:
     """``x.max(1)``: the values and the indices, a tuple (not a tensor) to walk."""
     return isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in (
         "max", "min") and bool(node.args)
@@ -272,13 +272,13 @@ def index_walk(loop: cst.For, is_tensor: Predicate, on_host: Predicate) -> Optio
     bound = [n.target.value for n in find_all(loop.body, cst.AssignTarget) if isinstance(n.target, cst.Name)]
     if any(bound.count(a) > 1 for a in aliases) or aliases & set(tensors):
         return None
-    elements = _Elements(aliases, taken, frozenset(tensors))
+    elements = Elements(aliases, taken, frozenset(tensors))
     stmts = [st for st in _statements(loop.body)]
     for st in stmts:
         small = st.body[0] if isinstance(st, cst.SimpleStatementLine) and len(st.body) == 1 else None
         if small is not None and any(small is b for b in binds):
             continue  # (`label = labels[i]`: an alias, its uses checked where they are)
-        if not _host_only(st, elements, on_host):
+        if not host_only(st, elements, on_host):
             return None
     every = _every_pass(loop.body)
     tensors = [t for t in tensors if any(id(n) in taken and n.value.value == t for n in every)]
@@ -303,7 +303,7 @@ def _statements(body: cst.BaseSuite) -> List[cst.BaseStatement]:
     return list(body.body) if isinstance(body, cst.IndentedBlock) else [cst.SimpleStatementLine(list(body.body))]
 
 
-class _Elements:
+class Elements:
     """What a walk's elements are: names (``label`` of ``for label in labels``,
     or bound to ``labels[i]``) and subscripts (``labels[i]``, by id); and the
     names that may appear only inside them (``labels`` of an index walk)."""
@@ -326,7 +326,7 @@ class _Elements:
         return False
 
 
-def _element_expr(node: cst.CSTNode, elements: _Elements) -> bool:
+def _element_expr(node: cst.CSTNode, elements: Elements) -> bool:
     """An element, or what arithmetic, comparisons and casts make of the
     elements and numbers: the value a host read would read."""
     if elements(node):
@@ -349,7 +349,7 @@ def _element_expr(node: cst.CSTNode, elements: _Elements) -> bool:
     return False
 
 
-def _host_only(node: cst.CSTNode, elements: _Elements, on_host: Predicate) -> bool:
+def host_only(node: cst.CSTNode, elements: Elements, on_host: Predicate) -> bool:
     """Every use of ``elements`` in ``node`` is on the host: read as a
     number (``int(E)``, ``E.item()``), a truth (the test of an ``if``,
     ``while`` or conditional expression, an ``and``/``or``/``not`` there),
@@ -363,7 +363,7 @@ def _host_only(node: cst.CSTNode, elements: _Elements, on_host: Predicate) -> bo
             return truth(test.left) and truth(test.right)
         if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
             return truth(test.expression)
-        return reads(test) or _host_only(test, elements, on_host)
+        return reads(test) or host_only(test, elements, on_host)
 
     if elements(node):
         return False  # (an element where no host use takes it)
@@ -378,17 +378,17 @@ def _host_only(node: cst.CSTNode, elements: _Elements, on_host: Predicate) -> bo
             return True
     if isinstance(node, (cst.If, cst.While)):
         rest = [node.body] + ([node.orelse] if node.orelse is not None else [])
-        return truth(node.test) and all(_host_only(r, elements, on_host) for r in rest)
+        return truth(node.test) and all(host_only(r, elements, on_host) for r in rest)
     if isinstance(node, cst.IfExp):
-        return truth(node.test) and _host_only(node.body, elements, on_host) and _host_only(node.orelse, elements,
+        return truth(node.test) and host_only(node.body, elements, on_host) and host_only(node.orelse, elements,
                                                                                           on_host)
     if isinstance(node, cst.Subscript):
         indexes = [e.slice.value if isinstance(e.slice, cst.Index) else e.slice for e in node.slice]
         direct = [i for i in indexes if reads(i)]  # (an element itself the index: the value must be the host's)
-        return (not direct or on_host(node.value)) and _host_only(node.value, elements, on_host) and all(
-            _host_only(i, elements, on_host) for i in indexes if not any(i is d for d in direct))
-    return all(_host_only(c, elements, on_host) for c in node.children)
+        return (not direct or on_host(node.value)) and host_only(node.value, elements, on_host) and all(
+            host_only(i, elements, on_host) for i in indexes if not any(i is d for d in direct))
+    return all(host_only(c, elements, on_host) for c in node.children)
 
 
-__all__ = ["HostWalk", "IndexWalk", "NumberWalk", "comprehension_walk", "for_walk", "host_walk", "index_walk", "root",
-           "walked_by"]
+__all__ = ["Elements", "HostWalk", "IndexWalk", "NumberWalk", "comprehension_walk", "element_pairs", "for_walk", "host_only",
+           "host_walk", "index_walk", "pair_of_tensors", "pure_walked", "root", "walked_by"]

@@ -98,6 +98,16 @@ def ported_importer(filename: Optional[str], source: bytes) -> bool:
     return False
 
 
+def imported_elsewhere(filename: Optional[str]) -> bool:
+    """Does another project module import ``filename`` (looked for where
+    :func:`step_callers` looks)?  Without a file name (text handed in),
+    nothing can."""
+    if not filename:
+        return False
+    path = os.path.abspath(filename)
+    return any(path in _imports(other) for other in _candidates(path))
+
+
 def _candidates(path: str, asked: Optional[str] = None) -> List[str]:
     """The ``.py`` files that may import ``path``: in its directory, the two
     above it and a few folders beside its own (:func:`_script_dirs`), where
@@ -212,4 +222,4 @@ def _ported(path: str) -> bool:
     return _holds(path, BEING_PORTED)
 
 
-__all__ = ["consulted", "ported_importer", "step_callers"]
+__all__ = ["consulted", "imported_elsewhere", "ported_importer", "step_callers"]
