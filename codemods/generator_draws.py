@@ -16,7 +16,8 @@ generator is on the device asked for (a CUDA one on CUDA, the CPU's on the
 CPU) or is None, the draw is what it was.
 
 Rewritten where the draw runs every step, its generator and device read
-without calls (names, attributes: read twice, the same), and no keyword
+without calls (names, attributes, ``torch_xla.device()``: read twice, the
+same), and no keyword
 makes moving it differ (``out=``, ``requires_grad=``, ``pin_memory=``).
 A draw from a generator whose input is a device tensor
 (``torch.multinomial(probs, 1, generator=g)``, ``x.normal_(generator=g)``)
@@ -84,8 +85,8 @@ class GeneratorDraws(HotPathCodemod):
         generator, device = keywords.get("generator"), keywords.get("device")
         if generator is None or device is None or _KEPT_AS_MADE & set(keywords) or any(a.star for a in original_node.args):
             return updated_node
-        if _none(generator) or _none(device) or not (calls_nothing(generator) and calls_nothing(device)) or \
-                _on_its_own(device):
+        if _none(generator) or _none(device) or not (calls_nothing(generator) and (
+                calls_nothing(device) or self._xla_device(device))) or _on_its_own(device):
             return updated_node
         where = self._where()
         if where is None:
@@ -119,6 +120,11 @@ class GeneratorDraws(HotPathCodemod):
                          f"`{self.code_of(drawn_from)}`: torch_xla's generators are CPU ones, and the draw falls back "
                          "to the CPU, a graph execution of its own: without the generator the device draws from "
                          "`torch_xla.manual_seed`'s stream (other numbers), with it the draw costs that execution")
+
+    def _xla_device(self, device: cst.BaseExpression) -> bool:
+        """``torch_xla.device()`` (what a CUDA device string became): read twice, the same."""
+        return isinstance(device, cst.Call) and not device.args and self.is_qualname(
+            device.func, "torch_xla.device", "torch_xla.core.xla_model.xla_device")
 
     def code_of(self, node: cst.CSTNode) -> str:
         return self.tree.module.code_for_node(node)

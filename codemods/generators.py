@@ -28,7 +28,7 @@ import libcst.matchers as m
 from codemods.analysis.cuda import is_cuda_string
 from codemods.analysis.device_exprs import DeviceExprs, is_host_literal
 from codemods.base import Rule, XlaCodemod
-from codemods.syntax.nodes import calls_nothing
+from codemods.syntax.nodes import calls_nothing, string_value
 
 CUDA_GENERATOR = Rule(
     code="XLA107",
@@ -101,9 +101,14 @@ class CudaGenerators(XlaCodemod):
     def _device(self, device: cst.BaseExpression) -> Optional[cst.BaseExpression]:
         """The generator's device once converted, or None to leave it."""
         code = self.tree.module.code_for_node(device)
-        if is_cuda_string(device) or DeviceExprs(self.tree, self.qualnames).cuda_device(device) or \
-                self.is_qualname(getattr(device, "func", device), "torch_xla.device", "torch_xla.core.xla_model.xla_device"):
+        if is_cuda_string(device) or DeviceExprs(self.tree, self.qualnames).cuda_device(device):
             if self.flag(device, CUDA_GENERATOR.code, "CUDA generator -> CPU generator", fix=True):
+                return cst.SimpleString('"cpu"')
+            return None
+        if (string_value(device) or "").startswith("xla") or (isinstance(device, cst.Call) and not device.args and (
+                self.is_qualname(device.func, "torch_xla.device", "torch_xla.core.xla_model.xla_device"))):
+            if self.flag(device, CUDA_GENERATOR.code, "a generator on the XLA device (torch_xla has none) -> CPU "
+                         "generator", fix=True):
                 return cst.SimpleString('"cpu"')
             return None
         if is_host_literal(device) or (isinstance(device, cst.Name) and device.value == "None") or _is_cpu_where_xla(

@@ -252,6 +252,19 @@ def test_handed_back_pairs_a_caller_may_use_on_the_device_are_left(caller):
     assert lines == [] and "zip(t, tlist)" in out, out
 
 
+@pytest.mark.parametrize("made", [
+    "t = self.times",  # state the caller's step may change in place: its views would show it, a copy not
+    "t = self.times.view(-1)",
+    "t = self.next_times()",
+])
+def test_pairs_of_a_tensor_the_function_did_not_make_are_left(made):
+    src = HANDED.format(caller=WALKED).replace("t = torch.sigmoid(self.model(x).sum(1))", made).replace(
+        "        self.model = model\n", "        self.model = model\n        self.times = torch.rand(4).cuda()\n\n"
+        "    def next_times(self):\n        return self.times\n")
+    out, lines = fixed(src)
+    assert lines == [] and "zip(t, tlist)" in out, out
+
+
 def test_a_comprehension_that_does_more_than_regroup_is_not_a_handed_back_walk():
     src = HANDED.format(caller=WALKED).replace("[(tv, tl) for tv, tl in zip(t, tlist)]",
                                                 "[(tv * 2, tl) for tv, tl in zip(t, tlist)]")

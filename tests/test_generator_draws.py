@@ -36,6 +36,14 @@ def test_a_draw_every_step_is_made_on_its_generators_device_and_moved(draw):
     assert _draws(out) == (out, [])  # a second run leaves it
 
 
+def test_a_draw_on_a_cuda_device_the_conversion_made_xlas_is_drawn_on_its_generators_device():
+    out, found = _draws(LOOP.format(line='noise = torch.randn(4, generator=gen, device="cuda")'))
+    assert found == [(5, True)], out
+    assert "noise = torch.randn(4, generator=gen, device=torch_xla.device() if gen is None else gen.device)" \
+           ".to(torch_xla.device())" in out
+    assert _draws(out)[1] == []
+
+
 def test_the_device_chosen_keeps_every_other_draw_as_it_was():
     """Evaluated as the program will: no generator -> the device asked for;
     a generator -> its own device (then moved to the one asked for)."""

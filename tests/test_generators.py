@@ -53,6 +53,12 @@ def test_a_cuda_generator_becomes_a_cpu_one():
     assert 'g = torch.Generator("cpu")' in out and 'h = torch.Generator(device="cpu")' in out
 
 
+def test_a_generator_on_the_xla_device_already_becomes_a_cpu_one():
+    """A hand port's `torch.Generator("xla")` raises on XLA as the CUDA one would."""
+    out, found = _generators(HEAD + 'g = torch.Generator("xla:0")\n')
+    assert found == [(3, True)] and 'g = torch.Generator("cpu")' in out, out
+
+
 @pytest.mark.parametrize("src", [
     "g = torch.Generator()\n",
     'g = torch.Generator(device="cpu")\n',

@@ -18,6 +18,10 @@ A *handed-back walk* holds only where that is certain:
 * it is the whole value of ``name = [...]``, the last statement before a
   ``return`` that hands ``name`` back, alone or at one place of a tuple, and
   the function reads ``name`` nowhere else;
+* each tensor walked is one the function made (``t = torch.sigmoid(nt)``,
+  ``torch.rand(b).to(x.device)``, arithmetic): its elements are views of it,
+  and a caller's optimizer step would show in the views of a parameter or a
+  buffer, not in a copy;
 * the function is a method of a plain class of the module (``objects``) or a
   function of the module, the module no other project module imports
   (``importers.imported_elsewhere``), and every mention of it is a call
@@ -35,7 +39,7 @@ import libcst as cst
 
 from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.element_walks import (Elements, HostWalk, element_pairs, host_only, pair_of_tensors,
-                                             pure_walked, read_elsewhere)
+                                             pure_walked, read_elsewhere, root)
 from codemods.analysis.importers import imported_elsewhere
 from codemods.analysis.objects import instance_class
 from codemods.syntax.tree import TreeCache, find_all
@@ -60,7 +64,7 @@ def handed_back_walk(tree: TreeCache, comp: cst.ListComp, fn: cst.FunctionDef, i
     if not walked or not all(pure_walked(t) and not pair_of_tensors(t) for _, t in walked):
         return None
     handed = _handed_back(tree, comp, fn)
-    if handed is None:
+    if handed is None or not all(_made_here(tree, t, fn) for _, t in walked):
         return None
     place, name = handed
     calls = _calls_of(tree, fn)
@@ -103,6 +107,54 @@ def _handed_back(tree: TreeCache, comp: cst.ListComp, fn: cst.FunctionDef) -> Op
         return None
     reads = [n for n in find_all(fn, cst.Name) if n.value == name]
     return (place, name) if len(reads) == 2 else None  # (the binding and the return)
+
+
+def _made_here(tree: TreeCache, walked: cst.BaseExpression, fn: cst.FunctionDef) -> bool:
+    """The walked tensor's name is bound in ``fn`` only to tensors made there."""
+    name = root(walked)
+    if name is None:
+        return False
+    bindings = binding_nodes(tree, name)
+    values = [_assigned(tree, b) for b in bindings]
+    return bool(bindings) and all(v is not None and _new_tensor(v) and _inside(tree, v, fn) for v in values)
+
+
+# tensor functions and methods whose result may share the storage of what they are handed
+_VIEWS = frozenset({"view", "view_as", "reshape", "flatten", "squeeze", "unsqueeze", "narrow", "select", "t",
+                    "transpose", "permute", "expand", "expand_as", "chunk", "split", "unbind", "as_strided",
+                    "diagonal", "movedim", "swapaxes", "detach", "to", "cuda", "cpu", "type", "float", "double",
+                    "half", "long", "int", "bfloat16", "contiguous", "requires_grad_", "data"})
+
+
+def _new_tensor(value: cst.BaseExpression) -> bool:
+    """A tensor made by this expression, sharing no storage it was handed: arithmetic, a torch function or a
+    method that computes (``torch.sigmoid(nt)``, ``x.sum(1)``), or one that may return its input
+    (``.to(device)``, ``.view(-1)``) of such a tensor."""
+    if isinstance(value, (cst.BinaryOperation, cst.UnaryOperation)):
+        return True
+    if not isinstance(value, cst.Call):
+        return False
+    func = value.func
+    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "torch":
+        return func.attr.value not in _VIEWS
+    if isinstance(func, cst.Attribute):
+        return _new_tensor(func.value) if func.attr.value in _VIEWS else not isinstance(func.value, cst.Name) or \
+            func.value.value != "self"
+    return False
+
+
+def _assigned(tree: TreeCache, bound: cst.CSTNode) -> Optional[cst.BaseExpression]:
+    """The value of ``name = value`` binding ``name``; None for any other binding."""
+    target = tree.parents.get(id(bound))
+    assign = tree.parents.get(id(target)) if isinstance(target, cst.AssignTarget) else None
+    return assign.value if isinstance(assign, cst.Assign) and len(assign.targets) == 1 else None
+
+
+def _inside(tree: TreeCache, node: cst.CSTNode, fn: cst.FunctionDef) -> bool:
+    parent = tree.parents.get(id(node))
+    while parent is not None and parent is not fn:
+        parent = tree.parents.get(id(parent))
+    return parent is fn
 
 
 def _calls_of(tree: TreeCache, fn: cst.FunctionDef) -> List[cst.Call]:
