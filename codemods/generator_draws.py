@@ -16,8 +16,8 @@ generator is on the device asked for (a CUDA one on CUDA, the CPU's on the
 CPU) or is None, the draw is what it was.
 
 Rewritten where the draw runs every step, its generator and device read
-without calls (names, attributes, ``torch_xla.device()``: read twice, the
-same), and no keyword
+as names or attributes (or ``torch_xla.device()``: read twice, the same),
+and no keyword
 makes moving it differ (``out=``, ``requires_grad=``, ``pin_memory=``).
 A draw from a generator whose input is a device tensor
 (``torch.multinomial(probs, 1, generator=g)``, ``x.normal_(generator=g)``)
@@ -30,7 +30,7 @@ import libcst as cst
 
 from codemods.base import Rule
 from codemods.hot_path import HotPathCodemod
-from codemods.syntax.nodes import calls_nothing
+from codemods.syntax.nodes import dotted
 
 # torch's random factories that take `generator=` and `device=`
 _DRAWS = ("torch.randn", "torch.rand", "torch.randint", "torch.randperm")
@@ -85,8 +85,9 @@ class GeneratorDraws(HotPathCodemod):
         generator, device = keywords.get("generator"), keywords.get("device")
         if generator is None or device is None or _KEPT_AS_MADE & set(keywords) or any(a.star for a in original_node.args):
             return updated_node
-        if _none(generator) or _none(device) or not (calls_nothing(generator) and (
-                calls_nothing(device) or self._xla_device(device))) or _on_its_own(device):
+        if _none(generator) or _none(device) or dotted(generator) is None or not (
+                dotted(device) is not None or self._xla_device(device)):
+            return updated_node  # (each written into the new code as it is: names and attributes, read twice the same)
             return updated_node
         where = self._where()
         if where is None:
@@ -132,11 +133,3 @@ class GeneratorDraws(HotPathCodemod):
 
 def _none(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Name) and node.value == "None"
-
-
-
-def _on_its_own(device: cst.BaseExpression) -> bool:
-    """``d if g is None else g.device``: what this rule wrote (a second run leaves it)."""
-    return isinstance(device, cst.IfExp) and isinstance(device.orelse, cst.Attribute) and \
-        device.orelse.attr.value == "device" and isinstance(device.test, cst.Comparison) and \
-        isinstance(device.test.comparisons[0].operator, cst.Is) and _none(device.test.comparisons[0].comparator)

@@ -65,6 +65,8 @@ def test_the_device_chosen_keeps_every_other_draw_as_it_was():
     "noise = torch.randn(4, generator=gen, device=device, out=buf)",
     "noise = torch.randn(4, generator=make_gen(), device=device)",  # read twice, a call could differ
     "noise = torch.randn(4, generator=None, device=device)",
+    "noise = torch.randn(4, generator=gen, device=d1 if c else d2)",  # (written into `... if gen is None else`)
+    "noise = torch.randn(4, generator=g1 or g2, device=device)",
     "noise = torch.randn_like(x)",
 ])
 def test_draws_that_do_not_fall_back_or_would_change_are_left(line):
