@@ -34,7 +34,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from codemods.analysis.bindings import binding_nodes
+from codemods.analysis.bindings import assigned_value, binding_nodes
 from codemods.analysis.element_walks import (HostWalk, IndexWalk, NumberWalk, comprehension_walk, for_walk, host_walk,
                                              index_walk, read_elsewhere, root)
 from codemods.analysis.handed_walks import handed_back_walk
@@ -197,7 +197,7 @@ class ElementReads(HotPathCodemod):
         if not isinstance(value, cst.Name):
             return False
         bindings = binding_nodes(self.tree, value)
-        return bool(bindings) and all(self._container(_assigned(self.tree, b)) for b in bindings)
+        return bool(bindings) and all(self._container(assigned_value(self.tree, b)) for b in bindings)
 
     def _container(self, value: Optional[cst.CSTNode]) -> bool:
         """A literal container or string, a comprehension, ``[0] * n``, or what a builtin or numpy makes of one."""
@@ -296,13 +296,6 @@ _MAKERS = frozenset({"list", "dict", "tuple", "set", "collections.defaultdict", 
                      "numpy.ones", "numpy.full", "numpy.empty", "numpy.array"})
 _CONTAINERS = (cst.Tuple, cst.List, cst.Dict, cst.Set, cst.SimpleString, cst.ConcatenatedString, cst.ListComp,
                cst.DictComp, cst.SetComp)
-
-
-def _assigned(tree, bound: cst.CSTNode) -> Optional[cst.CSTNode]:  # type: ignore[no-untyped-def]
-    """The value ``name = value`` binds a name to (the name its one target); None for any other binding."""
-    target = tree.parents.get(id(bound))
-    assign = tree.parents.get(id(target)) if isinstance(target, cst.AssignTarget) else None
-    return assign.value if isinstance(assign, cst.Assign) and len(assign.targets) == 1 else None
 
 
 def _element_names(target: cst.CSTNode) -> List[cst.Name]:

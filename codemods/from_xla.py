@@ -29,6 +29,7 @@ from typing import Optional
 
 import libcst as cst
 
+from codemods.analysis.device_exprs import XLA_DEVICE_CALLS
 from codemods.base import Rule, XlaCodemod, call_name, string_value
 from codemods.syntax import imports
 from codemods.syntax.edits import DropsStatements
@@ -89,7 +90,7 @@ LEFT_OVER = Rule(
         "with `torch.tpu.distributed.set_tpu_launch_env(...)`), metrics and debug modules: each needs a person.",
     before="import torch_xla\n\ntorch_xla.launch(main)\n", after=None, example_target="torchtpu")
 
-_DEVICES = {"torch_xla.device", "torch_xla.core.xla_model.xla_device", "torch_xla.torch_xla.device"}
+_DEVICES = XLA_DEVICE_CALLS
 _BARRIERS = {"torch_xla.sync", "torch_xla.core.xla_model.mark_step", "torch_xla.torch_xla.sync"}
 _WAITS = {"torch_xla.core.xla_model.wait_device_ops"}
 _LOADERS = {"torch_xla.distributed.parallel_loader.MpDeviceLoader"}

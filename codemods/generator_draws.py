@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from codemods.analysis.device_exprs import DeviceExprs
 from codemods.base import Rule
 from codemods.hot_path import HotPathCodemod
 from codemods.syntax.nodes import dotted
@@ -86,7 +87,7 @@ class GeneratorDraws(HotPathCodemod):
         if generator is None or device is None or _KEPT_AS_MADE & set(keywords) or any(a.star for a in original_node.args):
             return updated_node
         if _none(generator) or _none(device) or dotted(generator) is None or not (
-                dotted(device) is not None or self._xla_device(device)):
+                dotted(device) is not None or DeviceExprs(self.tree, self.qualnames).xla_device(device)):
             return updated_node  # (each written into the new code as it is: names and attributes, read twice the same)
             return updated_node
         where = self._where()
@@ -121,11 +122,6 @@ class GeneratorDraws(HotPathCodemod):
                          f"`{self.code_of(drawn_from)}`: torch_xla's generators are CPU ones, and the draw falls back "
                          "to the CPU, a graph execution of its own: without the generator the device draws from "
                          "`torch_xla.manual_seed`'s stream (other numbers), with it the draw costs that execution")
-
-    def _xla_device(self, device: cst.BaseExpression) -> bool:
-        """``torch_xla.device()`` (what a CUDA device string became): read twice, the same."""
-        return isinstance(device, cst.Call) and not device.args and self.is_qualname(
-            device.func, "torch_xla.device", "torch_xla.core.xla_model.xla_device")
 
     def code_of(self, node: cst.CSTNode) -> str:
         return self.tree.module.code_for_node(node)

@@ -101,12 +101,12 @@ class CudaGenerators(XlaCodemod):
     def _device(self, device: cst.BaseExpression) -> Optional[cst.BaseExpression]:
         """The generator's device once converted, or None to leave it."""
         code = self.tree.module.code_for_node(device)
-        if is_cuda_string(device) or DeviceExprs(self.tree, self.qualnames).cuda_device(device):
+        devices = DeviceExprs(self.tree, self.qualnames)
+        if is_cuda_string(device) or devices.cuda_device(device):
             if self.flag(device, CUDA_GENERATOR.code, "CUDA generator -> CPU generator", fix=True):
                 return cst.SimpleString('"cpu"')
             return None
-        if (string_value(device) or "").startswith("xla") or (isinstance(device, cst.Call) and not device.args and (
-                self.is_qualname(device.func, "torch_xla.device", "torch_xla.core.xla_model.xla_device"))):
+        if (string_value(device) or "").startswith("xla") or devices.xla_device(device):
             if self.flag(device, CUDA_GENERATOR.code, "a generator on the XLA device (torch_xla has none) -> CPU "
                          "generator", fix=True):
                 return cst.SimpleString('"cpu"')

@@ -243,6 +243,14 @@ def binding_nodes(tree: TreeCache, name: cst.Name) -> List[cst.CSTNode]:
     return _resolve(tree, name)[1]
 
 
+def assigned_value(tree: TreeCache, bound: cst.CSTNode) -> Optional[cst.BaseExpression]:
+    """The value ``name = value`` binds a name to (a binding from
+    :func:`binding_nodes`, the assignment's one target); None for any other binding."""
+    target = tree.parents.get(id(bound))
+    assign = tree.parents.get(id(target)) if isinstance(target, cst.AssignTarget) else None
+    return assign.value if isinstance(assign, cst.Assign) and len(assign.targets) == 1 else None
+
+
 def binding_scope(tree: TreeCache, name: cst.Name) -> Optional[cst.CSTNode]:
     """The node of the scope whose binding of ``name`` it reads (a
     function, a lambda, a comprehension, a class, the module), or None."""
@@ -451,7 +459,7 @@ def _prefix(scope: _Scope) -> Optional[str]:
     return ".".join(parts)
 
 
-__all__ = ["binding_nodes", "binding_scope", "import_qualnames"]
+__all__ = ["assigned_value", "binding_nodes", "binding_scope", "import_qualnames"]
 
 
 def read_from_module(tree: TreeCache, fn: cst.CSTNode, names: Set[str]) -> Set[str]:

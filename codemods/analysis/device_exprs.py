@@ -16,6 +16,8 @@ from codemods.analysis.cuda import cuda_facts, is_cuda_string
 from codemods.syntax.tree import TreeCache, find_all, string_value
 
 HOST_DEVICES = {"cpu", "mps"}
+# what returns the XLA device (torch_xla >= 2.5, the older spelling, the module path)
+XLA_DEVICE_CALLS = frozenset({"torch_xla.device", "torch_xla.core.xla_model.xla_device", "torch_xla.torch_xla.device"})
 # flags named for CUDA: the last resort for a test set by a caller or a config file
 _CUDA_FLAGS = {"use_cuda", "cuda", "has_cuda", "cuda_available", "on_gpu", "use_gpu", "use_accel"}
 
@@ -36,6 +38,10 @@ class DeviceExprs:
 
     def is_torch_device(self, node: cst.CSTNode) -> bool:
         return isinstance(node, cst.Call) and self._is(node.func, "torch.device")
+
+    def xla_device(self, node: cst.CSTNode) -> bool:
+        """``torch_xla.device()`` (what a CUDA device string became), ``xm.xla_device()``."""
+        return isinstance(node, cst.Call) and not node.args and self._is(node.func, *XLA_DEVICE_CALLS)
 
     def cuda_device(self, node: cst.CSTNode) -> bool:
         """A hard-coded CUDA device: "cuda", torch.device("cuda"...), or the

@@ -37,7 +37,8 @@ from typing import Callable, List, Optional, Tuple
 
 import libcst as cst
 
-from codemods.analysis.bindings import binding_nodes
+from codemods.analysis.bindings import assigned_value, binding_nodes
+from codemods.analysis.cuda import scope_of
 from codemods.analysis.element_walks import (Elements, HostWalk, element_pairs, host_only, pair_of_tensors,
                                              pure_walked, read_elsewhere, root)
 from codemods.analysis.importers import imported_elsewhere
@@ -115,8 +116,8 @@ def _made_here(tree: TreeCache, walked: cst.BaseExpression, fn: cst.FunctionDef)
     if name is None:
         return False
     bindings = binding_nodes(tree, name)
-    values = [_assigned(tree, b) for b in bindings]
-    return bool(bindings) and all(v is not None and _new_tensor(v) and _inside(tree, v, fn) for v in values)
+    values = [assigned_value(tree, b) for b in bindings]
+    return bool(bindings) and all(v is not None and _new_tensor(v) and scope_of(v, tree) is fn for v in values)
 
 
 # tensor functions and methods whose result may share the storage of what they are handed
@@ -141,20 +142,6 @@ def _new_tensor(value: cst.BaseExpression) -> bool:
         return _new_tensor(func.value) if func.attr.value in _VIEWS else not isinstance(func.value, cst.Name) or \
             func.value.value != "self"
     return False
-
-
-def _assigned(tree: TreeCache, bound: cst.CSTNode) -> Optional[cst.BaseExpression]:
-    """The value of ``name = value`` binding ``name``; None for any other binding."""
-    target = tree.parents.get(id(bound))
-    assign = tree.parents.get(id(target)) if isinstance(target, cst.AssignTarget) else None
-    return assign.value if isinstance(assign, cst.Assign) and len(assign.targets) == 1 else None
-
-
-def _inside(tree: TreeCache, node: cst.CSTNode, fn: cst.FunctionDef) -> bool:
-    parent = tree.parents.get(id(node))
-    while parent is not None and parent is not fn:
-        parent = tree.parents.get(id(parent))
-    return parent is fn
 
 
 def _calls_of(tree: TreeCache, fn: cst.FunctionDef) -> List[cst.Call]:
@@ -204,7 +191,7 @@ def _walked_on_host(tree: TreeCache, call: cst.Call, place: Optional[int], eleme
         return False
     if not isinstance(bound, cst.Name) or len(binding_nodes(tree, bound)) != 1:
         return False
-    scope = _scope(tree, assign)
+    scope = scope_of(assign, tree)
     for read in (n for part in _own_statements(scope) for n in find_all(part, cst.Name)):
         if read.value != bound.value or read is bound:
             continue
@@ -225,14 +212,6 @@ def _own_statements(scope: cst.CSTNode) -> List[cst.CSTNode]:
     if isinstance(scope, cst.Module):
         return [st for st in scope.body if not isinstance(st, (cst.FunctionDef, cst.ClassDef))]
     return [scope]
-
-
-def _scope(tree: TreeCache, node: cst.CSTNode) -> cst.CSTNode:
-    """The function ``node`` is in, or the module."""
-    parent = tree.parents.get(id(node))
-    while parent is not None and not isinstance(parent, cst.FunctionDef):
-        parent = tree.parents.get(id(parent))
-    return parent if parent is not None else tree.module
 
 
 __all__ = ["handed_back_walk"]
