@@ -19,7 +19,7 @@ from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.values import MODULE, values
 from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all, string_value
 from codemods.syntax.edits import DropsStatements
-from codemods.syntax.nodes import keyword_arg
+from codemods.syntax.nodes import keyword_arg, with_arg
 
 MAP_LOCATION = Rule(
     code="XLA131",
@@ -101,10 +101,7 @@ class Checkpoints(DropsStatements, XlaCodemod):
             if not self.flag(original, MAP_LOCATION.code, 'map_location="cpu" added (a checkpoint saved on the '
                              'GPU holds CUDA tensors)', fix=True):
                 return updated
-            last = updated.args[-1]
-            space = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-            return updated.with_changes(args=[*updated.args[:-1], last.with_changes(comma=space),
-                                              keyword_arg("map_location", cst.SimpleString('"cpu"'))])
+            return with_arg(updated, keyword_arg("map_location", cst.SimpleString('"cpu"')))
         for i, a in enumerate(original.args):
             is_location = (a.keyword is not None and a.keyword.value == "map_location") or (
                 a.keyword is None and not a.star and i == 1)

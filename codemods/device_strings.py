@@ -28,7 +28,7 @@ from codemods.analysis.cuda import (
     is_device_string_choice,
 )
 from codemods.base import Rule, XlaCodemod, call_name, dotted, find_all, string_value
-from codemods.syntax.nodes import keyword_arg
+from codemods.syntax.nodes import keyword_arg, with_arg
 
 
 DEVICE_STRING = Rule(
@@ -239,13 +239,10 @@ class DeviceStrings(XlaCodemod):
             return updated
         self.add_imports(self.target.device_imports)
         mapping = cst.parse_expression(f'lambda d: "{device}" if d.startswith("cuda") else d')
-        args = [a.with_changes(value=mapping) if a.keyword is not None and a.keyword.value == "type" else a
-                for a in updated.args]
         if self._typed[id(original)] is None:
-            last = args[-1]
-            args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-            args.append(keyword_arg("type", mapping))
-        return updated.with_changes(args=args)
+            return with_arg(updated, keyword_arg("type", mapping))
+        return updated.with_changes(args=[a.with_changes(value=mapping) if a.keyword is not None and
+                                          a.keyword.value == "type" else a for a in updated.args])
 
     def _replace(self, original: cst.BaseExpression, updated: cst.BaseExpression) -> cst.BaseExpression:
         if id(original) not in self._rewrite:

@@ -24,14 +24,12 @@ loader is made.
 
 from __future__ import annotations
 
-from typing import List, Sequence
-
 import libcst as cst
 
 from codemods.analysis.cuda import being_ported, ported_needs
 from codemods.analysis.data_loaders import DATALOADER_NAMES, batching, evaluation_only, first_batch_only
 from codemods.base import Rule, XlaCodemod
-from codemods.syntax.nodes import keyword_arg
+from codemods.syntax.nodes import keyword_arg, with_arg
 
 PARTIAL_BATCH = Rule(
     code="XLA413",
@@ -114,8 +112,7 @@ class PartialBatches(XlaCodemod):
                          f"leaves out its last `len(dataset) % {size}` rows, other ones each epoch as it shuffles, and a "
                          f"dataset of fewer than `{size}` rows gives no batch at all): no smaller last batch for XLA "
                          "to compile the step once more for", fix=True):
-                return updated_node.with_changes(args=_appended(updated_node.args, keyword_arg(
-                    "drop_last", cst.Name("True"))))
+                return with_arg(updated_node, keyword_arg("drop_last", cst.Name("True")))
             return updated_node
         pad = f"pad its dataset to a multiple of `{size}` and leave the padding out of the metric"
         if found.shuffled and not evaluation:
@@ -136,18 +133,6 @@ def _names_drop_last(call: cst.Call) -> bool:
     """A ``drop_last`` written in the call itself (``drop_last=False``: the
     user's choice, said and left)."""
     return any(a.keyword is not None and a.keyword.value == "drop_last" for a in call.args)
-
-
-def _appended(args: Sequence[cst.Arg], new: cst.Arg) -> List[cst.Arg]:
-    """``args`` and ``new`` after them, laid out as they are: the comma
-    between the last two separates the new one, which takes the last one's
-    own (a trailing comma stays trailing)."""
-    if not args:
-        return [new]
-    last = args[-1]
-    between = args[-2].comma if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else \
-        cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-    return [*args[:-1], last.with_changes(comma=between), new.with_changes(comma=last.comma)]
 
 
 __all__ = ["PartialBatches", "PARTIAL_BATCH"]

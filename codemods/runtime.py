@@ -27,7 +27,7 @@ import libcst as cst
 
 from codemods.syntax import imports
 from codemods.base import Rule, XlaCodemod, dotted, statement, string_value
-from codemods.syntax.nodes import keyword_arg
+from codemods.syntax.nodes import keyword_arg, with_arg
 
 INFERENCE_MODE = Rule(
     code="XLA151",
@@ -217,15 +217,7 @@ class XlaRuntime(XlaCodemod):
         if not self.flag(original, LOGGING.code, "`logging.basicConfig(...)` gets `force=True` (importing "
                          "torch_xla configured logging already)", fix=True):
             return updated
-        force = keyword_arg("force", cst.Name("True"))
-        args = list(updated.args)
-        if args:
-            last = args[-1]
-            args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-            if isinstance(last.comma, cst.Comma):  # a trailing comma (one argument per line): keep the layout
-                args[-1] = last
-                force = force.with_changes(comma=last.comma)
-        return updated.with_changes(args=[*args, force])
+        return with_arg(updated, keyword_arg("force", cst.Name("True")))
 
     # ------------------------------------------------------------ seeds
     def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock):

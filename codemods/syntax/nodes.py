@@ -207,3 +207,26 @@ def comma_separated(args: List[cst.Arg]) -> List[cst.Arg]:
         return args
     sep = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
     return [a.with_changes(comma=sep) for a in args[:-1]] + [args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)]
+
+
+def with_arg(call: cst.Call, new: cst.Arg) -> cst.Call:
+    """``call`` with ``new`` as its last argument, laid out as the call is:
+    on the line of its own that each argument has (``f(\\n    a,\\n    b\\n)``),
+    after ``, `` on one line; a trailing comma stays trailing, and what stood
+    between the last argument and ``)`` (the newline of a closing bracket on
+    its own line) now follows the new one."""
+    args = list(call.args)
+    if not args:
+        return call.with_changes(args=[new])
+    last = args[-1]
+    space: cst.BaseParenthesizableWhitespace = cst.SimpleWhitespace(" ")
+    if len(args) > 1 and isinstance(args[-2].comma, cst.Comma):
+        space = args[-2].comma.whitespace_after
+    elif isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace):
+        space = call.whitespace_before_args
+    if isinstance(space, cst.ParenthesizedWhitespace):  # the line break and indent, not a comment on that line
+        space = space.with_changes(first_line=cst.TrailingWhitespace(), empty_lines=())
+    between = cst.Comma(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=space.deep_clone())
+    args[-1] = last.with_changes(comma=between, whitespace_after_arg=cst.SimpleWhitespace(""))
+    return call.with_changes(args=[*args, new.with_changes(comma=last.comma,
+                                                           whitespace_after_arg=last.whitespace_after_arg)])
