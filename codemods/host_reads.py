@@ -14,6 +14,7 @@ from typing import Set
 import libcst as cst
 
 from codemods.analysis import is_tensor_expr
+from codemods.analysis.syncs import is_barrier_call
 from codemods.analysis.placement import FILL_CALLS, TO_HOST, fill_argument, host_read, reads_truth
 from codemods.base import Rule, call_name
 from codemods.hot_path import HotPathCodemod
@@ -82,6 +83,8 @@ class HostReads(HotPathCodemod):
         name = call_name(node)
         # (a host tensor -- `x = out.to("cpu")`, `losses = torch.zeros(n)` -- crosses nothing)
         read = host_read(self.tree, node, self.tensors, self.qualnames)
+        if read is not None and self._right_after_barrier(node):
+            return  # the barrier ran the pending graph: a computed value is copied, on some steps only
         if read == "item":
             self._report(node, ITEM, "`.item()` reads a tensor on the host: accumulate on the device, read once")
         elif read in TO_HOST or read == "to":
@@ -93,6 +96,22 @@ class HostReads(HotPathCodemod):
             self._report(node, SCALAR, f"`{name}` with a tensor as its fill value reads it on the host (an implicit "
                                        "`.item()`), and the value becomes a constant of the graph: "
                                        "broadcast the tensor instead (`value.expand(shape)`)")
+
+    def _right_after_barrier(self, call: cst.Call) -> bool:
+        """``call``'s statement follows a barrier statement in the block of an
+        ``if`` (the log every N steps: ``torch_xla.sync()``, then
+        ``losses.append(loss.item())``): a computed value copied on some steps
+        only, as torch_xla's examples log.  (After a barrier on every pass the
+        host still waits for each step: reported.)"""
+        line = next((a for a in self.ancestors(call) if isinstance(a, cst.SimpleStatementLine)), None)
+        block = self.parent(line) if line is not None else None
+        if not isinstance(block, cst.IndentedBlock) or not isinstance(self.parent(block), cst.If):
+            return False
+        k = next(i for i, s in enumerate(block.body) if s is line)
+        before = block.body[k - 1] if k else None
+        return isinstance(before, cst.SimpleStatementLine) and len(before.body) == 1 and \
+            isinstance(before.body[0], cst.Expr) and isinstance(before.body[0].value, cst.Call) and \
+            is_barrier_call(before.body[0].value, self.target.barrier_names, self.qualnames)
 
     def _tensor_fill(self, call: cst.Call, quals: Set[str]) -> bool:
         """``torch.full(shape, table[index])``: a tensor where a Python number goes."""

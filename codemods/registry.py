@@ -33,6 +33,8 @@ ORDER: Tuple[Tuple[str, str], ...] = (
     # before the prints (a print of the sum it moves to the device is deferred to a step closure) and the
     # barriers (none is placed for a host read it removes)
     ("codemods.accumulators", "DeviceAccumulators"),
+    # likewise: the values it keeps on the device for a log are read there, after the barrier it places
+    ("codemods.logged_values", "LoggedValues"),
     # before the prints too: a walk in a print (`''.join([itos[int(i)] for i in y])`) is read once there,
     # then deferred with it (in a step closure it runs after the step, a graph per element all the same)
     ("codemods.element_reads", "ElementReads"),

@@ -57,3 +57,28 @@ def test_a_host_tensors_read_is_no_host_read():
            "    x = torch.randn(4, 3)\n    y = f(x).cuda()\n    loss = (model(x.cuda()) - y).pow(2).mean()\n"
            "    loss.backward()\n    opt.step()\n")
     assert ("XLA401", 8) not in [(f.code, f.line) for f in transform(src.encode(), Settings()).findings]
+
+
+@pytest.mark.parametrize("before, reported", [
+    ("        xm.mark_step()\n", False),  # the barrier ran the step: the read copies a computed value
+    ("        torch_xla.sync()\n", False),
+    ("        torch_xla.sync()\n        print('step')\n", True),  # a statement between: judged as before
+    ("", True),
+])
+def test_a_read_right_after_a_barrier_in_a_guarded_block_is_no_host_read(before, reported):
+    src = ("import torch\nimport torch_xla\nimport torch_xla.core.xla_model as xm\n\n"
+           "model = torch.nn.Linear(3, 1).to(torch_xla.device())\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+           "for i, x in enumerate(batches):\n    loss = model(x.to(torch_xla.device())).sum()\n    loss.backward()\n"
+           "    opt.step()\n    if i % 10 == 0:\n" + before + "        losses.append(loss.item())\n")
+    line = src.count("\n")
+    found = [(f.code, f.line) for f in transform(src.encode(), Settings()).findings]
+    assert (("XLA401", line) in found) == reported, found
+
+
+def test_a_read_right_after_a_barrier_on_every_pass_is_reported():
+    """The host waits for every step there (XLA418's deferred reads)."""
+    src = ("import torch\nimport torch_xla\n\nmodel = torch.nn.Linear(3, 1).to(torch_xla.device())\n"
+           "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x in batches:\n"
+           "    loss = model(x.to(torch_xla.device())).sum()\n    loss.backward()\n    opt.step()\n"
+           "    torch_xla.sync()\n    losses.append(loss.item())\n")
+    assert ("XLA401", 11) in [(f.code, f.line) for f in transform(src.encode(), Settings()).findings]
