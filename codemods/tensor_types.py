@@ -82,6 +82,10 @@ class _Alias:
     dtype: str
     test: Optional[cst.BaseExpression]  # the choice's condition (None: always CUDA)
     cuda_when: bool  # the CUDA type is taken when ``test`` is true
+    others: Tuple[cst.Assign, ...] = ()  # the host type's binding, where an if/else statement chooses
+
+    def bindings(self) -> Tuple[cst.Assign, ...]:
+        return (self.binding, *self.others)
 
 
 class TensorTypes(DropsStatements, XlaCodemod):
@@ -127,21 +131,25 @@ class TensorTypes(DropsStatements, XlaCodemod):
                 alias = self._alias(node)  # type: ignore[arg-type]
                 if alias is not None:
                     found[id(node.targets[0].target)] = alias  # type: ignore[attr-defined]
+        for node in tree.nodes((cst.If,)):
+            for alias in self._chosen(node):  # type: ignore[arg-type]
+                found.update((id(b.targets[0].target), alias) for b in alias.bindings())
         names = {a.binding.targets[0].target.value for a in found.values()}  # type: ignore[attr-defined]
-        uses: Dict[int, List[cst.Name]] = {id(a): [] for a in found.values()}
+        found_aliases = list({id(a): a for a in found.values()}.values())
+        uses: Dict[int, List[cst.Name]] = {id(a): [] for a in found_aliases}
         spoiled: Set[int] = set()
         for n in tree.nodes((cst.Name,)):
             if n.value not in names or _binds(n, tree.parents):  # type: ignore[attr-defined]
                 continue
             reaching = binding_nodes(tree, n)  # type: ignore[arg-type]
             ours = [found[id(b)] for b in reaching if id(b) in found]
-            if len(ours) == 1 and len(reaching) == 1 and self._use(n):
+            if len({id(a) for a in ours}) == 1 and len(ours) == len(reaching) and self._use(n):
                 uses[id(ours[0])].append(n)  # type: ignore[arg-type]
             else:  # another binding may reach it, or a use this rule cannot convert
                 spoiled.update(id(a) for a in ours)
-        self._alias_of = {id(u): a for a in found.values() if id(a) not in spoiled for u in uses[id(a)]}
+        self._alias_of = {id(u): a for a in found_aliases if id(a) not in spoiled for u in uses[id(a)]}
         kept: Dict[str, List[_Alias]] = {}
-        for alias in found.values():
+        for alias in found_aliases:
             if id(alias) not in spoiled:
                 kept.setdefault(alias.binding.targets[0].target.value, []).append(alias)  # type: ignore[attr-defined]
         return kept
@@ -157,6 +165,31 @@ class TensorTypes(DropsStatements, XlaCodemod):
         if body is None or orelse is None or body[0] != orelse[0] or body[1] == orelse[1]:
             return None
         return _Alias(node, body[0], value.test, body[1])
+
+    def _chosen(self, node: cst.If) -> List[_Alias]:
+        """``if cuda: T = torch.cuda.FloatTensor`` / ``else: T =
+        torch.FloatTensor`` (each at its branch's own level; either way
+        round): one alias, chosen by the test as an ``IfExp`` would."""
+        if not isinstance(node.orelse, cst.Else) or not self._pure(node.test):
+            return []
+
+        def types(block: cst.BaseSuite) -> Dict[str, Tuple[cst.Assign, Tuple[str, bool]]]:
+            out: Dict[str, Tuple[cst.Assign, Tuple[str, bool]]] = {}
+            for stmt in block.body if isinstance(block, cst.IndentedBlock) else ():
+                assign = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
+                if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and \
+                        isinstance(assign.targets[0].target, cst.Name) and id(assign.value) in self._types:
+                    out[assign.targets[0].target.value] = (assign, self._types[id(assign.value)])
+            return out
+
+        then, other = types(node.body), types(node.orelse.body)
+        chosen = []
+        for name in then.keys() & other.keys():
+            (a, (dtype_a, cuda_a)), (b, (dtype_b, cuda_b)) = then[name], other[name]
+            if dtype_a == dtype_b and cuda_a != cuda_b:
+                cuda, host = (a, b) if cuda_a else (b, a)
+                chosen.append(_Alias(cuda, dtype_a, node.test, cuda_a, (host,)))
+        return chosen
 
     def _pure(self, test: cst.CSTNode) -> bool:
         """A condition that may be evaluated again at each use: a name, an
@@ -245,10 +278,25 @@ class TensorTypes(DropsStatements, XlaCodemod):
     def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
         """An alias whose every use was converted goes."""
         target = original_node.targets[0].target if len(original_node.targets) == 1 else None
-        if isinstance(target, cst.Name) and any(a.binding is original_node for a in self._aliases.get(target.value, ())) \
+        if isinstance(target, cst.Name) and any(original_node in a.bindings() for a in self._aliases.get(target.value, ())) \
                 and self.flag(original_node, TENSOR_TYPE.code, f"`{target.value}` (a legacy tensor type) removed: "
                               "its uses take a dtype and a device", fix=True):
             self.drop(original_node)
+        return updated_node
+
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If):  # type: ignore[no-untyped-def]
+        """An ``if``/``else`` that only chose an alias, both of whose
+        bindings went, goes too (its test is a name or an availability test:
+        nothing is lost)."""
+        if not isinstance(original_node.orelse, cst.Else):
+            return updated_node
+        stmts = [s for block in (original_node.body, original_node.orelse.body)
+                 for s in (block.body if isinstance(block, cst.IndentedBlock) else ())]
+        dropped = self.__dict__.get("_dropped") or set()
+        if stmts and all(isinstance(st, cst.SimpleStatementLine) and len(st.body) == 1 and id(st.body[0]) in dropped
+                         for st in stmts):
+            return self.emptied(updated_node)
         return updated_node
 
 
