@@ -25,7 +25,7 @@ from typing import List, Optional, Tuple
 
 import libcst as cst
 
-from codemods.loop_codemod import LoopCodemod
+from codemods.loop_codemod import DetachesItems, LoopCodemod
 from codemods.analysis.placement import host_read
 from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP
 from codemods.base import Rule, call_name, find_all
@@ -69,7 +69,7 @@ _SCALES = (cst.MultiplyAssign, cst.DivideAssign, cst.FloorDivideAssign, cst.Modu
 _HOST_NUMBERS = {"len", "size", "numel", "dim"}  # calls whose value is a Python int
 
 
-class DeviceAccumulators(LoopCodemod):
+class DeviceAccumulators(DetachesItems, LoopCodemod):
     DESCRIPTION = "Sum per-step `.item()` values on the device; read the sum once, after the loop."
     RULES = (ACCUMULATOR,)
     TRIGGERS = (b".item(",)
@@ -77,7 +77,7 @@ class DeviceAccumulators(LoopCodemod):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self._items: set = set()  # ids of the `.item()` calls to rewrite
+        self.detached: set = set()  # ids of the `.item()` calls to rewrite
         self._reads: set = set()  # ids of the names read inside the loop: `torch.as_tensor(...).item()`
         self._restores: dict = {}  # id(loop) -> the names read back into Python numbers right after it
 
@@ -98,7 +98,7 @@ class DeviceAccumulators(LoopCodemod):
             return
         where = self.tree.start_positions(augs)
         for aug in sorted(augs, key=lambda a: where[id(a)][:2]):  # in the order they are written
-            if id(aug) not in self._items:
+            if id(aug) not in self.detached:
                 self._decide(aug, scope)  # type: ignore[arg-type]
 
     def _decide(self, node: cst.AugAssign, scope: cst.CSTNode) -> None:
@@ -113,8 +113,8 @@ class DeviceAccumulators(LoopCodemod):
                          "once after the loop (and where the loop reads it)", fix=True):
             return
         for aug in augs:
-            self._items.add(id(aug))
-            self._items.update(id(c) for c in self._item_reads(aug.value) or ())
+            self.detached.add(id(aug))
+            self.detached.update(id(c) for c in self._item_reads(aug.value) or ())
         self._reads.update(id(r) for r in reads)
         for loop in loops:
             self._restores.setdefault(id(loop), []).append(name)
@@ -221,13 +221,6 @@ class DeviceAccumulators(LoopCodemod):
         return False  # outside the loop
 
     # ---------------------------------------------------------------- rewrite
-    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        updated = super().leave_Call(original_node, updated_node)
-        if id(original_node) in self._items and isinstance(updated, cst.Call) \
-                and isinstance(updated.func, cst.Attribute):
-            return updated.with_changes(func=updated.func.with_changes(attr=cst.Name("detach")))
-        return updated
-
     def rewrite_loop(self, original, updated):  # type: ignore[no-untyped-def]
         names = self._restores.get(id(original))
         if not names:

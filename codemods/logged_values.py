@@ -42,7 +42,7 @@ from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP
 from codemods.analysis.step_tail import step_end
 from codemods.analysis.syncs import body_statements
 from codemods.base import Rule, call_name, find_all
-from codemods.loop_codemod import LoopCodemod
+from codemods.loop_codemod import DetachesItems, LoopCodemod
 from codemods.syntax.nodes import is_stored
 
 LOGGED = Rule(
@@ -94,7 +94,7 @@ LOGGED = Rule(
 _SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
 
 
-class LoggedValues(LoopCodemod):
+class LoggedValues(DetachesItems, LoopCodemod):
     DESCRIPTION = "Keep the values a step stores for its log on the device; read them where the log does."
     RULES = (LOGGED,)
     TRIGGERS = (b".item(",)
@@ -102,7 +102,7 @@ class LoggedValues(LoopCodemod):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self._items: Set[int] = set()  # ids of the `.item()` calls that become `.detach()`
+        self.detached: Set[int] = set()  # ids of the `.item()` calls that become `.detach()`
         self._blocks: Dict[int, List[tuple]] = {}  # id(if) -> [(dict name, with a barrier)]
 
     def visit_For(self, node: cst.For) -> None:
@@ -163,7 +163,7 @@ class LoggedValues(LoopCodemod):
                          f"{self.tree.start_positions([block])[id(block)][0]}: kept on the device (`.detach()`), "
                          "read there" + (" after the step's barrier" if barrier else ""), fix=True):
             return
-        self._items.update(id(item) for _, item in stores)
+        self.detached.update(id(item) for _, item in stores)
         self._blocks.setdefault(id(block), []).append((name, barrier))
 
     def _is_variable(self, name: cst.Name) -> bool:
@@ -221,13 +221,6 @@ class LoggedValues(LoopCodemod):
         return False
 
     # ---------------------------------------------------------------- rewrite
-    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        updated = super().leave_Call(original_node, updated_node)
-        if id(original_node) in self._items and isinstance(updated, cst.Call) \
-                and isinstance(updated.func, cst.Attribute):
-            return updated.with_changes(func=updated.func.with_changes(attr=cst.Name("detach")))
-        return updated
-
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
         planned = self._blocks.get(id(original_node))
         if not planned or not isinstance(updated_node.body, cst.IndentedBlock):

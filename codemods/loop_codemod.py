@@ -231,3 +231,18 @@ class StepBodyCodemod(LoopCodemod):
                      stmts: List[cst.BaseStatement]) -> Optional[List[cst.BaseStatement]]:
         """The body's new statements, or None to leave it."""
         raise NotImplementedError
+
+
+class DetachesItems:
+    """Mixin for a :class:`LoopCodemod` that keeps values on the device: the
+    ``.item()`` calls whose ids it puts in ``self.detached`` become
+    ``.detach()`` (XLA412's sums, XLA421's logged values)."""
+
+    detached: Set[int]
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        updated = super().leave_Call(original_node, updated_node)  # type: ignore[misc]
+        if id(original_node) in self.detached and isinstance(updated, cst.Call) \
+                and isinstance(updated.func, cst.Attribute):
+            return updated.with_changes(func=updated.func.with_changes(attr=cst.Name("detach")))
+        return updated

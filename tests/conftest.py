@@ -110,3 +110,17 @@ def _no_results_cache(monkeypatch):
 @pytest.fixture
 def convert():
     return convert_text
+
+
+def assert_formatted_as_input(tmp_path: Path, source: str) -> None:
+    """``source`` and its conversion both pass ``ruff format --check``."""
+    import subprocess
+
+    from xlaport.style import ruff_binary
+
+    (tmp_path / "before.py").write_text(source)
+    (tmp_path / "after.py").write_text(convert_text(source)[0])
+    for name in ("before.py", "after.py"):
+        check = subprocess.run([ruff_binary(), "format", "--isolated", "--check", name], cwd=tmp_path,
+                               capture_output=True, text=True)
+        assert check.returncode == 0, (name, check.stdout, check.stderr)

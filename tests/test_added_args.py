@@ -3,13 +3,12 @@
 ``type=``) takes the call's own layout: one argument a line where the call has
 them so, the closing bracket where it was, a trailing comma kept."""
 
-import subprocess
 
 import libcst as cst
 import pytest
 
 from codemods.syntax.nodes import keyword_arg, with_arg
-from tests.conftest import convert_text
+from tests.conftest import assert_formatted_as_input, convert_text
 from xlaport.style import ruff_binary
 
 
@@ -63,9 +62,4 @@ def test_a_multi_line_call_gets_the_argument_on_a_line_of_its_own():
 @pytest.mark.skipif(ruff_binary() is None, reason="needs ruff (a dependency of xlaport)")
 def test_the_output_is_formatted_where_the_input_was(tmp_path):
     source = CONFIGURED.replace('")]\n    )\n', '")],\n)\n')
-    (tmp_path / "before.py").write_text(source)
-    (tmp_path / "after.py").write_text(convert_text(source)[0])
-    for name in ("before.py", "after.py"):
-        check = subprocess.run([ruff_binary(), "format", "--isolated", "--check", name], cwd=tmp_path,
-                               capture_output=True, text=True)
-        assert check.returncode == 0, (name, check.stdout, check.stderr)
+    assert_formatted_as_input(tmp_path, source)

@@ -4,11 +4,10 @@ follows it, at the end of its block when it was the last, above the ``pass``
 of a block it leaves empty."""
 
 import ast
-import subprocess
 
 import pytest
 
-from tests.conftest import convert_text
+from tests.conftest import assert_formatted_as_input, convert_text
 from xlaport.style import ruff_binary
 
 SOURCE = """\
@@ -97,9 +96,4 @@ def test_blank_lines_alone_are_not_kept_at_the_end_of_a_block(converted):
 @pytest.mark.skipif(ruff_binary() is None, reason="needs ruff (a dependency of xlaport)")
 def test_the_output_is_formatted_where_the_input_was(tmp_path):
     source = SOURCE.replace("torch.cuda.empty_cache(); torch.cuda.empty_cache()", "torch.cuda.empty_cache()")
-    (tmp_path / "before.py").write_text(source)
-    (tmp_path / "after.py").write_text(convert_text(source)[0])
-    for name in ("before.py", "after.py"):
-        check = subprocess.run([ruff_binary(), "format", "--isolated", "--check", name], cwd=tmp_path,
-                               capture_output=True, text=True)
-        assert check.returncode == 0, (name, check.stdout, check.stderr)
+    assert_formatted_as_input(tmp_path, source)
