@@ -25,6 +25,7 @@ ORDER: Tuple[Tuple[str, str], ...] = (
     ("codemods.generators", "CudaGenerators"),
     ("codemods.device_compare", "DeviceComparisons"),  # after the device choices: an idiom it replaces is gone
     ("codemods.tensor_types", "TensorTypes"),
+    ("codemods.tensor_types", "DefaultTypeConstructors"),  # what the default type it rewrites decided
     ("codemods.cuda_api", "CudaApi"),
     ("codemods.amp", "MixedPrecision"),
     ("codemods.checkpoints", "Checkpoints"),

@@ -38,6 +38,9 @@ CODEMODS = (
     ('codemods.tensor_types', 'TensorTypes', (b'Tensor',), ('code~cuda',), (
         ('XLA119', 'cuda-tensor-type', 'legacy CUDA tensor types (`torch.cuda.FloatTensor`, aliases of them) -> dtype and device', True),
     ), ()),
+    ('codemods.tensor_types', 'DefaultTypeConstructors', (b'Tensor(',), (), (
+        ('XLA120', 'default-type-constructor', '`torch.Tensor(...)` in a program that sets a default tensor type is made on the default device', True),
+    ), ()),
     ('codemods.cuda_api', 'CudaApi', (b'cuda', b'accelerator', b'pin_memory', b'cudnn'), ('code~cuda', 'code~accelerator', 'code~pin_memory', 'code~cudnn'), (
         ('XLA105', 'cuda-is-available', '`torch.cuda.is_available()` and other accelerator tests: true on XLA', True),
         ('XLA108', 'pin-memory', 'pinned host memory (`.pin_memory()`, `pin_memory=True`) is dropped', True),

@@ -32,6 +32,7 @@ import libcst as cst
 
 from codemods.analysis.cuda import AVAILABILITY
 from codemods.base import Rule, XlaCodemod, dotted, string_value
+from codemods.syntax import imports
 from codemods.syntax.edits import DropsStatements
 from codemods.syntax.nodes import comma_separated, keyword_arg
 
@@ -362,4 +363,63 @@ def _binds(name: cst.Name, parents: Dict[int, cst.CSTNode]) -> bool:
                                                                         and up.attr is name)
 
 
-__all__ = ["TensorTypes", "TENSOR_TYPE", "LEGACY_TYPES"]
+DEFAULT_CONSTRUCTOR = Rule(
+    code="XLA120",
+    name="default-type-constructor",
+    summary="`torch.Tensor(...)` in a program that sets a default tensor type is made on the default device",
+    why=(
+        "`torch.set_default_tensor_type('torch.cuda.FloatTensor')` makes the legacy constructor `torch.Tensor(...)` "
+        "give CUDA tensors, wherever in the program it runs (yenchenlin/nerf-pytorch's `torch.Tensor([1e10])` "
+        "beside its rays). XLA119 makes that call `torch.set_default_device(<XLA device>)`, which the factories "
+        "follow but `torch.Tensor(...)` does not: it stays on the CPU, and the first op that mixes it with an XLA "
+        "tensor fails (`Expected all tensors ... to be XLA tensors`). `.to(torch.get_default_device())` puts it "
+        "where the factories put theirs: the XLA device once the default is set, the CPU before (as the original "
+        "made it before its default was set). Done in every module of a program that sets a default tensor type: "
+        "the module itself, or one that imports it (or imports a module that does)."
+    ),
+    before=(
+        "import torch\n\ntorch.set_default_tensor_type('torch.cuda.FloatTensor')\n"
+        "far = torch.Tensor([1e10])\n"
+    ),
+    after=(
+        "import torch\n\ntorch.set_default_tensor_type('torch.cuda.FloatTensor')\n"
+        "far = torch.Tensor([1e10]).to(torch.get_default_device())\n"
+    ),
+    valid=(
+        "import torch\n\nfar = torch.Tensor([1e10])\n",  # no default type set: the CPU, as before
+        "import torch\n\ntorch.set_default_tensor_type('torch.cuda.FloatTensor')\n"
+        "far = torch.Tensor([1e10]).to(torch.get_default_device())\n",
+    ),
+)
+
+_SETS_DEFAULT = "torch.set_default_tensor_type"
+
+
+class DefaultTypeConstructors(XlaCodemod):
+    DESCRIPTION = "Make `torch.Tensor(...)` on the default device where the program sets a default tensor type."
+    RULES = (DEFAULT_CONSTRUCTOR,)
+    TRIGGERS = (b"Tensor(",)
+
+    @classmethod
+    def wanted(cls, tree, options):  # type: ignore[no-untyped-def]
+        from codemods.analysis.importers import importer_calls
+
+        source = tree.source or b""
+        return b"set_default_tensor_type" in source or importer_calls(tree.filename, _SETS_DEFAULT)
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if "torch.Tensor" not in (self.tree.import_qualnames(original_node.func) or ()):
+            return updated_node
+        up = self.tree.parents.get(id(original_node))
+        if isinstance(up, cst.Attribute) and up.attr.value == "to":
+            return updated_node  # moved already (or by the user)
+        if not self.flag(original_node, DEFAULT_CONSTRUCTOR.code, "`torch.Tensor(...)` follows the default tensor "
+                         "type the program sets, which `set_default_device` does not give it: "
+                         "`.to(torch.get_default_device())` added", fix=True):
+            return updated_node
+        imports.need(self.context, "torch")
+        return cst.Call(func=cst.Attribute(updated_node, cst.Name("to")),
+                        args=[cst.Arg(cst.parse_expression("torch.get_default_device()"))])
+
+
+__all__ = ["TensorTypes", "TENSOR_TYPE", "LEGACY_TYPES", "DefaultTypeConstructors", "DEFAULT_CONSTRUCTOR"]

@@ -97,3 +97,64 @@ def test_the_device_choice_runs_on_xla_with_the_cpu_originals_numbers(tmp_path):
     (tmp_path / "converted.py").write_text(convert_text(CHOSEN)[0])
     on_xla = _score(tmp_path / "converted.py", True, {"PJRT_DEVICE": "CPU"})
     assert on_xla == pytest.approx(_score(tmp_path / "original.py", False), rel=1e-6)
+
+
+DEFAULT_SET = """\
+import torch
+
+from helpers import far
+
+
+def main():
+    torch.set_default_tensor_type("torch.cuda.FloatTensor")
+    print((far() + torch.zeros(1)).device, torch.Tensor([1.0]).device)
+
+
+if __name__ == "__main__":
+    main()
+"""
+HELPERS = "import torch\n\n\ndef far():\n    return torch.Tensor([1e10])\n"
+
+
+def _project(tmp_path, main=DEFAULT_SET, helpers=HELPERS):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "main.py").write_text(main)
+    (src / "helpers.py").write_text(helpers)
+    from xlaport.cli import main as cli
+
+    from click.testing import CliRunner
+
+    done = CliRunner().invoke(cli, ["convert", str(src), "-o", str(tmp_path / "out")])
+    assert done.exit_code == 0, done.output
+    return tmp_path / "out", done.output
+
+
+def test_a_default_tensor_types_constructors_follow_the_default_device_in_every_module(tmp_path):
+    """XLA120: ``torch.Tensor(...)`` in the module that sets the default
+    type and in a module it imports (nerf-pytorch's helpers)."""
+    out, report = _project(tmp_path)
+    assert "torch.set_default_device(torch_xla.device())" in (out / "main.py").read_text()
+    assert "torch.Tensor([1.0]).to(torch.get_default_device())" in (out / "main.py").read_text()
+    assert "return torch.Tensor([1e10]).to(torch.get_default_device())" in (out / "helpers.py").read_text(), report
+    for name in ("main.py", "helpers.py"):
+        text = (out / name).read_text()
+        assert text.count("get_default_device") == convert_text(text)[0].count("get_default_device")  # once
+
+
+def test_a_program_that_sets_no_default_type_keeps_its_constructors(tmp_path):
+    out, _ = _project(tmp_path, main=DEFAULT_SET.replace('    torch.set_default_tensor_type("torch.cuda.FloatTensor")\n',
+                                                          "    torch.zeros(1).cuda()\n"))
+    assert "get_default_device" not in (out / "main.py").read_text() + (out / "helpers.py").read_text()
+
+
+@pytest.mark.xla
+@needs_xla
+def test_the_constructors_tensors_meet_the_factories_on_xla(tmp_path):
+    """Before XLA120 the conversion failed at the first op mixing them
+    (``Expected all tensors ... to be XLA tensors``), as nerf-pytorch's did."""
+    out, _ = _project(tmp_path)
+    done = subprocess.run([sys.executable, "main.py"], cwd=out, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PJRT_DEVICE": "CPU"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["xla:0", "xla:0"]

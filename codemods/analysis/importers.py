@@ -16,9 +16,9 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, FrozenSet, List, Optional, Set, Tuple
+from typing import Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 
-from codemods.analysis.project import file_stamp, imported_modules, listed
+from codemods.analysis.project import calls, file_stamp, imported_modules, listed
 
 # top-level functions of a module (a helper another module calls by name)
 _TOP_DEF = re.compile(rb"^def[ \t]+(\w+)[ \t]*\(", re.MULTILINE)
@@ -75,6 +75,20 @@ def ported_importer(filename: Optional[str], source: bytes) -> bool:
     ``Seq2Seq`` of ``models.py``, whose decoder is fed by the host's random
     numbers: ``models.py`` is code being ported too, though it names no
     CUDA.  Importers are looked for where :func:`step_callers` looks."""
+    return _importer_where(filename, _ported)
+
+
+def importer_calls(filename: Optional[str], qualname: str) -> bool:
+    """Does a project module that imports ``filename`` (or imports a module
+    that imports it) call ``qualname``, read through its imports?  nerf-pytorch's
+    ``run_nerf.py`` calling ``torch.set_default_tensor_type``, which decides
+    what ``torch.Tensor(...)`` in ``run_nerf_helpers.py`` makes."""
+    return _importer_where(filename, lambda other: calls(Path(other), qualname))
+
+
+def _importer_where(filename: Optional[str], holds: Callable[[str], bool]) -> bool:
+    """Does ``holds`` hold for a module that imports ``filename``, or for one
+    that imports such a module?"""
     if not filename:
         return False
     path = os.path.abspath(filename)
@@ -89,11 +103,11 @@ def ported_importer(filename: Optional[str], source: bytes) -> bool:
 
     for other in _candidates(path):
         if path in imported_by(other):
-            if _ported(other):
+            if holds(other):
                 return True
             between.append(other)
     for middle in between:  # one module between (``train.py`` -> ``trainer.py`` -> ``models.py``)
-        if any(middle in imported_by(o) and _ported(o) for o in _candidates(middle, path) if o != path):
+        if any(middle in imported_by(o) and holds(o) for o in _candidates(middle, path) if o != path):
             return True
     return False
 
@@ -222,4 +236,4 @@ def _ported(path: str) -> bool:
     return _holds(path, BEING_PORTED)
 
 
-__all__ = ["consulted", "imported_elsewhere", "ported_importer", "step_callers"]
+__all__ = ["consulted", "imported_elsewhere", "importer_calls", "ported_importer", "step_callers"]
