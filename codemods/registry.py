@@ -49,6 +49,7 @@ ORDER: Tuple[Tuple[str, str], ...] = (
     ("codemods.barriers", "StepBarrier"),
     ("codemods.device_index", "DeviceIndex"),  # before the host reads: what it fixes is not reported
     ("codemods.counter_tests", "CounterTests"),  # so is this (and ElementReads', above: XLA407's walks)
+    ("codemods.flag_first", "FlagFirst"),  # before the host reads: the condition it reorders is still one
     ("codemods.host_reads", "HostReads"),
     ("codemods.shape_traps", "ShapeTraps"),
     # after the barriers (a sync may follow the growth) and the shape traps (its masks filled at a fixed

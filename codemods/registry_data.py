@@ -100,6 +100,9 @@ CODEMODS = (
     ('codemods.counter_tests', 'CounterTests', (b'if ', b'assert ', b'while '), ('step_loop', 'loader_loop'), (
         ('XLA415', 'device-counter-test', "a test of the step's counter handed as a device tensor (`if t == 0:`) compares its host copy", True),
     ), ('step_callers',)),
+    ('codemods.flag_first', 'FlagFirst', (b' and ', b' or '), ('step_loop', 'loader_loop', 'step_method', 'option:include_cold'), (
+        ('XLA422', 'host-flag-first', 'a tensor condition before a host flag (`torch.isnan(x).any() and DEBUG`) tests the flag first', True),
+    ), ()),
     ('codemods.host_reads', 'HostReads', (b'.item(', b'.tolist(', b'.numpy(', b'.cpu(', b'float(', b'int(', b'bool(', b'if ', b'while ', b'nonzero', b'masked_select', b'unique', b'where(', b'[', b'for '), ('step_loop', 'loader_loop', 'step_method', 'option:include_cold'), (
         ('XLA401', 'host-read-item', '`.item()` on the hot path reads a tensor on the host every step', False),
         ('XLA402', 'host-read-transfer', '`.tolist()` / `.numpy()` / `.cpu()` / `.to("cpu")` on the hot path copies a tensor to the host', False),
