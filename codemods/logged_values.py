@@ -127,8 +127,7 @@ class LoggedValues(DetachesItems, LoopCodemod):
     def _plan_dict(self, loop: cst.CSTNode, stmts: List[cst.BaseStatement], k: int, name: str) -> None:
         scope = next((a for a in self.ancestors(loop) if isinstance(a, cst.FunctionDef)), self.tree.module)
         body = scope.body if isinstance(scope, cst.FunctionDef) else scope
-        if any(name in {n.value.value for n in g.names}
-               for g in find_all(body, (cst.Global, cst.Nonlocal)) if isinstance(g.names, (list, tuple))):
+        if any(name in {n.name.value for n in g.names} for g in find_all(body, (cst.Global, cst.Nonlocal))):
             return
         uses = [n for n in find_all(body, cst.Name) if n.value == name and self._is_variable(n)]
         inside = {id(n) for n in find_all(loop.body, cst.Name)}

@@ -404,8 +404,8 @@ class DefaultTypeConstructors(XlaCodemod):
     def wanted(cls, tree, options):  # type: ignore[no-untyped-def]
         from codemods.analysis.importers import importer_calls
 
-        source = tree.source or b""
-        return b"set_default_tensor_type" in source or importer_calls(tree.filename, _SETS_DEFAULT)
+        # (the user's source: XLA119 has rewritten the call in the tree by now)
+        return b"set_default_tensor_type" in (tree.source or b"") or importer_calls(tree.filename, _SETS_DEFAULT)
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if "torch.Tensor" not in (self.tree.import_qualnames(original_node.func) or ()):

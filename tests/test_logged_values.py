@@ -104,6 +104,13 @@ def test_a_dict_whose_life_is_not_all_in_view_is_left(middle):
     assert found == [] and "loss.item()" in out, out
 
 
+def test_a_dict_named_global_is_left():
+    """Another function may read it between the steps."""
+    src = STEP.format(middle=LOGGED).replace("    for i, (x, y)", "    global log\n    for i, (x, y)")
+    out, found, _ = _logged(src)
+    assert found == [] and 'log["loss"] = loss.item()' in out
+
+
 def test_a_dict_read_after_the_loop_is_left():
     src = STEP.format(middle=LOGGED) + "    return log\n"
     out, found, _ = _logged(src)
