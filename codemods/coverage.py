@@ -15,6 +15,7 @@ import libcst as cst
 from codemods.analysis.cuda import AVAILABILITY, REFERENCE_BYTES, count_references, cuda_references
 from codemods.analysis.prefilter import CUDA_REFERENCE_WORDS, CUDA_RUNTIME_NAMES
 from codemods.base import SELECT_KEY, SILENCED_KEY, USED_SUPPRESSIONS_KEY, Rule, XlaCodemod
+from codemods.analysis.streams import CONTEXT, MAKERS
 from codemods.cuda_api import CudaApi
 
 COVERAGE_KEY = "xlaport.cuda_left"
@@ -45,6 +46,8 @@ def _owners(label: str) -> tuple:
         return ("XLA121",)
     if "spawn" in label or "start_processes" in label:
         return ("XLA143",)
+    if label in MAKERS or label in CONTEXT:
+        return ("XLA110", "XLA115")
     if label.startswith(("torch.backends.cudnn", "torch.backends.cuda")):
         return ("XLA112", "XLA115")
     return (CudaApi._rule_for(label), "XLA115")

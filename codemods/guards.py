@@ -85,7 +85,7 @@ SWITCH_KEPT = Rule(
         "`\"xla\"`) switches on the code behind it: everything the test decides -- its `if` and conditional "
         "expressions, and the tests that read a flag, an alias or a function result made from it. On a host "
         "without CUDA the original took the other side and ran; if the side switched on still holds CUDA code "
-        "that xlaport could not convert (a legacy `torch.cuda.FloatTensor` type test, a stream, a sparse tensor), "
+        "that xlaport could not convert (a legacy `torch.cuda.FloatTensor` type test, a CUDA event, a sparse tensor), "
         "the conversion would fail where the original ran. So such a test is left as it was, and reported on its "
         "line with the construct that keeps it: convert that construct by hand, then the test. Where the kept "
         "test chooses the device, the same question asked elsewhere in the module is kept as well: answered "

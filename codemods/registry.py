@@ -19,6 +19,8 @@ from codemods.rule import code_matches
 # The order the codemods run in (see the package docstring): edit this to add one.
 ORDER: Tuple[Tuple[str, str], ...] = (
     ("codemods.from_xla", "FromTorchXla"),  # --target torchtpu: torch_xla code first, so no rule reads it as XLA's
+    # before the guards: a stream it removes is no CUDA-only code behind a CUDA test
+    ("codemods.streams", "CudaStreams"),
     ("codemods.guards", "CudaGuards"),  # decides CUDA tests before the device rules rewrite them
     ("codemods.device_strings", "DeviceStrings"),
     ("codemods.devices", "DeviceSwap"),

@@ -15,6 +15,9 @@ CODEMODS = (
         ('XLA506', 'xla-distributed', "process group, compile backend, world size and ordinals -> TorchTPU's", True),
         ('XLA509', 'xla-left-over', 'a torch_xla name with no TorchTPU counterpart (reported)', False),
     ), ()),
+    ('codemods.streams', 'CudaStreams', (b'stream', b'Stream'), (), (
+        ('XLA110', 'cuda-stream', "CUDA streams that only order the program's own work (stream prefetchers) are removed", True),
+    ), ()),
     ('codemods.guards', 'CudaGuards', (b'cuda', b'accelerator'), ('code~cuda', 'code~accelerator'), (
         ('XLA116', 'cuda-only-branch', 'a side of a CUDA test that needs CUDA itself (fused kernels, device properties) goes: XLA takes the other', True),
         ('XLA117', 'cuda-requirement', "a requirement for CUDA on the program's path (`assert torch.cuda.is_available()`) is met by XLA: removed", True),
