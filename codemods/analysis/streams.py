@@ -58,9 +58,6 @@ class StreamPlan:
     waits: Set[int] = field(default_factory=set)
     statements: List[cst.CSTNode] = field(default_factory=list)  # the lines they are on
 
-    def __bool__(self) -> bool:
-        return bool(self.contexts or self.drops or self.waits)
-
 
 @dataclass
 class _Form:
