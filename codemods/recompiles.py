@@ -27,6 +27,7 @@ from typing import Optional, Set
 import libcst as cst
 
 from codemods.analysis.cuda import being_ported, ported_needs
+from codemods.analysis.steps import HOST_DRAWS
 from codemods.analysis.tensors import is_tensor_expr, tensor_names
 from codemods.analysis.values import values as values_of
 from codemods.base import Rule, XlaCodemod, dotted, walk
@@ -75,10 +76,6 @@ RAGGED = Rule(
     after=None,
 )
 
-# draws of one number from the host's generators (numpy's without a size, or with one argument)
-_SCALAR_DRAWS = {"random.random", "random.uniform", "random.randint", "random.randrange", "random.gauss",
-                 "random.betavariate", "numpy.random.random", "numpy.random.rand", "numpy.random.uniform",
-                 "numpy.random.randint", "numpy.random.random_sample", "numpy.random.normal"}
 _PADDING = {"torch.nn.utils.rnn.pad_sequence", "torch.nn.utils.rnn.pack_padded_sequence"}
 _LOOPS = (cst.For, cst.While)
 
@@ -114,7 +111,7 @@ class Recompiles(XlaCodemod):
         (``random.random()``, ``np.random.rand()``; not an array of them --
         ``np.random.choice(n, k)`` or a permutation is data, not a choice)."""
         for n in walk(expr):
-            if isinstance(n, cst.Call) and any(q in _SCALAR_DRAWS for q in self.qualnames(n.func)):
+            if isinstance(n, cst.Call) and any(q in HOST_DRAWS for q in self.qualnames(n.func)):
                 if not any(a.keyword is not None and a.keyword.value == "size" for a in n.args) \
                         and not (any(q.startswith("numpy.") for q in self.qualnames(n.func)) and len(n.args) > 1):
                     return True

@@ -29,6 +29,9 @@ ORDER: Tuple[Tuple[str, str], ...] = (
     ("codemods.tensor_types", "TensorTypes"),
     ("codemods.tensor_types", "DefaultTypeConstructors"),  # what the default type it rewrites decided
     ("codemods.cuda_api", "CudaApi"),
+    # after the device rules (it compares their devices) and before the barriers: an average whose counter it
+    # leaves on the host updates inside the step's graph
+    ("codemods.averaged_models", "AveragedModelCounter"),
     ("codemods.amp", "MixedPrecision"),
     ("codemods.checkpoints", "Checkpoints"),
     ("codemods.distributed", "Distributed"),
@@ -63,6 +66,7 @@ ORDER: Tuple[Tuple[str, str], ...] = (
     ("codemods.tied_weights", "TiedWeights"),
     ("codemods.runtime", "XlaRuntime"),  # late: it asks whether the rules before it import torch_xla
     ("codemods.recompiles", "Recompiles"),
+    ("codemods.random_slices", "RandomSlices"),
     ("codemods.partial_batches", "PartialBatches"),
     ("codemods.inplace_results", "InplaceResults"),
     ("codemods.xla_limits", "XlaLimits"),  # before the catch-all: what it reports keeps CUDA tests too

@@ -53,6 +53,9 @@ CODEMODS = (
         ('XLA114', 'cuda-device-query', 'device counts and indices come from `torch_xla.runtime`', True),
         ('XLA115', 'cuda-unsupported-api', 'CUDA memory statistics, streams, events, graphs, NVTX: no XLA counterpart (reported)', False),
     ), ()),
+    ('codemods.averaged_models', 'AveragedModelCounter', (b'AveragedModel',), (), (
+        ('XLA423', 'averaged-model-counter', '`AveragedModel(model, device=d)` of a model already on `d` drops `device=`: its step counter stays on the host', True),
+    ), ()),
     ('codemods.amp', 'MixedPrecision', (b'autocast', b'GradScaler', b'scaler'), ('name:autocast&code~cuda', 'name:GradScaler', 'name:scaler', 'name:grad_scaler', 'name:loss_scaler', 'name:amp_scaler'), (
         ('XLA121', 'cuda-autocast', 'CUDA autocast -> `torch.autocast("xla", dtype=torch.bfloat16)`', True),
         ('XLA122', 'grad-scaler', 'GradScaler is not needed with bf16: removed, its call sites unwrapped', True),
@@ -140,6 +143,9 @@ CODEMODS = (
     ('codemods.recompiles', 'Recompiles', (b'random', b'pad_sequence', b'pack_padded_sequence'), ('name~random&code~cuda', 'name~random&torch:accelerator', 'name~random&project:ported', 'name:pad_sequence&code~cuda', 'name:pad_sequence&torch:accelerator', 'name:pad_sequence&project:ported', 'name:pack_padded_sequence&code~cuda', 'name:pack_padded_sequence&torch:accelerator', 'name:pack_padded_sequence&project:ported'), (
         ('XLA409', 'host-random-choice', "a choice drawn from the host's random numbers in a loop (teacher forcing) recompiles as choices vary", True),
         ('XLA410', 'ragged-batches', "sequences padded to each batch's longest (`pad_sequence`): a new graph for every batch length", False),
+    ), ()),
+    ('codemods.random_slices', 'RandomSlices', (b'.item(', b'.tolist(', b'.numpy(', b'.cpu(', b'float(', b'int(', b'bool(', b'if ', b'while ', b'nonzero', b'masked_select', b'unique', b'where(', b'[', b'for '), ('step_loop', 'loader_loop', 'step_method', 'option:include_cold'), (
+        ('XLA424', 'host-random-slice', "a device tensor sliced every step at offsets drawn from the host's random numbers (a random crop): a graph per offset", False),
     ), ()),
     ('codemods.partial_batches', 'PartialBatches', (b'DataLoader',), ('name:DataLoader&code~cuda', 'name:DataLoader&torch:accelerator', 'name:DataLoader&project:ported'), (
         ('XLA413', 'partial-last-batch', 'a DataLoader keeps its last, smaller batch: XLA compiles the step once more for it (reported; `drop_last=True` on a shuffled one with --unsafe-fixes)', False),

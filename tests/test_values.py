@@ -54,6 +54,9 @@ HEADER = ("import torch\nimport torch.nn as nn\nfrom torch.utils.data import Dat
     ("torch.optim.AdamW(params, lr=1e-4)", {OPTIMIZER}),
     ("torch.optim.lr_scheduler.StepLR(opt, 10)", {LR_SCHEDULER}),
     ("torch.cuda.amp.GradScaler()", {SCALER}),
+    # torch.optim.swa_utils' classes are no optimizers: a model average and an LR scheduler
+    ("torch.optim.swa_utils.AveragedModel(model)", {MODULE}),
+    ("torch.optim.swa_utils.SWALR(opt, swa_lr=0.05)", {LR_SCHEDULER}),
     ("torch.amp.GradScaler('cuda')", {SCALER}),
     ("DataLoader(ds, batch_size=8)", {LOADER}),
     ("pl.MpDeviceLoader(DataLoader(ds), dev)", {DEVICE_LOADER}),

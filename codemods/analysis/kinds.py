@@ -79,8 +79,11 @@ def library_kinds(qual: str, args: List[cst.Arg]) -> Optional[Kinds]:
     if qual in ("torch.device", "torch_xla.device", "torch_xla.core.xla_model.xla_device",
                 "torch_xla.runtime.xla_device"):
         return frozenset({DEVICE})
+    if qual == "torch.optim.swa_utils.AveragedModel":
+        return frozenset({MODULE})  # (an nn.Module: calling it runs the average)
     if qual.startswith("torch.optim.lr_scheduler.") or qual in ("transformers.get_scheduler",
-                                                                 "diffusers.optimization.get_scheduler"):
+                                                                 "diffusers.optimization.get_scheduler",
+                                                                 "torch.optim.swa_utils.SWALR"):
         return frozenset({LR_SCHEDULER})
     if qual.startswith("torch.optim.") and last[:1].isupper():
         return frozenset({OPTIMIZER})

@@ -27,7 +27,10 @@ An *update call* is a line ``f(args)`` or ``obj.m(args)`` where
   ``values`` and ``items`` of what it binds to those), copy one model's
   tensors into another (``load_state_dict``), and call other update
   functions, or other methods of its object (dome272's ``EMA.step_ema``); nothing in it reads a tensor on the host, prints, logs, saves
-  or draws random numbers.
+  or draws random numbers;
+* or ``obj.update_parameters(model)`` of a library object, in a module whose
+  torch ``AveragedModel``s all keep their step counter on the host
+  (``analysis.averages``: made without ``device=``, as XLA423 leaves them).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import FrozenSet, Optional, Set
 
 import libcst as cst
 
+from codemods.analysis.averages import UPDATE, averages_count_on_host
 from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.calls import called_functions
 from codemods.analysis.cuda import scope_of
@@ -97,7 +101,9 @@ def update_call(tree: TreeCache, stmt: cst.CSTNode, qualnames: QualNames) -> boo
             return found is not None and update_function(found[0], found[1], quick_qualnames(found[0]))  # type: ignore[arg-type]
         return bool(fns) and all(update_function(tree, fn, qualnames) for fn in fns)
     found = method_of(tree, call, qualnames, or_none=True)  # (bound to None: the call would fail whatever the barrier)
-    return found is not None and update_function(found[0], found[1], found[2], method=True)
+    if found is None:  # a library object's: torch's AveragedModel, where its counter is on the host
+        return isinstance(func, cst.Attribute) and func.attr.value == UPDATE and averages_count_on_host(tree, qualnames)
+    return update_function(found[0], found[1], found[2], method=True)
 
 
 def _plain_argument(tree: TreeCache, expr: cst.BaseExpression, qualnames: QualNames) -> bool:

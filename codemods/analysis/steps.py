@@ -47,6 +47,13 @@ TO_HOST = frozenset({"cpu", "numpy", "tolist"})
 # ``ast`` pre-check sees it (a superset: it cannot tell tensors)
 SCALAR_READS = frozenset({"float", "int", "bool"})  # `float(t)`: a Python number of a tensor
 READ_CALLS = TO_HOST | SCALAR_READS | {"item", "to"}
+# draws of one number from the host's generators (numpy's without a size, or with one argument): a
+# choice made with one (``recompiles``, XLA409) or a slice taken at one (``analysis.random_slices``,
+# XLA424) is another graph for every value drawn
+HOST_DRAWS = frozenset({"random.random", "random.uniform", "random.randint", "random.randrange", "random.gauss",
+                        "random.betavariate", "numpy.random.random", "numpy.random.rand",
+                        "numpy.random.uniform", "numpy.random.randint", "numpy.random.random_sample",
+                        "numpy.random.normal"})
 # what draws fresh random numbers on the device: torch's functions (``torch.randn_like(x)``) and the
 # in-place fills (``x.normal_()``) -- a loop of a model's forward that draws every pass and feeds its
 # state back is a sampler (``analysis.prefilter_steps.draws_every_pass``, ``barriers.StepBarrier``)

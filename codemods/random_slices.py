@@ -1,0 +1,112 @@
+"""XLA424: a function called every step with a device tensor that slices
+at offsets drawn from the host's random numbers (a random crop): reported,
+with where the slice is and the fix.
+
+XLA bakes a slice's bounds into the graph, so every offset drawn is another
+graph to compile, and compiles grow with the steps until every offset has
+been met (on Lornatang/SRGAN-PyTorch, whose ``train_net.py`` crops the batch
+on the device with ``imgproc.random_crop_torch``: 12 -> 18 compiles at 4 ->
+8 steps; 6 -> 8 with the fix below, the rest its random rotations and
+flips).  The fix changes where or how the crop is taken, not what it
+takes: crop on the host, in the ``Dataset`` before the batch moves to the
+device, or select on the device with an index made on the host
+(``x.index_select(2, (torch.arange(size) + top).to(x.device))``: the
+offset travels as data, one graph; ``torch.arange(size, device=...) + top``
+would not do, a 0 or a 1 added on the device is folded into the graph).  Which of these keeps the program's
+meaning (a crop that may run past the edge, a view written through) is not
+read from the code, so the rule only reports, at the call, naming the
+function's file and line (``codemods.analysis.random_slices``): a function
+of this module or one imported from another module of the project.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+import libcst as cst
+
+from codemods.analysis.project import imported_from
+from codemods.analysis.random_slices import RandomSlice, slicing_functions, slicing_functions_of
+from codemods.base import Rule
+from codemods.hot_path import HotPathCodemod
+
+RANDOM_SLICE = Rule(
+    code="XLA424",
+    name="host-random-slice",
+    summary="a device tensor sliced every step at offsets drawn from the host's random numbers (a random crop): "
+            "a graph per offset",
+    why=(
+        "XLA bakes a slice's bounds into the graph: `x[:, :, top:top + size]` with `top = random.randint(0, h - "
+        "size)` is another graph for every offset drawn, so compiles grow with the steps until every offset has "
+        "been met (Lornatang/SRGAN-PyTorch crops its batch on the device so: 12 -> 18 compiles at 4 -> 8 steps on "
+        "XLA's CPU backend, 6 -> 8 with the fix). Crop on the host, in the `Dataset` before the batch moves to "
+        "the device, or select on the device with an index made on the host, `x.index_select(2, "
+        "(torch.arange(size) + top).to(x.device))`: the offset travels as data and one graph serves them all. "
+        "Reported where a function that slices so is called every step with a device tensor, naming the slice."
+    ),
+    before=(
+        "import random\nimport torch\n\n"
+        "def crop(x, size):\n    top = random.randint(0, x.shape[-1] - size)\n    return x[..., top:top + size]\n\n"
+        "for x in loader:\n    x = x.cuda()\n    loss = model(crop(x, 32)).sum()\n    loss.backward()\n"
+        "    opt.step()\n"
+    ),
+    after=None,
+)
+
+
+class RandomSlices(HotPathCodemod):
+    DESCRIPTION = "Report functions called every step with a device tensor that slice it at host-random offsets."
+    RULES = (RANDOM_SLICE,)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        super().visit_Call(node)
+        found = self._slicer(node)
+        if found is None:
+            return
+        name, where, piece = found
+        if not any(piece.cuts(None if a.keyword is not None else i, a.keyword.value if a.keyword else None)
+                   and self._on_device(a.value) for i, a in enumerate(node.args) if not a.star):
+            return
+        self._report(node, RANDOM_SLICE, f"`{name}()` slices what it is handed at offsets drawn from the host's "
+                     f"random numbers ({where}): each offset is another XLA graph; crop on the host before the "
+                     "batch moves to the device, or select with an index made on the host: `x.index_select(dim, "
+                     "(torch.arange(size) + offset).to(x.device))`")
+
+    def _slicer(self, call: cst.Call) -> Optional[Tuple[str, str, RandomSlice]]:
+        """(the callee's name, where its random slice is, the slice) for a call
+        of a function of this module or of another project module that takes one."""
+        func = call.func
+        if isinstance(func, cst.Name) and not self.tree.import_qualnames(func):
+            piece = self._own().get(func.value)
+            if piece is not None and any(isinstance(d, cst.FunctionDef) and d.name.value == func.value
+                                         for d in self.tree.module.body):
+                return func.value, f"line {piece.line}", piece
+        if not isinstance(func, (cst.Name, cst.Attribute)):
+            return None
+        imported = imported_from(self.tree, func)
+        if imported is None:
+            return None
+        path, name = imported
+        piece = slicing_functions_of(path).get(name)
+        if piece is None:
+            return None
+        return name, f"{_shown(path, self.tree.filename)}:{piece.line}", piece
+
+    def _own(self) -> Dict[str, RandomSlice]:
+        source = self.tree.source or self.tree.module.code.encode("utf-8")
+        return self._memo("own_random_slices", self.tree.module,  # type: ignore[no-any-return]
+                          lambda: slicing_functions(source))
+
+
+def _shown(path: Path, here: Optional[str]) -> str:
+    """``path`` as the report names it: beside the file reported on, by its name."""
+    if here:
+        try:
+            return str(path.resolve().relative_to(Path(here).resolve().parent))
+        except (OSError, ValueError):
+            pass
+    return str(path)
+
+
+__all__ = ["RandomSlices", "RANDOM_SLICE"]
