@@ -17,8 +17,9 @@ for a TPU.
 
 Some torch utilities make modules whose ops are private (``weight_norm``
 runs ``aten::_weight_norm_interface``, which the public names above leave
-out): each is run the same way and kept in ``FALLBACK_CALLS`` with the ops
-whose fallback counters move.
+out), and some functions are ops of other names (``F.grid_sample`` is
+``aten::grid_sampler_2d``): each is run the same way and kept in
+``FALLBACK_CALLS`` with the ops whose fallback counters move.
 
 Usage: PJRT_DEVICE=CPU python benchmarks/gen_xla_ops.py [--check]
 (``--check``: exit 1 when the file differs from what this torch_xla gives.)
@@ -64,8 +65,15 @@ _UTILITIES = ("torch.nn.utils.weight_norm", "torch.nn.utils.parametrizations.wei
               "torch.nn.utils.spectral_norm", "torch.nn.utils.parametrizations.spectral_norm")
 
 
+# torch functions whose aten ops are not their own names (``F.grid_sample`` is ``grid_sampler_2d`` for an
+# image batch), each run forward and backward on this backend with the inputs given
+_FUNCTIONS = {"torch.nn.functional.grid_sample": lambda torch, d: (
+    torch.randn(1, 2, 4, 4, device=d, requires_grad=True), torch.rand(1, 4, 4, 2, device=d) * 2 - 1)}
+
+
 def fallback_calls() -> dict:
-    """utility -> the ops that fall back to the CPU when a module it wraps runs on XLA."""
+    """utility or function -> the ops that fall back to the CPU when a module
+    it wraps runs on XLA, or when it runs there."""
     import importlib
     import warnings
 
@@ -86,7 +94,25 @@ def fallback_calls() -> dict:
         ops = sorted(c[len("aten::"):] for c in met.counter_names() if c.startswith("aten::") and met.counter_value(c))
         if ops:
             found[name] = tuple(ops)
+    for name, inputs in _FUNCTIONS.items():
+        module, _, attr = name.rpartition(".")
+        args = inputs(torch, torch_xla.device())
+        torch_xla.sync()
+        met.clear_counters()
+        getattr(importlib.import_module(module), attr)(*args, align_corners=False).sum().backward()
+        torch_xla.sync()
+        ops = sorted(c[len("aten::"):] for c in met.counter_names() if c.startswith("aten::") and met.counter_value(c))
+        if ops:
+            found[name] = tuple(ops)
     return found
+
+
+def _out_overload(op: str) -> bool:
+    """``aten::grid_sampler_2d.out``: the ``out=`` overload torchgen gives
+    every op, whose composite kernel only calls the functional one; it lowers
+    nothing (counted, it hid ``grid_sampler_2d``, ``bincount``, ``poisson``...)."""
+    overload = op.partition(".")[2]
+    return overload == "out" or overload.startswith("out_") or overload.endswith("_out")
 
 
 def table() -> str:
@@ -101,7 +127,7 @@ def table() -> str:
     public = {name: ops for name, ops in groups.items()
               if not name.startswith("_") and not name.endswith(("_backward", "_jvp", "_forward"))}
     fallback = sorted(name for name, ops in public.items() if any(has(o, "CPU") for o in ops)
-                      and not any(has(o, key) for o in ops for key in _LOWERED))
+                      and not any(has(o, key) for o in ops if not _out_overload(o) for key in _LOWERED))
     lines = "\n".join(f"    {name!r}," for name in fallback)
     tpu = "\n".join(f"    {name!r}," for name in tpu_only())
     calls = "\n".join(f"    {name!r}: {ops!r}," for name, ops in fallback_calls().items())

@@ -214,12 +214,17 @@ class XlaLimits(XlaCodemod):
         if not self._ported:
             return
         wraps = next((q for q in self.qualnames(func) if q in FALLBACK_CALLS), None)
-        if wraps is not None:  # (it wraps a module: that module's forward and backward fall back, every call)
+        if wraps is not None:
             ops = "`, `".join(FALLBACK_CALLS[wraps])
-            self.flag(node, CPU_FALLBACK_OP.code, f"`{wraps.replace('torch.', '', 1)}` makes a module whose forward "
-                      f"and backward call `{ops}`, which torch_xla {TORCH_XLA} has no lowering for: they run on the "
-                      "CPU at every step, the graph cut at each; compute the normalised weight with ops XLA lowers",
-                      fix=False)
+            shown = wraps.replace("torch.", "", 1)
+            if wraps.startswith("torch.nn.utils."):  # (it wraps a module: its forward and backward fall back)
+                self.flag(node, CPU_FALLBACK_OP.code, f"`{shown}` makes a module whose forward and backward call "
+                          f"`{ops}`, which torch_xla {TORCH_XLA} has no lowering for: they run on the CPU at every "
+                          "step, the graph cut at each; compute the normalised weight with ops XLA lowers", fix=False)
+            else:  # a function that is an op of another name (`F.grid_sample`: `grid_sampler_2d`)
+                self.flag(node, CPU_FALLBACK_OP.code, f"`{shown}` runs `{ops}`, which torch_xla {TORCH_XLA} has no "
+                          "lowering for: it runs on the CPU, its tensors copied to the host and back at every call",
+                          fix=False)
             return
         op = self._fallback_op(node)
         if op is not None:

@@ -79,6 +79,9 @@ def test_a_call_laid_out_one_argument_a_line_keeps_its_layout():
     "model = Net().to(device)\nmodel = wrap(model)\nema = AveragedModel(model, device=device)\n",
     # moved on one path only
     "model = Net()\nif args.gpu:\n    model.to(device)\nema = AveragedModel(model, device=device)\n",
+    # moved back later in the loop around it: the next pass makes the average of a model on the host
+    "model = Net().to(device)\nfor epoch in range(3):\n    ema = AveragedModel(model, device=device)\n"
+    "    model = model.cpu()\n",
     # a parameter: where the caller's model is, is not read
     "def make(model, device):\n    return AveragedModel(model, device=device)\n",
     # moved again by the program itself right after: the counter goes to the device all the same

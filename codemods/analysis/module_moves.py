@@ -15,8 +15,10 @@ expression of the first move it meets:
 * ``m.to(d)`` as a statement.
 
 Anything else that binds the name first (``m = Net()``, a ``for`` or
-``with`` target, a parameter), or a compound statement in between that
-binds or moves it (on some paths only), ends the walk with no answer.
+``with`` target, a parameter), a compound statement in between that binds
+or moves it (on some paths only), or a loop around the read that binds or
+moves it after the read (the next pass meets that first), ends the walk
+with no answer.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ def moved_to(tree: TreeCache, name: cst.Name) -> Optional[cst.BaseExpression]:
         owner = _owner(tree, block)
         if owner is None or isinstance(owner, _SCOPES):
             return None
+        if isinstance(owner, (cst.For, cst.While)) and _move(owner, name.value) is _STOP:
+            return None  # bound or moved later in the loop: the next pass meets that first
         stmt = owner
 
 
