@@ -1,6 +1,7 @@
-"""XLA424: a function called every step with a device tensor that slices
-at offsets drawn from the host's random numbers (a random crop): reported,
-with where the slice is and the fix.
+"""XLA424: a device tensor sliced every step at offsets drawn from the
+host's random numbers (a random crop) -- in the step's own code, or by a
+function it calls with the tensor: reported, with where the slice is and
+the fix.
 
 XLA bakes a slice's bounds into the graph, so every offset drawn is another
 graph to compile, and compiles grow with the steps until every offset has
@@ -14,9 +15,10 @@ device, or select on the device with an index made on the host
 offset travels as data, one graph; ``torch.arange(size, device=...) + top``
 would not do, a 0 or a 1 added on the device is folded into the graph).  Which of these keeps the program's
 meaning (a crop that may run past the edge, a view written through) is not
-read from the code, so the rule only reports, at the call, naming the
-function's file and line (``codemods.analysis.random_slices``): a function
-of this module or one imported from another module of the project.
+read from the code, so the rule only reports: at the slice, or at the call
+of a function of this module or of another module of the project that
+slices what it is handed so, naming the function's file and line
+(``codemods.analysis.random_slices``).
 """
 
 from __future__ import annotations
@@ -26,10 +28,13 @@ from typing import Dict, Optional, Tuple
 
 import libcst as cst
 
+from codemods.analysis.dataflow import dataflow
 from codemods.analysis.project import imported_from
 from codemods.analysis.random_slices import RandomSlice, slicing_functions, slicing_functions_of
-from codemods.base import Rule
+from codemods.analysis.steps import HOST_DRAWS
+from codemods.base import Rule, walk
 from codemods.hot_path import HotPathCodemod
+from codemods.syntax.nodes import source_of
 
 RANDOM_SLICE = Rule(
     code="XLA424",
@@ -73,15 +78,41 @@ class RandomSlices(HotPathCodemod):
                      "batch moves to the device, or select with an index made on the host: `x.index_select(dim, "
                      "(torch.arange(size) + offset).to(x.device))`")
 
+    def visit_Subscript(self, node: cst.Subscript) -> None:
+        """A slice at a host-random offset in the step's own code (``i = random.randint(0, 8)``, then
+        ``x[:, i:i + 32]``), of a device tensor."""
+        bounds = [b for e in node.slice if isinstance(e.slice, cst.Slice) for b in (e.slice.lower, e.slice.upper)
+                  if b is not None]
+        if not any(self._drawn(b, 2) for b in bounds) or not self._on_device(node.value):
+            return
+        self._report(node, RANDOM_SLICE, f"`{source_of(node.value)}` is sliced at an offset drawn from the host's "
+                     "random numbers: each offset is another XLA graph; crop on the host before the batch moves to "
+                     "the device, or select with an index made on the host: `x.index_select(dim, "
+                     "(torch.arange(size) + offset).to(x.device))`")
+
+    def _drawn(self, expr: cst.CSTNode, depth: int) -> bool:
+        """``expr`` draws from the host's random numbers, or reads a name bound from such a draw (``depth``
+        bindings back: ``gt_top = int(top * scale)``)."""
+        for n in walk(expr):
+            if isinstance(n, cst.Call) and self.qualnames(n.func) & HOST_DRAWS:
+                return True
+            if isinstance(n, cst.Name) and depth > 0:
+                for binding in dataflow(self.tree).reaching(n):
+                    value, _ = dataflow(self.tree).source(binding)
+                    if isinstance(value, cst.BaseExpression) and self._drawn(value, depth - 1):
+                        return True
+        return False
+
     def _slicer(self, call: cst.Call) -> Optional[Tuple[str, str, RandomSlice]]:
         """(the callee's name, where its random slice is, the slice) for a call
         of a function of this module or of another project module that takes one."""
         func = call.func
         if isinstance(func, cst.Name) and not self.tree.import_qualnames(func):
             piece = self._own().get(func.value)
-            if piece is not None and any(isinstance(d, cst.FunctionDef) and d.name.value == func.value
-                                         for d in self.tree.module.body):
-                return func.value, f"line {piece.line}", piece
+            fn = next((d for d in self.tree.module.body if isinstance(d, cst.FunctionDef)
+                       and d.name.value == func.value), None)
+            if piece is not None and fn is not None and id(fn) not in self.per_step():
+                return func.value, f"line {piece.line}", piece  # (one run every step is reported at its slices)
         if not isinstance(func, (cst.Name, cst.Attribute)):
             return None
         imported = imported_from(self.tree, func)

@@ -12,6 +12,7 @@ from conftest import convert_text
 from xlaport.engine import Settings, transform
 
 LOOP = (
+    "device = torch.device('cuda')\n"
     "for gt in loader:\n"
     "    gt = gt.to(device)\n"
     "    {call}\n"
@@ -65,12 +66,21 @@ def test_a_list_made_of_a_parameter_is_followed_into_its_comprehension():
     assert slicing_functions(source.encode())["crop"].sliced == frozenset({"lr_images"})
 
 
-def test_a_crop_of_this_module_called_every_step_on_a_device_tensor():
+def test_a_crop_of_this_module_run_every_step_is_reported_at_its_slices():
+    """The module's own function, which its step loop calls: each random slice of a device tensor, where it is."""
     src = CROP + "\n\n" + LOOP.format(call="gt, lr = random_crop_torch(gt, gt, 8, 2)")
     _, findings = convert_text(src, select=["XLA424"])
-    [f] = _found(findings)
-    assert f.line == 17 and "`random_crop_torch()`" in f.message and "(line 10)" in f.message
-    assert "runs every step" in f.message
+    assert [f.line for f in _found(findings)] == [10, 11], findings
+    assert "`lr` is sliced at an offset drawn" in findings[0].message
+    assert "in `random_crop_torch()`, called from the loop at line 16" in findings[0].message
+
+
+def test_a_slice_in_the_step_loop_itself():
+    src = "import random\n\nimport torch\n\n" + LOOP.format(
+        call="i = random.randint(0, 8)\n    gt = gt[:, :, i:i + 32]\n    j = i * 2\n    gt = gt[..., j:]")
+    _, findings = convert_text(src, select=["XLA424"])
+    assert [f.line for f in _found(findings)] == [9, 11], findings
+    assert "runs every step (in the loop at line 6)" in findings[0].message
 
 
 def test_a_crop_imported_from_another_module_of_the_project_names_its_file(tmp_path):
@@ -79,7 +89,7 @@ def test_a_crop_imported_from_another_module_of_the_project_names_its_file(tmp_p
     (tmp_path / "train.py").write_text(main)
     out = transform(main.encode(), Settings(select=["XLA424"]), filename=str(tmp_path / "train.py"))
     [f] = _found(out.findings)
-    assert f.line == 5 and "(imgproc.py:10)" in f.message
+    assert f.line == 6 and "(imgproc.py:10)" in f.message
 
 
 @pytest.mark.parametrize("head, call", [
