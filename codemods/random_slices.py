@@ -83,25 +83,42 @@ class RandomSlices(HotPathCodemod):
         ``x[:, i:i + 32]``), of a device tensor."""
         bounds = [b for e in node.slice if isinstance(e.slice, cst.Slice) for b in (e.slice.lower, e.slice.upper)
                   if b is not None]
-        if not any(self._drawn(b, 2) for b in bounds) or not self._on_device(node.value):
+        region = self._step_region()
+        if region is None or not any(self._drawn(b, 2, region) for b in bounds) or not self._on_device(node.value):
             return
         self._report(node, RANDOM_SLICE, f"`{source_of(node.value)}` is sliced at an offset drawn from the host's "
                      "random numbers: each offset is another XLA graph; crop on the host before the batch moves to "
                      "the device, or select with an index made on the host: `x.index_select(dim, "
                      "(torch.arange(size) + offset).to(x.device))`")
 
-    def _drawn(self, expr: cst.CSTNode, depth: int) -> bool:
-        """``expr`` draws from the host's random numbers, or reads a name bound from such a draw (``depth``
-        bindings back: ``gt_top = int(top * scale)``)."""
+    def _step_region(self) -> Optional[cst.CSTNode]:
+        """What runs anew every step around here: the outermost step or loader loop, else the function run every
+        step (a draw before the loop is drawn once: one offset, one graph)."""
+        for loop, step, loader in self.loop_stack:
+            if step or loader:
+                return loop  # type: ignore[no-any-return]
+        return self.function_nodes[-1] if self.function_nodes else None
+
+    def _drawn(self, expr: cst.CSTNode, depth: int, region: cst.CSTNode) -> bool:
+        """``expr`` draws from the host's random numbers, or reads a name bound in ``region`` from such a draw
+        (``depth`` bindings back: ``gt_top = int(top * scale)``)."""
+        flow = dataflow(self.tree)
         for n in walk(expr):
             if isinstance(n, cst.Call) and self.qualnames(n.func) & HOST_DRAWS:
                 return True
             if isinstance(n, cst.Name) and depth > 0:
-                for binding in dataflow(self.tree).reaching(n):
-                    value, _ = dataflow(self.tree).source(binding)
-                    if isinstance(value, cst.BaseExpression) and self._drawn(value, depth - 1):
+                for binding in flow.reaching(n):
+                    value, _ = flow.source(binding)
+                    if isinstance(value, cst.BaseExpression) and self._inside(binding, region) \
+                            and self._drawn(value, depth - 1, region):
                         return True
         return False
+
+    def _inside(self, node: cst.CSTNode, region: cst.CSTNode) -> bool:
+        cur: Optional[cst.CSTNode] = node
+        while cur is not None and cur is not region:
+            cur = self.tree.parents.get(id(cur))
+        return cur is region
 
     def _slicer(self, call: cst.Call) -> Optional[Tuple[str, str, RandomSlice]]:
         """(the callee's name, where its random slice is, the slice) for a call

@@ -107,6 +107,12 @@ def test_not_reported_where_no_graph_depends_on_a_draw(head, call):
     assert _found(findings) == []
 
 
+def test_an_offset_drawn_once_before_the_loop_is_one_graph():
+    src = "import random\n\nimport torch\n\ni = random.randint(0, 8)\n" + LOOP.format(call="gt = gt[:, :, i:i + 32]")
+    _, findings = convert_text(src, select=["XLA424"])
+    assert _found(findings) == []
+
+
 def test_a_crop_called_once_is_not_reported():
     src = CROP + "\n\nx = torch.zeros(1, 3, 16, 16).to(device)\ngt, lr = random_crop_torch(x, x, 8, 2)\n"
     _, findings = convert_text(src, select=["XLA424"])
