@@ -26,11 +26,10 @@ from __future__ import annotations
 import libcst as cst
 
 from codemods.analysis.averages import AVERAGED_MODELS, device_index
-from codemods.analysis.module_moves import moved_to
+from codemods.analysis.module_moves import MOVES, moved_to
 from codemods.base import Rule, XlaCodemod, find_all
 from codemods.syntax.nodes import source_of
 
-_MOVES = frozenset({"to", "cuda", "to_empty"})
 
 AVERAGED_MODEL_COUNTER = Rule(
     code="XLA423",
@@ -108,7 +107,7 @@ class AveragedModelCounter(XlaCodemod):
         names = {source_of(t.target) for t in small.targets}
         scope = next((a for a in self.ancestors(call) if isinstance(a, (cst.FunctionDef, cst.Lambda))),
                      self.tree.module)
-        return any(isinstance(c.func, cst.Attribute) and c.func.attr.value in _MOVES
+        return any(isinstance(c.func, cst.Attribute) and c.func.attr.value in MOVES
                    and source_of(c.func.value) in names for c in find_all(scope, cst.Call))
 
 

@@ -75,6 +75,8 @@ def test_a_call_laid_out_one_argument_a_line_keeps_its_layout():
     "model = Net().to(args.device)\nema = AveragedModel(model, device=device)\n",
     # moved after the EMA was made: the EMA's copy is made on the host and moved by device=
     "model = Net()\nema = AveragedModel(model, device=device)\nmodel.to(device)\n",
+    # moved back to the host in place after the move
+    "model = Net().to(device)\nmodel.cpu()\nema = AveragedModel(model, device=device)\n",
     # bound again after the move
     "model = Net().to(device)\nmodel = wrap(model)\nema = AveragedModel(model, device=device)\n",
     # moved on one path only

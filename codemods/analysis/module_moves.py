@@ -12,7 +12,8 @@ expression of the first move it meets:
 
 * ``m = m.to(d)``, ``m = Net(...).to(d)`` (a binding whose value ends in
   ``.to(d)``);
-* ``m.to(d)`` as a statement.
+* ``m.to(d)`` as a statement (``m.cpu()``, ``m.cuda()`` and the other
+  in-place moves of ``MOVES`` end the walk: they name no device here).
 
 Anything else that binds the name first (``m = Net()``, a ``for`` or
 ``with`` target, a parameter), a compound statement in between that binds
@@ -31,6 +32,9 @@ from codemods.analysis.bindings import target_names
 from codemods.analysis.step_tail import bound_names
 from codemods.syntax.tree import TreeCache, find_all
 
+# the methods that move a module in place (``model.cuda()``, ``model.cpu()``): of these only ``.to(d)`` names
+# the device here; any other is a move elsewhere, or to a device not named
+MOVES = frozenset({"to", "cuda", "cpu", "to_empty", "xpu", "mps"})
 _SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 _STOP = object()  # the walk ends: bound or moved some other way
 
@@ -83,14 +87,15 @@ def _move(st: cst.CSTNode, name: str) -> Union[None, object, cst.BaseExpression]
         return None
     if isinstance(st, _SCOPES):
         return _STOP if getattr(st, "name", None) is not None and st.name.value == name else None  # type: ignore[attr-defined]
-    if name in _binds(st) or any(_target_of_to(c) == name for c in find_all(st, cst.Call, stop=_SCOPES)):
+    if name in _binds(st) or any(_moved(c) == name for c in find_all(st, cst.Call, stop=_SCOPES)):
         return _STOP  # bound or moved on some path only
     return None
 
 
 def _small(small: cst.BaseSmallStatement, name: str) -> Union[None, object, cst.BaseExpression]:
-    if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and _target_of_to(small.value) == name:
-        return _device(small.value)
+    if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and _moved(small.value) == name:
+        call = small.value
+        return (_device(call) if call.func.attr.value == "to" else None) or _STOP  # type: ignore[attr-defined]
     value: Optional[cst.BaseExpression] = None
     if isinstance(small, cst.Assign) and any(isinstance(t.target, cst.Name) and t.target.value == name
                                              for t in small.targets):
@@ -117,10 +122,10 @@ def _binds(st: cst.CSTNode) -> Set[str]:
     return out
 
 
-def _target_of_to(call: cst.Call) -> Optional[str]:
-    """``m`` for ``m.to(...)``."""
+def _moved(call: cst.Call) -> Optional[str]:
+    """``m`` for ``m.to(...)``, ``m.cuda()``, ``m.cpu()`` (``MOVES``)."""
     func = call.func
-    if isinstance(func, cst.Attribute) and func.attr.value == "to" and isinstance(func.value, cst.Name):
+    if isinstance(func, cst.Attribute) and func.attr.value in MOVES and isinstance(func.value, cst.Name):
         return func.value.value
     return None
 
@@ -135,4 +140,4 @@ def _device(call: cst.Call) -> Optional[cst.BaseExpression]:
     return None
 
 
-__all__ = ["moved_to"]
+__all__ = ["MOVES", "moved_to"]
