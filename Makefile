@@ -47,8 +47,12 @@ browser:
 	  { (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 || \
 	    echo "make: could not install chromium; the browser test will be skipped"; }
 
+# on every core, up to 4 (the XLA tests are mostly child processes: 2 cores run the suite in about
+# half the time one does); `TESTFLAGS=-n0` runs it in one process
+TESTFLAGS ?= -n auto --maxprocesses 4
+
 test: setup browser
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(TESTFLAGS)
 
 bench: setup
 	$(PY) benchmarks/bench_speed.py

@@ -71,7 +71,7 @@ def file_stamp(path: Path) -> Optional[Tuple[int, int]]:
     return (st.st_size, st.st_mtime_ns) if stat.S_ISREG(st.st_mode) else None
 
 
-def _read(path: Path) -> Tuple[Optional[Tuple[int, int]], bytes]:
+def read_cached(path: Path) -> Tuple[Optional[Tuple[int, int]], bytes]:
     """(its stamp, its bytes) of a file, read again only once it changed."""
     key = str(path)
     stamp = file_stamp(path)
@@ -262,7 +262,7 @@ _WORDS = {SPARSE: b"sparse", TENSOR: b"torch"}  # (a file without the word retur
 
 
 def _returns(path: Path, kind: str) -> Dict[str, FrozenSet[Optional[int]]]:
-    stamp, data = _read(path)
+    stamp, data = read_cached(path)
     known = _FACTS.get((kind, str(path)))
     if known is not None and known[0] == stamp:
         return known[1]
@@ -276,7 +276,7 @@ def _returns(path: Path, kind: str) -> Dict[str, FrozenSet[Optional[int]]]:
     return facts
 
 
-def _aliases(module: ast.Module) -> Dict[str, str]:
+def import_aliases(module: ast.Module) -> Dict[str, str]:
     """Local name -> what the module's top-level imports bind it to."""
     aliases: Dict[str, str] = {}
     for node in module.body:
@@ -295,7 +295,7 @@ _CALLED: Dict[Tuple[str, str], Tuple[Tuple[int, int], bool]] = {}  # (per proces
 def calls(path: Path, qualname: str) -> bool:
     """Does the module at ``path`` call ``qualname`` (``torch.nn.utils.weight_norm``),
     read through its top-level imports?"""
-    stamp, data = _read(path)
+    stamp, data = read_cached(path)
     key = (str(path), qualname)
     known = _CALLED.get(key)
     if known is not None and known[0] == stamp:
@@ -307,7 +307,7 @@ def calls(path: Path, qualname: str) -> bool:
         except (SyntaxError, ValueError, RecursionError):
             module = None
         if module is not None:
-            aliases = _aliases(module)
+            aliases = import_aliases(module)
             for node in ast.walk(module):
                 text = _dotted(node.func) if isinstance(node, ast.Call) else None
                 root, _, rest = (text or "").partition(".")
@@ -326,7 +326,7 @@ class _Returns:
 
     def __init__(self, module: ast.Module, kind: str) -> None:
         self.kind = kind
-        self.aliases = _aliases(module)  # local name -> what it imports
+        self.aliases = import_aliases(module)  # local name -> what it imports
         self.functions = [n for n in module.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         self.known: Dict[str, FrozenSet[Optional[int]]] = {}
 

@@ -30,7 +30,7 @@ import ast
 from pathlib import Path
 from typing import Dict, FrozenSet, Iterator, NamedTuple, Optional, Set, Tuple, Union
 
-from codemods.analysis.project import _aliases, _read
+from codemods.analysis.project import import_aliases, read_cached
 from codemods.analysis.steps import HOST_DRAWS
 
 # (per process) path -> (its stamp, its functions' first random slice lines)
@@ -63,7 +63,7 @@ def slicing_functions(source: bytes) -> Dict[str, RandomSlice]:
         module = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError):
         return {}
-    aliases = _aliases(module)
+    aliases = import_aliases(module)
     found: Dict[str, RandomSlice] = {}
     for fn in module.body:
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -75,7 +75,7 @@ def slicing_functions(source: bytes) -> Dict[str, RandomSlice]:
 
 def slicing_functions_of(path: Path) -> Dict[str, RandomSlice]:
     """:func:`slicing_functions` of the file at ``path``, read again only once it changed."""
-    stamp, data = _read(path)
+    stamp, data = read_cached(path)
     known = _KNOWN.get(str(path))
     if known is not None and known[0] == stamp:
         return known[1]
