@@ -15,8 +15,9 @@ and never after the last pass.
 
 from __future__ import annotations
 
+import keyword
 import re
-from typing import List
+from typing import Dict, List, Optional
 
 import libcst as cst
 
@@ -40,8 +41,11 @@ HOT_PRINT = Rule(
         "Reading a tensor on the host (`.item()`, formatting it, printing it) forces the "
         "lazy graph to compile and execute early, then waits for the copy: each step is "
         "split into two graphs. `xm.add_step_closure` runs the same call after the step's "
-        "graph has executed, so the output is kept and the step stays one graph. With "
-        "`prints = \"delete\"` the call is removed instead; with `\"keep\"` it is only reported."
+        "graph has executed, so the output is kept and the step stays one graph. The names it reads are bound "
+        "as lambda defaults; where the step goes on to run code that may change an object the call reads "
+        "(`scheduler.step()` after a print of `optimizer.param_groups[0]['lr']`), what reads no tensor is "
+        "evaluated where the call was, as a default too, so the closure prints the values the original printed. "
+        "With `prints = \"delete\"` the call is removed instead; with `\"keep\"` it is only reported."
     ),
     before=(
         "for x, y in loader:\n    loss = loss_fn(model(x), y)\n    loss.backward()\n"
@@ -120,14 +124,12 @@ class HotPrints(LoopCodemod):
             return updated_node
         self.add_imports(self.target.step_closure_imports)
         inner = updated_node.body[0].value  # type: ignore[attr-defined]
-        params = [
-            cst.Param(
-                cst.Name(n),
-                default=cst.Name(n),
-                equal=tight_equal(),
-            )
-            for n in self._bound_names(call)
-        ]
+        captured: Dict[cst.CSTNode, str] = {}
+        if inner.deep_equals(call) and self._changed_later(original_node):
+            captured = self._captures(call)
+            inner = call.visit(_Replace(captured)) if captured else inner
+        params = [cst.Param(cst.Name(n), default=cst.Name(n), equal=tight_equal()) for n in self._bound_names(call, captured)]
+        params += [cst.Param(cst.Name(n), default=e, equal=tight_equal()) for e, n in captured.items()]
         closure = cst.Lambda(params=cst.Parameters(params=params), body=inner)
         register = cst.Call(func=cst.parse_expression(self.target.step_closure), args=[cst.Arg(closure)])
         return updated_node.with_changes(body=[cst.Expr(register)])
@@ -152,13 +154,70 @@ class HotPrints(LoopCodemod):
         read = {dotted(n) for n in find_all(call, (cst.Name, cst.Attribute))} & self.tensors
         return not any(key in read for s in before[last + 1:] for key in assigned_keys(s))
 
-    def _bound_names(self, call: cst.Call) -> List[str]:
+    def _changed_later(self, stmt: cst.SimpleStatementLine) -> bool:
+        """Does the pass run code after ``stmt`` that may change an object the
+        output reads (``scheduler.step()`` after a print of the learning rate,
+        a store into an attribute)?  The closure runs at the pass's sync."""
+        loop = next((lp for lp, step, loader in reversed(self.loop_stack) if step or loader), None)
+        body = body_statements(loop) if loop is not None else []
+        top = next((a for a in [stmt, *self.ancestors(stmt)] if any(a is b for b in body)), None)
+        if top is None:
+            return True
+        later = body[next(k for k, b in enumerate(body) if b is top) + (top is stmt):]
+        for s in later:
+            if s is stmt:
+                continue
+            calls = [c for c in find_all(s, cst.Call) if not self._is_output_call(c)]
+            stores = [t for t in find_all(s, (cst.AssignTarget, cst.AugAssign))
+                      if isinstance(getattr(t, "target", None), (cst.Attribute, cst.Subscript))]
+            if calls or stores:
+                return True
+        return False
+
+    def _captures(self, call: cst.Call) -> Dict[cst.CSTNode, str]:
+        """The call's reads of objects (``optimizer.param_groups[0]['lr']``,
+        ``scheduler.get_last_lr()``) that read no tensor: evaluated where the
+        output was, as lambda defaults, so the closure prints the values the
+        original printed; only the tensor reads wait for the sync."""
+        taken = _loaded_names(call)
+        found: Dict[cst.CSTNode, str] = {}
+
+        def visit(node: cst.CSTNode) -> None:
+            root = _chain_root(node)
+            if root is not None and not isinstance(node, cst.Name) and self._captures_root(root) \
+                    and reads_tensor_value(node, self.tensors, self.qualnames) is None:
+                name = _fresh(_chain_name(node), taken)
+                taken.add(name)
+                found[node] = name
+                return
+            if isinstance(node, cst.Lambda):
+                return  # (what a lambda reads, it reads when called)
+            for child in node.children:
+                visit(child)
+
+        for a in call.args:
+            visit(a.value)
+        return found
+
+    def _captures_root(self, root: cst.Name) -> bool:
+        """A variable of the program (not an import, a function, a class, or
+        a name the call binds itself)."""
+        if isinstance(binding_scope(self.tree, root), _OWN_SCOPES):
+            return False
+        bound = binding_nodes(self.tree, root)
+        return bool(bound) and not any(isinstance(b, (cst.Import, cst.ImportFrom, cst.FunctionDef, cst.ClassDef))
+                                       for b in bound)
+
+    def _bound_names(self, call: cst.Call, captured: Dict[cst.CSTNode, str]) -> List[str]:
         """Local variables the call reads: bound as lambda defaults so the
         closure sees this step's values, not the last ones."""
         names: List[str] = []
         outer = self
 
         class _Loads(cst.CSTVisitor):
+            def on_visit(self, node: cst.CSTNode) -> bool:
+                return node not in captured and super().on_visit(node)
+
             def visit_Attribute(self, node: cst.Attribute) -> bool:
                 node.value.visit(self)
                 return False
@@ -183,3 +242,76 @@ class HotPrints(LoopCodemod):
         for a in call.args:
             a.value.visit(_Loads())
         return names
+
+
+def _chain_root(node: cst.CSTNode) -> Optional[cst.Name]:
+    """The name an attribute/subscript/call chain starts from
+    (``optimizer`` of ``optimizer.param_groups[0]['lr']``), else None."""
+    while isinstance(node, (cst.Attribute, cst.Subscript, cst.Call)):
+        node = node.func if isinstance(node, cst.Call) else node.value
+    return node if isinstance(node, cst.Name) else None
+
+
+def _chain_name(node: cst.CSTNode) -> str:
+    """A parameter name for a captured chain: its last attribute, string key
+    or method (``lr``, ``get_last_lr``)."""
+    while True:
+        if isinstance(node, cst.Attribute):
+            return node.attr.value
+        if isinstance(node, cst.Subscript) and len(node.slice) == 1:
+            key = node.slice[0].slice
+            if isinstance(key, cst.Index) and isinstance(key.value, cst.SimpleString):
+                text = key.value.evaluated_value
+                if isinstance(text, str) and text.isidentifier():
+                    return text
+        if isinstance(node, cst.Call):
+            node = node.func
+        elif isinstance(node, cst.Subscript):
+            node = node.value
+        else:
+            return node.value if isinstance(node, cst.Name) else "value"
+
+
+def _loaded_names(call: cst.Call) -> set:
+    """The names the call reads (not an attribute's name, not a keyword)."""
+    names: set = set()
+
+    class _V(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            node.value.visit(self)
+            return False
+
+        def visit_Arg(self, node: cst.Arg) -> bool:
+            node.value.visit(self)
+            return False
+
+        def visit_Name(self, node: cst.Name) -> None:
+            names.add(node.value)
+
+    call.visit(_V())
+    return names
+
+
+def _fresh(name: str, taken: set) -> str:
+    if name not in taken and not keyword.iskeyword(name):
+        return name
+    k = 2
+    while f"{name}_{k}" in taken:
+        k += 1
+    return f"{name}_{k}"
+
+
+class _Replace(cst.CSTTransformer):
+    """Puts each captured expression's parameter in its place."""
+
+    def __init__(self, captured: Dict[cst.CSTNode, str]) -> None:
+        super().__init__()
+        self.captured = captured
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return node not in self.captured and super().on_visit(node)
+
+    def on_leave(self, original_node, updated_node):  # type: ignore[no-untyped-def]
+        if original_node in self.captured:
+            return cst.Name(self.captured[original_node])
+        return super().on_leave(original_node, updated_node)

@@ -78,7 +78,6 @@ def test_a_print_the_pass_has_not_synced_for_is_deferred(change):
 
 
 @pytest.mark.xla
-@pytest.mark.xla
 def test_the_converted_loop_prints_every_line_of_the_original_on_xla(tmp_path):
     """11 and 21 steps: the original's lines on the CPU, one graph execution a
     step, the same compiles at both lengths (deferred, the line of step 20 was
@@ -123,3 +122,57 @@ def test_a_keyword_or_an_attribute_named_like_a_tensor_is_no_read():
     # the tensor itself, by a keyword: deferred as before
     read = convert_text(src.replace("loss=losses", "loss=loss"))[0]
     assert "add_step_closure" in read, read
+
+
+SCHEDULED = """\
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+x = torch.ones(8, 4).cuda()
+for step in range(4):
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    print("step {} loss {:.5f} lr {:.5f}".format(step, loss.item(), opt.param_groups[0]["lr"]))
+    sched.step()
+"""
+
+
+def test_a_deferred_print_reads_the_objects_it_names_where_it_was():
+    """weiaicunzai/pytorch-cifar100 prints `optimizer.param_groups[0]['lr']`
+    with the loss, then steps its warm-up scheduler: deferred whole, the
+    closure read the learning rate at the sync, after the scheduler had
+    changed it (the next step's rate).  What reads no tensor is evaluated
+    where the print was, as a lambda default; only `loss.item()` waits."""
+    out, findings = convert_text(SCHEDULED)
+    assert ("xm.add_step_closure(lambda step=step, loss=loss, lr=opt.param_groups[0][\"lr\"]: "
+            "print(\"step {} loss {:.5f} lr {:.5f}\".format(step, loss.item(), lr)))\n") in out, out
+    assert convert_text(out)[0] == out
+    # nothing after the print that may change the optimizer: the print is deferred as it was
+    plain = convert_text(SCHEDULED.replace("    sched.step()\n", ""))[0]
+    assert "lambda step=step, loss=loss, opt=opt: print(" in plain, plain
+    # a name bound by the call itself, a module or a builtin is no object of the step's
+    own = SCHEDULED.replace('opt.param_groups[0]["lr"]', "[g['lr'] for g in opt.param_groups][0] + math.pi")
+    own = "import math\n" + own
+    kept = convert_text(own)[0]
+    assert "param_groups=opt.param_groups: print(" in kept and "pi=" not in kept, kept
+
+
+@pytest.mark.xla
+def test_the_deferred_print_shows_the_originals_learning_rates_on_xla(tmp_path):
+    """Run: the same four lines as the original's on the CPU (the whole
+    closure printed rates 0.05, 0.025... one step early)."""
+    from test_runnable_ports import OBSERVER
+
+    (tmp_path / "orig.py").write_text(SCHEDULED.replace(".cuda()", ""))
+    (tmp_path / "conv.py").write_text(convert_text(SCHEDULED)[0])
+    original = subprocess.run([sys.executable, "orig.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    converted = subprocess.run([sys.executable, "conv.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                               env={**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": str(OBSERVER)})
+    assert converted.returncode == 0, converted.stderr[-2000:]
+    assert original.stdout.splitlines()[3].endswith("lr 0.01250"), original.stdout
+    assert converted.stdout.splitlines() == original.stdout.splitlines(), (original.stdout, converted.stdout)
