@@ -214,17 +214,9 @@ class HotPrints(LoopCodemod):
         names: List[str] = []
         outer = self
 
-        class _Loads(cst.CSTVisitor):
+        class _Loads(_Reads):
             def on_visit(self, node: cst.CSTNode) -> bool:
                 return node not in captured and super().on_visit(node)
-
-            def visit_Attribute(self, node: cst.Attribute) -> bool:
-                node.value.visit(self)
-                return False
-
-            def visit_Arg(self, node: cst.Arg) -> bool:
-                node.value.visit(self)
-                return False
 
             def visit_Lambda(self, node: cst.Lambda) -> bool:
                 return False
@@ -272,19 +264,24 @@ def _chain_name(node: cst.CSTNode) -> str:
             return node.value if isinstance(node, cst.Name) else "value"
 
 
+class _Reads(cst.CSTVisitor):
+    """Visits the names an expression reads: not an attribute's name
+    (``meter.loss``), not a keyword (``.format(loss=x)``)."""
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)
+        return False
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        node.value.visit(self)
+        return False
+
+
 def _loaded_names(call: cst.Call) -> set:
-    """The names the call reads (not an attribute's name, not a keyword)."""
+    """The names the call reads."""
     names: set = set()
 
-    class _V(cst.CSTVisitor):
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            node.value.visit(self)
-            return False
-
-        def visit_Arg(self, node: cst.Arg) -> bool:
-            node.value.visit(self)
-            return False
-
+    class _V(_Reads):
         def visit_Name(self, node: cst.Name) -> None:
             names.add(node.value)
 
