@@ -5,7 +5,10 @@ XLA compiles a new graph as the steps go on (reported, with the fix).
   (teacher forcing: ``inp = trg[t] if random.random() < p else pred``, or a
   flag drawn so and tested): each pattern of choices traces another graph, and
   compiles keep growing with the steps (15 -> 21 at 4 -> 8 steps on a real
-  seq2seq; 4 -> 7 on fixtures/recompile_fixes).  A conditional expression
+  seq2seq; 4 -> 7 on fixtures/recompile_fixes).  A draw is Python's or
+  numpy's (``random.random()``), or torch's read as a number
+  (``torch.rand(1).item() < p``: 4 -> 7 -> 9 compiles at 4, 8 and 12 steps
+  on a seq2seq, 2 -> 2 -> 2 chosen on the device).  A conditional expression
   choosing between two tensors is rewritten to choose on the device:
   ``torch.where(torch.tensor([coin], device=pred.device)[0], trg[t], pred)``
   -- the same draw, in the same place, sent as a one-element tensor (a
@@ -40,7 +43,8 @@ HOST_COIN = Rule(
     why=(
         "XLA traces the Python the program runs: `inp = trg[t] if random.random() < ratio else pred` makes one "
         "graph for each pattern of choices, so compiles keep growing with the steps (15 -> 21 at 4 -> 8 steps on "
-        "a seq2seq model, XLA's CPU backend). Draw the step's choices at once and send them as one device tensor "
+        "a seq2seq model, XLA's CPU backend); a draw of torch's read as a number (`torch.rand(1).item() < ratio`) "
+        "is a host choice too. Draw the step's choices at once and send them as one device tensor "
         "(`flags = torch.tensor([random.random() < ratio for _ in range(T)]).to(device)`), then choose on the "
         "device: `inp = torch.where(flags[t], trg[t], pred)` -- the same random stream, one graph (1 -> 1). "
         "`convert` does this for a conditional expression between two tensors read without side effects: the "
@@ -76,6 +80,9 @@ RAGGED = Rule(
     after=None,
 )
 
+# torch's functions that draw from its generator; `torch.rand(1).item()` is a host coin as
+# `random.random()` is (the CPU generator, or the device's read back: the choice is made on the host)
+_TORCH_DRAWS = ("rand", "randn", "randint")
 _PADDING = {"torch.nn.utils.rnn.pad_sequence", "torch.nn.utils.rnn.pack_padded_sequence"}
 _LOOPS = (cst.For, cst.While)
 
@@ -83,8 +90,9 @@ _LOOPS = (cst.For, cst.While)
 class Recompiles(XlaCodemod):
     DESCRIPTION = "Report data-dependent control flow and shapes that recompile: host-random choices, ragged batches."
     RULES = (HOST_COIN, RAGGED)
-    TRIGGERS = (b"random", b"pad_sequence", b"pack_padded_sequence")
-    NEEDS = ported_needs("name~random", "name:pad_sequence", "name:pack_padded_sequence")
+    TRIGGERS = (b"random", b"rand", b"pad_sequence", b"pack_padded_sequence")
+    NEEDS = ported_needs("name~random", *(f"name:{d}" for d in _TORCH_DRAWS), "name:pad_sequence",
+                         "name:pack_padded_sequence")
 
     @classmethod
     def wanted(cls, tree, options):
@@ -102,15 +110,18 @@ class Recompiles(XlaCodemod):
                 kind.update(dotted(t.target) or "" for t in assign.targets)  # type: ignore[attr-defined]
         self._coins.discard("")
         self._draws_bound.discard("")
-        return tree.statements_where(lambda n: "random" in n.value or n.value in self._coins
+        return tree.statements_where(lambda n: "random" in n.value or n.value in _TORCH_DRAWS or n.value in self._coins
                                      or n.value in self._draws_bound
                                      or n.value in ("pad_sequence", "pack_padded_sequence"), (cst.Name,))
 
     def _draws(self, expr: cst.CSTNode) -> bool:
         """``expr`` draws one number from the host's random number generators
         (``random.random()``, ``np.random.rand()``; not an array of them --
-        ``np.random.choice(n, k)`` or a permutation is data, not a choice)."""
+        ``np.random.choice(n, k)`` or a permutation is data, not a choice),
+        or torch's, read as a number (``torch.rand(1).item()``)."""
         for n in walk(expr):
+            if _torch_draw_read(n, self.qualnames):
+                return True
             if isinstance(n, cst.Call) and any(q in HOST_DRAWS for q in self.qualnames(n.func)):
                 if not any(a.keyword is not None and a.keyword.value == "size" for a in n.args) \
                         and not (any(q.startswith("numpy.") for q in self.qualnames(n.func)) and len(n.args) > 1):
@@ -189,6 +200,15 @@ class Recompiles(XlaCodemod):
             name = sorted(found)[0].rsplit(".", 1)[1]
             self.flag(node, RAGGED.code, f"`{name}` pads to the longest sequence of each batch: a new XLA graph for "
                       "every batch length; pad to a fixed length (or a few bucket lengths)", fix=False)
+
+
+def _torch_draw_read(node: cst.CSTNode, qualnames) -> bool:  # type: ignore[no-untyped-def]
+    """``node`` is ``torch.rand(...).item()``: one number drawn by torch,
+    read on the host."""
+    if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "item"
+            and not node.args and isinstance(node.func.value, cst.Call)):
+        return False
+    return bool(qualnames(node.func.value.func) & {f"torch.{d}" for d in _TORCH_DRAWS})
 
 
 def _root(node: cst.BaseExpression) -> cst.BaseExpression:

@@ -140,7 +140,7 @@ CODEMODS = (
         ('XLA155', 'logging-basic-config', '`logging.basicConfig(...)` gets `force=True` in torch programs: importing torch_xla configures logging first', True),
         ('XLA156', 'xla-seed', "`torch.manual_seed(s)` is followed by `torch_xla.manual_seed(s)`: XLA's generator is apart", True),
     ), ()),
-    ('codemods.recompiles', 'Recompiles', (b'random', b'pad_sequence', b'pack_padded_sequence'), ('name~random&code~cuda', 'name~random&torch:accelerator', 'name~random&project:ported', 'name:pad_sequence&code~cuda', 'name:pad_sequence&torch:accelerator', 'name:pad_sequence&project:ported', 'name:pack_padded_sequence&code~cuda', 'name:pack_padded_sequence&torch:accelerator', 'name:pack_padded_sequence&project:ported'), (
+    ('codemods.recompiles', 'Recompiles', (b'random', b'rand', b'pad_sequence', b'pack_padded_sequence'), ('name~random&code~cuda', 'name~random&torch:accelerator', 'name~random&project:ported', 'name:rand&code~cuda', 'name:rand&torch:accelerator', 'name:rand&project:ported', 'name:randn&code~cuda', 'name:randn&torch:accelerator', 'name:randn&project:ported', 'name:randint&code~cuda', 'name:randint&torch:accelerator', 'name:randint&project:ported', 'name:pad_sequence&code~cuda', 'name:pad_sequence&torch:accelerator', 'name:pad_sequence&project:ported', 'name:pack_padded_sequence&code~cuda', 'name:pack_padded_sequence&torch:accelerator', 'name:pack_padded_sequence&project:ported'), (
         ('XLA409', 'host-random-choice', "a choice drawn from the host's random numbers in a loop (teacher forcing) recompiles as choices vary", True),
         ('XLA410', 'ragged-batches', "sequences padded to each batch's longest (`pad_sequence`): a new graph for every batch length", False),
     ), ()),

@@ -231,6 +231,26 @@ def test_the_spellings_of_teacher_forcing_on_real_programs_choose_on_the_device(
     assert f"inp = torch.where(torch.tensor([force], device={device}.device)[0], {then}, {other})" in out
 
 
+@pytest.mark.parametrize("draw", [
+    "torch.rand(1).item() < ratio",  # torch's CPU generator, read as a number (a seq2seq's teacher forcing)
+    "ratio > torch.randint(0, 10, (1,)).item()",
+])
+def test_a_coin_drawn_by_torch_and_read_as_a_number_chooses_on_the_device(draw):
+    out, findings = convert_text(COIN.replace("random.random() < ratio", draw))
+    assert codes(findings, "XLA409") == [(9, True)], out
+    assert "    inp = torch.where(torch.tensor([force], device=pred.device)[0], trg[t], pred)\n" in out
+    assert f"    force = {draw}\n" in out  # the draw stays where it was, from the same generator
+
+
+@pytest.mark.parametrize("draw", [
+    "torch.rand(1) < ratio",  # a tensor compared: its truth is read by the `if`, not chosen here
+    "torch.rand(4).mean() < ratio",
+])
+def test_torch_draws_not_read_as_one_number_are_not_coins(draw):
+    out, findings = convert_text(COIN.replace("random.random() < ratio", draw))
+    assert "XLA409" not in [f.code for f in findings] and "torch.where" not in out, out
+
+
 @pytest.mark.parametrize("change", [
     ("inp = trg[t] if force else pred", "inp = model.embed(trg[t]) if force else pred"),  # a call: side effects
     ("inp = trg[t] if force else pred", "inp = trg[t] if force else None"),  # not a tensor
