@@ -127,15 +127,6 @@ class DeviceIndex(LoopCodemod):
     NEEDS = (STEP_LOOP, LOADER_LOOP)
     SIBLING_FACTS = ("step_callers",)  # (a helper another module's step loop calls: `get_batch` in utils.py)
 
-    def _step_counters(self) -> Set[str]:
-        """The ints that change every step: counters of the innermost step or
-        loader loop and of the loops around it (not of loops inside it)."""
-        hot = [k for k, (_, step, loader) in enumerate(self.loop_stack) if step or loader]
-        if not hot or self.closure_depth:
-            return set()
-        return set().union(*(loop_counters(self.tree, loop) for loop, _, _ in self.loop_stack[:hot[-1] + 1]
-                             if isinstance(loop, cst.For)))
-
     def regions(self, tree):
         # the hot loops (their counters index here) and the helpers' subscripts a loop hands its counter to
         return module_facts(tree).hot_loops + [sub for sub, _ in self._through_calls().values()]
@@ -152,7 +143,7 @@ class DeviceIndex(LoopCodemod):
         ints = [index] if index is not None else [p for p in parts if p is not None]  # (the start first)
         used = {n.value for part in ints for n in find_all(part, cst.Name)}
         first = {n.value for n in find_all(ints[0], cst.Name)}
-        hit = sorted(used & self._step_counters(), key=lambda n: (n not in first, n))
+        hit = sorted(used & self.step_counters(), key=lambda n: (n not in first, n))
         if not hit or used & self.tensors or is_stored(original_node, self.ancestors(original_node)) \
                 or self._in_function_below_loop(original_node):
             return updated_node

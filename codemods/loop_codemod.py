@@ -133,11 +133,24 @@ class LoopCodemod(XlaCodemod):
             if isinstance(anc, (cst.For, cst.While)):
                 loops.append(anc)
         loops.reverse()  # outermost first
-        hot = [k for k, loop in enumerate(loops)
-               if self.is_step_loop(loop) or (isinstance(loop, cst.For) and self.loaders.is_loader_loop(loop))]
+        return self._counters_to_step([(loop, self.is_step_loop(loop), isinstance(loop, cst.For)
+                                        and self.loaders.is_loader_loop(loop)) for loop in loops])
+
+    def step_counters(self) -> Set[str]:
+        """The ints that change every step where the walk is: counters of the
+        innermost step or loader loop and of the loops around it -- not of
+        loops inside it, whose every value the step traces into its one
+        graph (a decoder unrolled over time steps)."""
+        return set() if self.closure_depth else self._counters_to_step(self.loop_stack)
+
+    def _counters_to_step(self, loops: List[tuple]) -> Set[str]:
+        """The counters of ``loops`` ((loop, is_step, is_loader), outermost
+        first) up to the innermost step or loader loop; none without one."""
+        hot = [k for k, (_, step, loader) in enumerate(loops) if step or loader]
         if not hot:
             return set()
-        return set().union(*(loop_counters(self.tree, loop) for loop in loops[:hot[-1] + 1] if isinstance(loop, cst.For)))
+        return set().union(*(loop_counters(self.tree, loop) for loop, _, _ in loops[:hot[-1] + 1]
+                             if isinstance(loop, cst.For)))
 
     def visit_For(self, node: cst.For) -> None:
         self.loop_stack.append((node, self.is_step_loop(node), self.loaders.is_loader_loop(node)))

@@ -217,8 +217,16 @@ class ShapeTraps(HotPathCodemod):
         return True
 
     def _counters(self) -> Set[str]:
-        """Python ints that change with the enclosing loops' iterations
-        (:mod:`codemods.analysis.counters`)."""
+        """Python ints that change with the steps (:mod:`codemods.analysis.counters`):
+        in a step, those of its loop and the loops around it (a loop inside
+        the step, or in a function the step runs, has every value traced
+        into the step's one graph); elsewhere (in a walk over a device
+        tensor's elements, or with ``include_cold``), those of the enclosing
+        loops."""
+        if self.in_hot:
+            return self.step_counters()
+        if self._where() is not None and self._element_loop() is None:
+            return set()  # (a loop over a device tensor's elements is one graph an element: its counters count)
         return set().union(*(loop_counters(self.tree, loop) for loop, _, _ in self.loop_stack
                              if isinstance(loop, cst.For)))
 

@@ -1,7 +1,8 @@
 """Recompilation traps convert rewrites (issue 40): a device table indexed by
 a step's Python int (XLA411, codemods/device_index.py), a per-step
-`.item()` summed into a Python number (XLA412, codemods/accumulators.py), a
-host coin choosing between two tensors (XLA409, codemods/recompiles.py).
+`.item()` summed into a Python number (XLA412, codemods/accumulators.py); a
+host coin choosing between two tensors (XLA409) is tested in
+tests/test_recompiles.py.
 Each rule's own examples run in tests/test_rules.py; fixtures/recompile_fixes
 is the golden program, run here on XLA's CPU backend at two lengths against
 the original on the CPU."""
@@ -204,62 +205,6 @@ def test_the_sum_read_back_is_the_same_kind_of_number():
     assert torch.as_tensor(count).item() == 2 and type(torch.as_tensor(count).item()) is int
     total = 0.0 + torch.tensor(1.5).detach()
     assert torch.as_tensor(total).item() == 1.5
-
-
-# ------------------------------------------------------------------ XLA409
-COIN = ("import random\nimport torch\n\nmodel = model.cuda()\n"
-        "for t in range(1, T):\n    out, h = model(inp, h)\n    pred = out.argmax(1)\n"
-        "    force = random.random() < ratio\n    inp = trg[t] if force else pred\n")
-
-
-def test_a_host_coin_between_two_tensors_chooses_on_the_device():
-    out, findings = convert_text(COIN)
-    assert codes(findings, "XLA409") == [(9, True)]
-    assert "    inp = torch.where(torch.tensor([force], device=pred.device)[0], trg[t], pred)\n" in out
-    assert "    force = random.random() < ratio\n" in out  # the draw stays where it was
-
-
-@pytest.mark.parametrize("side, device", [
-    ("trg[:, t].unsqueeze(1) if force else pred", "pred"),  # a pure op of a batch's element
-    ("trg[t] if force else torch.argmax(out, dim=1)", "out"),  # the device of the tensor the op reads
-    ("trg[t] if force else out.max(1)[1]", "out"),
-])
-def test_the_spellings_of_teacher_forcing_on_real_programs_choose_on_the_device(side, device):
-    out, findings = convert_text(COIN.replace("trg[t] if force else pred", side))
-    assert codes(findings, "XLA409") == [(9, True)]
-    then, other = side.split(" if force else ")
-    assert f"inp = torch.where(torch.tensor([force], device={device}.device)[0], {then}, {other})" in out
-
-
-@pytest.mark.parametrize("draw", [
-    "torch.rand(1).item() < ratio",  # torch's CPU generator, read as a number (a seq2seq's teacher forcing)
-    "ratio > torch.randint(0, 10, (1,)).item()",
-])
-def test_a_coin_drawn_by_torch_and_read_as_a_number_chooses_on_the_device(draw):
-    out, findings = convert_text(COIN.replace("random.random() < ratio", draw))
-    assert codes(findings, "XLA409") == [(9, True)], out
-    assert "    inp = torch.where(torch.tensor([force], device=pred.device)[0], trg[t], pred)\n" in out
-    assert f"    force = {draw}\n" in out  # the draw stays where it was, from the same generator
-
-
-@pytest.mark.parametrize("draw", [
-    "torch.rand(1) < ratio",  # a tensor compared: its truth is read by the `if`, not chosen here
-    "torch.rand(4).mean() < ratio",
-])
-def test_torch_draws_not_read_as_one_number_are_not_coins(draw):
-    out, findings = convert_text(COIN.replace("random.random() < ratio", draw))
-    assert "XLA409" not in [f.code for f in findings] and "torch.where" not in out, out
-
-
-@pytest.mark.parametrize("change", [
-    ("inp = trg[t] if force else pred", "inp = model.embed(trg[t]) if force else pred"),  # a call: side effects
-    ("inp = trg[t] if force else pred", "inp = trg[t] if force else None"),  # not a tensor
-    ("    inp = trg[t] if force else pred\n", "    if force:\n        inp = trg[t]\n    else:\n        inp = pred\n"),
-])
-def test_a_coin_that_cannot_move_to_the_device_stays_reported(change):
-    out, findings = convert_text(COIN.replace(*change))
-    assert [fix for _, fix in codes(findings, "XLA409")] == [False], out
-    assert "torch.where" not in out
 
 
 # ------------------------------------------------------------------ the golden program

@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import convert_text
 
 from test_recompile_fixes import _numbers, _original_and_two_lengths, codes
-from test_runnable_ports import needs_xla
+from test_runnable_ports import FIXTURES, needs_xla
 
 LOOP = '''\
 import torch
@@ -126,3 +126,24 @@ def test_the_gathered_columns_are_the_slices_columns():
         got = source[:, torch.arange(max(min(i + n, source.size(1)) - i, 0), device=source.device)
                      + torch.tensor([i], device=source.device)]
         assert torch.equal(got, source[:, i:i + n]), (i, n)
+
+
+
+@pytest.mark.parametrize("name", ["recompile_fixes", "teacher_forcing"])
+def test_a_counter_of_a_loop_inside_the_step_is_traced_whole_into_its_graph(name):
+    """A decoder unrolled over time steps inside the step (in the step loop,
+    or in a function the step runs: teacher_forcing's ``refine``) reads
+    ``trg[t]`` for every ``t`` each step: one graph, nothing to report; the
+    step loop's own counter indexing the same tensor is a graph a step."""
+    src = (FIXTURES / name / "input.py").read_text()
+    _, findings = convert_text(src)
+    assert "XLA407" not in [f.code for f in findings], [f for f in findings if f.code == "XLA407"]
+    if name != "recompile_fixes":
+        return
+    stepped = src.replace("loss = loss + nn.functional.cross_entropy(out, trg[t])",
+                          "loss = loss + nn.functional.cross_entropy(out, trg[t]) + trg[step].sum()")
+    assert stepped != src
+    _, findings = convert_text(stepped)
+    line = src.splitlines().index("            loss = loss + nn.functional.cross_entropy(out, trg[t])") + 1
+    assert [f.message.split("`")[3] for f in findings if f.code in ("XLA407", "XLA411") and f.line == line] \
+        == ["step"], findings
