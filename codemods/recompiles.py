@@ -19,8 +19,11 @@ XLA compiles a new graph as the steps go on (reported, with the fix).
   before gave it (``inp = out.argmax(1)`` / ``if random.random() < p: inp =
   trg[t]``): one assignment, its branches' comments kept above it (4 -> 8
   compiles at 4 -> 8 steps on fixtures/teacher_forcing, 1 -> 1 chosen on the
-  device).  Both sides must be tensors read without side effects (names,
-  attributes, indexing by names and ints); any other ``if`` stays reported.
+  device).  A coin drawn in a helper the loop calls (``inp =
+  teacher_forcing(out, trg[t])``, its flag ``True if random.random() < p
+  else False``) is chosen so there.  Both sides must be tensors read without
+  side effects (names, attributes, indexing by names and ints); any other
+  ``if`` stays reported.
 * XLA410 -- sequences padded to the longest of each batch (``pad_sequence``,
   ``pack_padded_sequence``): every new batch length is a new shape, so a new
   graph.  Pad to a fixed length, or a few bucket lengths.
@@ -34,9 +37,10 @@ from typing import Optional, Set
 
 import libcst as cst
 
+from codemods.analysis.calls import calls_named
 from codemods.analysis.cuda import being_ported, ported_needs
 from codemods.analysis.steps import HOST_DRAWS
-from codemods.analysis.tensors import is_tensor_expr, tensor_names
+from codemods.analysis.tensors import annotated_tensors, is_tensor_expr, tensor_names
 from codemods.analysis.values import values as values_of
 from codemods.base import Rule, XlaCodemod, dotted, walk
 from codemods.syntax import imports
@@ -113,7 +117,7 @@ class Recompiles(XlaCodemod):
             value = assign.value  # type: ignore[attr-defined]
             if self._draws(value):
                 kind = self._coins if isinstance(value, (cst.Comparison, cst.BooleanOperation, cst.UnaryOperation)) \
-                    else self._draws_bound
+                    or _truth(value) else self._draws_bound
                 kind.update(dotted(t.target) or "" for t in assign.targets)  # type: ignore[attr-defined]
         self._coins.discard("")
         self._draws_bound.discard("")
@@ -146,10 +150,17 @@ class Recompiles(XlaCodemod):
                 return True
         return False
 
-    def _loop(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+    def _loop(self, node: cst.CSTNode, calls: bool = True) -> Optional[cst.CSTNode]:
+        """The loop ``node`` runs in: around it in its function, or around a
+        call of its function in the module (a helper the decoder loop calls
+        every time step: ``decoder_input = teacher_forcing(out, trg[t])``)."""
         for anc in self.ancestors(node):
             if isinstance(anc, _LOOPS):
                 return anc
+            if isinstance(anc, cst.FunctionDef) and calls:
+                method = isinstance(self.parent(self.parent(anc)), cst.ClassDef)  # (def in a class's block)
+                return next((loop for _, call in calls_named(self.tree, anc.name.value, on_self=method)
+                             for loop in [self._loop(call, calls=False)] if loop is not None), None)
             if isinstance(anc, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
                 return None
         return None
@@ -163,8 +174,8 @@ class Recompiles(XlaCodemod):
 
     def leave_IfExp(self, original_node: cst.IfExp, updated_node: cst.IfExp) -> cst.BaseExpression:
         loop = self._loop(original_node)
-        if loop is None or not self._coin(original_node.test):
-            return updated_node
+        if loop is None or not self._coin(original_node.test) or _truth(original_node):
+            return updated_node  # (`True if coin else False` is the coin, chosen on where it is tested)
         device = self._tensor_side(original_node, (original_node.body, original_node.orelse))
         if device is None:
             self._chooses(original_node, original_node.test)
@@ -185,8 +196,10 @@ class Recompiles(XlaCodemod):
         (``trg[t]``, ``pred``); None when the choice cannot move to the device."""
         if not all(_pure(s) for s in sides):
             return None
-        scope = next((a.body for a in self.ancestors(node) if isinstance(a, cst.FunctionDef)), self.tree.module)
-        tensors = tensor_names(scope, self.qualnames, [], values_of(self.tree))
+        fn = next((a for a in self.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
+        scope = fn.body if fn is not None else self.tree.module
+        tensors = tensor_names(scope, self.qualnames, [], values_of(self.tree),
+                               annotated_tensors(fn, self.qualnames) if fn is not None else ())
         known = [s for s in sides if is_tensor_expr(s.value if isinstance(s, cst.Subscript) else s, tensors,
                                                     self.qualnames)]
         # one side a tensor, the other one too or read from an element of a sequence the tensor is chosen
@@ -252,6 +265,13 @@ class Recompiles(XlaCodemod):
             name = sorted(found)[0].rsplit(".", 1)[1]
             self.flag(node, RAGGED.code, f"`{name}` pads to the longest sequence of each batch: a new XLA graph for "
                       "every batch length; pad to a fixed length (or a few bucket lengths)", fix=False)
+
+
+def _truth(node: cst.BaseExpression) -> bool:
+    """``True if coin else False`` (or the other way round): the coin's truth,
+    a flag for a later test, not a choice between values."""
+    return isinstance(node, cst.IfExp) and all(
+        isinstance(side, cst.Name) and side.value in ("True", "False") for side in (node.body, node.orelse))
 
 
 def _only_assign(block: cst.BaseSuite):  # type: ignore[no-untyped-def]

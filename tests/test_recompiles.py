@@ -177,3 +177,45 @@ def test_teacher_forcing_in_if_statements_compiles_once_and_prints_the_originals
              for n in (4, 8)]
     assert grown[1]["compiles"] > grown[0]["compiles"], grown
 
+
+
+HELPER = '''\
+import random
+import torch
+from torch import Tensor
+
+model = model.cuda()
+
+
+def teacher_forcing(out: Tensor, target: Tensor, ratio=0.5) -> Tensor:
+    use_teacher_forcing = True if random.random() < ratio else False
+    if use_teacher_forcing:
+        inp = target.unsqueeze(0)
+    else:
+        inp = out.argmax(2)
+    return inp
+
+
+def decode(trg, h):
+    inp = trg[0]
+    for t in range(1, trg.shape[0]):
+        out, h = model(inp, h)
+        inp = teacher_forcing(out, trg[t])
+    return h
+'''
+
+
+def test_a_coin_in_a_helper_the_decoder_loop_calls_chooses_on_the_device():
+    """A helper called every time step draws the coin (a flag made with
+    `True if coin else False`, its tensors known by their annotations):
+    chosen on the device there; the flag itself is no choice to report."""
+    out, findings = convert_text(HELPER)
+    assert codes(findings, "XLA409") == [(10, True)], findings
+    assert ("    inp = torch.where(torch.tensor([use_teacher_forcing], device=target.device)[0], "
+            "target.unsqueeze(0), out.argmax(2))\n") in out, out
+    # called once, outside any loop: one graph, nothing to choose on the device
+    once = HELPER.replace("    for t in range(1, trg.shape[0]):\n        out, h = model(inp, h)\n"
+                          "        inp = teacher_forcing(out, trg[t])\n",
+                          "    out, h = model(inp, h)\n    inp = teacher_forcing(out, trg[1])\n")
+    out, findings = convert_text(once)
+    assert "XLA409" not in [f.code for f in findings] and "torch.where" not in out, out

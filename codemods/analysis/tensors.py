@@ -128,6 +128,14 @@ def tensor_names(scope_node: cst.CSTNode, qualnames: QualNames, loader_loops: It
     return tensors
 
 
+def annotated_tensors(fn: cst.FunctionDef, qualnames: QualNames) -> Set[str]:
+    """The parameters of ``fn`` annotated as tensors (``x: torch.Tensor``,
+    ``x: Tensor`` imported from torch)."""
+    params = [*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params]
+    return {p.name.value for p in params
+            if p.annotation is not None and "torch.Tensor" in qualnames(p.annotation.annotation)}
+
+
 def _pairs(target: cst.BaseExpression, value: cst.BaseExpression):  # type: ignore[no-untyped-def]
     """``(name, expression)`` for each name a tuple assignment binds from a
     tuple of the same length (``a, b = x, y``); nothing otherwise."""
