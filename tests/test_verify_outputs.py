@@ -14,7 +14,10 @@ def test_timings_are_left_out_even_when_two_reference_runs_print_the_same_value(
     out = Comparison()
     compare_text("stdout", [ref, ref], cand, 1e-3, 1e-5, out)
     assert all(o.ok for o in out.outputs), out.outputs
-    assert len(out.varies) == 2  # one entry per line whose timings were left out
+    # one entry per line whose timings were left out, naming them as written; nothing varied
+    assert out.by_form == ["stdout line 1: 12.34 ms, 81.0 it/s (of `step 0 | 12.34 ms/batch | 81.0 it/s`)",
+                           "stdout line 2: 0.004s (of `loss 0.08485 time: 0.004s`)"], out.by_form
+    assert out.varies == []
     # the step index and the loss are still compared
     wrong = Comparison()
     compare_text("stdout", [ref, ref], cand.replace("0.08485", "0.09999"), 1e-3, 1e-5, wrong)

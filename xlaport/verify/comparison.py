@@ -20,6 +20,8 @@ class Compared:
 class Comparison:
     outputs: List[Compared] = field(default_factory=list)
     varies: List[str] = field(default_factory=list)  # left out: differ between reference runs
+    # a line's timings, dates or sizes, left out by their form (its other numbers compared)
+    by_form: List[str] = field(default_factory=list)
     not_compared: List[str] = field(default_factory=list)  # with the reason
     float_order: List[str] = field(default_factory=list)  # agree within the original's own float-order noise
 

@@ -128,6 +128,7 @@ def judge(cand: "Run", compared, lines: "LineMapper", graphs: Path, warmup_steps
     report = Report("fail" if failures else "pass", outputs, metrics, events)
     report.failures = failures
     report.varies = compared.varies
+    report.by_form = compared.by_form
     report.not_compared = compared.not_compared
     report.float_order = compared.float_order
     return report

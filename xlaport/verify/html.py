@@ -13,7 +13,7 @@ from html import escape
 from pathlib import Path
 from typing import Dict, List
 
-from xlaport.verify.model import Report
+from xlaport.verify.model import BY_FORM, Report
 
 _CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
@@ -158,6 +158,7 @@ def _notes(report: Report) -> List[str]:
     out: List[str] = []
     for title, items, ident in (("Random, not compared", report.random, "random"),
                                 ("Varies between reference runs (not compared)", report.varies, "varies"),
+                                (BY_FORM.capitalize(), report.by_form, "by-form"),
                                 ("Not compared", report.not_compared, "not-compared"),
                                 ("Differences explained: float order, precision, torch_xla's BatchNorm", report.float_order, "float-order")):
         if items:

@@ -40,6 +40,10 @@ class Run:
     data: Dict[str, object] = field(default_factory=dict)  # everything the harness recorded
 
 
+# the heading of the numbers a report leaves out by their form (text and HTML)
+BY_FORM = "left out by their form (timings, dates, sizes; each line's other numbers compared)"
+
+
 @dataclass
 class Report:
     verdict: str
@@ -49,6 +53,7 @@ class Report:
     error: Optional[str] = None
     failures: List[str] = field(default_factory=list)
     varies: List[str] = field(default_factory=list)
+    by_form: List[str] = field(default_factory=list)  # timings, dates, sizes left out (the rest compared)
     not_compared: List[str] = field(default_factory=list)
     float_order: List[str] = field(default_factory=list)  # compared, within the original's float-order noise
     config: Dict[str, object] = field(default_factory=dict)
@@ -62,6 +67,7 @@ class Report:
             "config": self.config,
             "outputs": [o.__dict__ for o in self.outputs],
             "varies_between_runs": self.varies,
+            "left_out_by_form": self.by_form,
             "not_compared": self.not_compared,
             "within_float_order_noise": self.float_order,
             "random_not_compared": self.random,

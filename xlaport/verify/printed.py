@@ -71,18 +71,35 @@ def _values(line: str) -> List[str]:
     return [m.group() for j, m in enumerate(_NUMBER.finditer(line)) if j not in timing]
 
 
+def _by_form(label: str, text: str) -> List[str]:
+    """The lines of ``text`` whose timings, dates or sizes are left out
+    (what is left out, as written, then the line)."""
+    found = []
+    for i, line in enumerate(_numbered_lines(text)):
+        timing = _timings(line)
+        if not timing:
+            continue
+        spans = [m.span() for m in _TIME_LIKE.finditer(line)]
+        pieces = [line[a:b] for a, b in spans]
+        for j, m in enumerate(_NUMBER.finditer(line)):
+            if j in timing and not any(a <= m.start() < b for a, b in spans):
+                unit = _UNIT_AFTER.match(line, m.end())
+                pieces.append(m.group() + (unit.group().rstrip() if unit else ""))
+        shown = ", ".join(pieces[:4]) + (", ..." if len(pieces) > 4 else "")
+        found.append(f"{label} line {i + 1}: {shown} (of `{line.strip()[:60]}`)")
+    return found
+
+
 def _stable_positions(refs: Sequence[str]) -> Tuple[Optional[Set[Tuple[int, int]]], List[str]]:
     """(line, number) positions of the results (:func:`_values`) that vary
-    between the reference texts, and a description of each, with the lines
-    whose timings were left out; None when the texts do not even line up."""
+    between the reference texts, and a description of each; None when the
+    texts do not even line up."""
     lines = [_numbered_lines(t) for t in refs]
     if any(len(l) != len(lines[0]) for l in lines):
         return None, []
     varying: Set[Tuple[int, int]] = set()
     described: List[str] = []
     for i, group in enumerate(zip(*lines)):
-        if _timings(group[0]):
-            described.append(f"line {i + 1} (timings, dates or sizes, by their form): {group[0].strip()[:60]}")
         numbers = [_values(l) for l in group]
         if any(len(n) != len(numbers[0]) for n in numbers):
             varying |= {(i, j) for j in range(max(len(n) for n in numbers))}
@@ -100,6 +117,7 @@ def compare_text(label: str, refs: Sequence[str], cand: str, rtol: float, atol: 
     ones that vary between the reference runs."""
     varying, described = _stable_positions(refs)
     out.varies += [f"{label} {d}" for d in described]
+    out.by_form += _by_form(label, refs[0])
     for side, text in (("reference", refs[0]), ("conversion", cand)):
         out.not_compared += [f"{label}: written by a library on the {side}'s side: {line.strip()[:80]}"
                              for line in dict.fromkeys(library_lines(text))]

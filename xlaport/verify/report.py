@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from xlaport.verify.model import Report
+from xlaport.verify.model import BY_FORM, Report
 
 
 def render(report: Report) -> None:
@@ -67,6 +67,9 @@ def render(report: Report) -> None:
     if report.varies:
         console.print(f"varies between reference runs (not compared): {escape('; '.join(report.varies[:8]))}"
                       + (f" (+{len(report.varies) - 8} more)" if len(report.varies) > 8 else ""))
+    if report.by_form:
+        console.print(f"{BY_FORM}: {escape('; '.join(report.by_form[:4]))}"
+                      + (f" (+{len(report.by_form) - 4} more)" if len(report.by_form) > 4 else ""))
     for item in report.not_compared:
         console.print(f"[yellow]not compared[/]: {escape(item)}")
     if report.float_order:
