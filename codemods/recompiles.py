@@ -112,6 +112,7 @@ class Recompiles(XlaCodemod):
     def regions(self, tree):
         # names bound from a host draw (`teacher_force = random.random() < ratio`), module-wide by their text
         self._coins: Set[str] = set()  # teacher_force = random.random() < ratio
+        self._bools: Set[str] = set()  # those of them that hold a bool (not `use_tf and random.random() < p`)
         self._draws_bound: Set[str] = set()  # layerdrop_prob = np.random.random()
         for assign in tree.nodes((cst.Assign,)):
             value = assign.value  # type: ignore[attr-defined]
@@ -119,6 +120,8 @@ class Recompiles(XlaCodemod):
                 kind = self._coins if isinstance(value, (cst.Comparison, cst.BooleanOperation, cst.UnaryOperation)) \
                     or _truth(value) else self._draws_bound
                 kind.update(dotted(t.target) or "" for t in assign.targets)  # type: ignore[attr-defined]
+                if _is_bool(value, set()):
+                    self._bools.update(dotted(t.target) or "" for t in assign.targets)  # type: ignore[attr-defined]
         self._coins.discard("")
         self._draws_bound.discard("")
         return tree.statements_where(lambda n: "random" in n.value or n.value in _TORCH_DRAWS or n.value in self._coins
@@ -186,9 +189,18 @@ class Recompiles(XlaCodemod):
             return updated_node
         imports.need(self.context, "torch")
         code = cst.Module([]).code_for_node
-        coin = cst.parse_expression(f"torch.tensor([{code(updated_node.test)}], device={code(device)}.device)[0]")
+        coin = cst.parse_expression(f"torch.tensor([{self._truth_of(updated_node.test)}], device="
+                                    f"{code(device)}.device)[0]")
         return cst.Call(func=cst.parse_expression("torch.where"),
                         args=[cst.Arg(coin), cst.Arg(updated_node.body), cst.Arg(updated_node.orelse)])
+
+    def _truth_of(self, test: cst.BaseExpression) -> str:
+        """The code of ``test`` as a bool, what ``torch.where`` chooses by:
+        as it is where it is one (a comparison, ``not``, a flag bound to
+        one), else in ``bool(...)`` (``ratio and random.random() < ratio`` is
+        ``0.0`` where ``ratio`` is: a float tensor ``torch.where`` refuses)."""
+        text = cst.Module([]).code_for_node(test)
+        return text if _is_bool(test, self._bools) else f"bool({text})"
 
     def _tensor_side(self, node: cst.CSTNode, sides) -> Optional[cst.BaseExpression]:  # type: ignore[no-untyped-def]
         """The side of the choice at ``node`` whose device it is sent to,
@@ -231,7 +243,7 @@ class Recompiles(XlaCodemod):
         target, then, other = chosen  # type: ignore[misc]
         imports.need(self.context, "torch")
         code = cst.Module([]).code_for_node
-        value = cst.parse_expression(f"torch.where(torch.tensor([{code(updated_node.test)}], device="
+        value = cst.parse_expression(f"torch.where(torch.tensor([{self._truth_of(updated_node.test)}], device="
                                      f"{code(device)}.device)[0], {code(then)}, {code(other)})")
         return cst.SimpleStatementLine(
             body=[cst.Assign(targets=[cst.AssignTarget(target)], value=value)],
@@ -265,6 +277,20 @@ class Recompiles(XlaCodemod):
             name = sorted(found)[0].rsplit(".", 1)[1]
             self.flag(node, RAGGED.code, f"`{name}` pads to the longest sequence of each batch: a new XLA graph for "
                       "every batch length; pad to a fixed length (or a few bucket lengths)", fix=False)
+
+
+def _is_bool(node: cst.BaseExpression, flags: Set[str]) -> bool:
+    """``node`` is a bool: a comparison, a ``not``, ``True if ... else
+    False``, a ``bool(...)``, a name in ``flags``, or ``and``/``or`` of such."""
+    if isinstance(node, (cst.Comparison,)) or _truth(node):
+        return True
+    if isinstance(node, cst.UnaryOperation):
+        return isinstance(node.operator, cst.Not)
+    if isinstance(node, cst.BooleanOperation):
+        return _is_bool(node.left, flags) and _is_bool(node.right, flags)
+    if isinstance(node, cst.Call):
+        return isinstance(node.func, cst.Name) and node.func.value == "bool"
+    return isinstance(node, (cst.Name, cst.Attribute)) and dotted(node) in flags
 
 
 def _truth(node: cst.BaseExpression) -> bool:

@@ -219,3 +219,32 @@ def test_a_coin_in_a_helper_the_decoder_loop_calls_chooses_on_the_device():
                           "    out, h = model(inp, h)\n    inp = teacher_forcing(out, trg[1])\n")
     out, findings = convert_text(once)
     assert "XLA409" not in [f.code for f in findings] and "torch.where" not in out, out
+
+
+@pytest.mark.parametrize("test, truth", [
+    ("ratio and random.random() < ratio", "bool(ratio and random.random() < ratio)"),  # 0.0 where ratio is
+    ("force and random.random() < 0.5", "force and random.random() < 0.5"),  # a bool already
+    ("not force", "not force"),
+])
+def test_the_choice_is_sent_as_a_bool_whatever_the_test_evaluates_to(test, truth):
+    """`torch.where` takes a bool tensor only: a test that may evaluate to a
+    number (`ratio and ...` is `0.0` where `ratio` is) is sent as its truth,
+    and the converted line runs where the original did."""
+    import torch
+
+    out, findings = convert_text(COIN.replace("trg[t] if force else pred", f"trg[t] if {test} else pred"))
+    line = next(line.strip() for line in out.splitlines() if "torch.where" in line)
+    assert line == f"inp = torch.where(torch.tensor([{truth}], device=pred.device)[0], trg[t], pred)", out
+    for ratio in (0.0, 1.0):
+        scope = {"torch": torch, "random": _Always(), "ratio": ratio, "force": ratio > 0.5,
+                 "trg": torch.arange(6).view(2, 3), "t": 1, "pred": torch.zeros(3, dtype=torch.long)}
+        exec(line, scope)
+        assert scope["inp"].tolist() == ([3, 4, 5] if eval(test, scope) else [0, 0, 0])
+
+
+class _Always:
+    """A stand-in for `random` whose draw is always below the ratio."""
+
+    @staticmethod
+    def random():
+        return -1.0
