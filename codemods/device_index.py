@@ -59,13 +59,13 @@ number (``torch.full(shape, alphas[t])``, ``float(alphas[t])``,
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Set, Tuple
+from typing import Dict, Optional, Tuple
 
 import libcst as cst
 
 from codemods.loop_codemod import LoopCodemod
 from codemods.step_callers import counter_calls
-from codemods.analysis.counters import loop_counters, made_tensor
+from codemods.analysis.counters import made_tensor
 from codemods.analysis.loops import module_facts
 from codemods.analysis.placement import fill_argument, on_device
 from codemods.analysis.steps import SCALAR_READS

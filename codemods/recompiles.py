@@ -33,7 +33,7 @@ Both speak only in code being ported (a module with CUDA or XLA code).
 
 from __future__ import annotations
 
-from typing import Optional, Set
+from typing import Optional, Sequence, Set
 
 import libcst as cst
 
@@ -187,20 +187,21 @@ class Recompiles(XlaCodemod):
                          "loop: chosen on the device with `torch.where` (the same draw, one graph for every pattern "
                          "of choices)", fix=True, related=(loop,)):
             return updated_node
+        return self._on_device(updated_node.test, device, updated_node.body, updated_node.orelse)
+
+    def _on_device(self, test: cst.BaseExpression, device: cst.BaseExpression, then: cst.BaseExpression,
+                   other: cst.BaseExpression) -> cst.Call:
+        """``torch.where(torch.tensor([test], device=device.device)[0], then,
+        other)``: the same draw, sent as a bool, what ``torch.where`` chooses
+        by -- as written where it is one (a comparison, ``not``, a flag bound
+        to one), else in ``bool(...)`` (``ratio and random.random() < ratio``
+        is ``0.0`` where ``ratio`` is: a float tensor ``torch.where``
+        refuses)."""
         imports.need(self.context, "torch")
         code = cst.Module([]).code_for_node
-        coin = cst.parse_expression(f"torch.tensor([{self._truth_of(updated_node.test)}], device="
-                                    f"{code(device)}.device)[0]")
-        return cst.Call(func=cst.parse_expression("torch.where"),
-                        args=[cst.Arg(coin), cst.Arg(updated_node.body), cst.Arg(updated_node.orelse)])
-
-    def _truth_of(self, test: cst.BaseExpression) -> str:
-        """The code of ``test`` as a bool, what ``torch.where`` chooses by:
-        as it is where it is one (a comparison, ``not``, a flag bound to
-        one), else in ``bool(...)`` (``ratio and random.random() < ratio`` is
-        ``0.0`` where ``ratio`` is: a float tensor ``torch.where`` refuses)."""
-        text = cst.Module([]).code_for_node(test)
-        return text if _is_bool(test, self._bools) else f"bool({text})"
+        truth = code(test) if _is_bool(test, self._bools) else f"bool({code(test)})"
+        coin = cst.parse_expression(f"torch.tensor([{truth}], device={code(device)}.device)[0]")
+        return cst.Call(func=cst.parse_expression("torch.where"), args=[cst.Arg(coin), cst.Arg(then), cst.Arg(other)])
 
     def _tensor_side(self, node: cst.CSTNode, sides) -> Optional[cst.BaseExpression]:  # type: ignore[no-untyped-def]
         """The side of the choice at ``node`` whose device it is sent to,
@@ -231,8 +232,7 @@ class Recompiles(XlaCodemod):
         if loop is None or not self._coin(original_node.test):
             return updated_node
         chosen = self._assigned_choice(original_node)
-        sides = chosen and (chosen[1], chosen[2])
-        device = sides and self._tensor_side(original_node, sides)
+        device = self._tensor_side(original_node, chosen[1:]) if chosen is not None else None
         if device is None or not self.flag(
                 original_node.test, HOST_COIN.code, "a choice drawn from the host's random numbers in a loop: "
                 "chosen on the device with `torch.where` in one assignment (the same draw, one graph for every "
@@ -241,10 +241,7 @@ class Recompiles(XlaCodemod):
                 self._chooses(original_node, original_node.test)
             return updated_node
         target, then, other = chosen  # type: ignore[misc]
-        imports.need(self.context, "torch")
-        code = cst.Module([]).code_for_node
-        value = cst.parse_expression(f"torch.where(torch.tensor([{self._truth_of(updated_node.test)}], device="
-                                     f"{code(device)}.device)[0], {code(then)}, {code(other)})")
+        value = self._on_device(updated_node.test, device, then, other)
         return cst.SimpleStatementLine(
             body=[cst.Assign(targets=[cst.AssignTarget(target)], value=value)],
             leading_lines=[*updated_node.leading_lines, *_comments(original_node)])
@@ -254,19 +251,19 @@ class Recompiles(XlaCodemod):
         only assigns one target in each branch (the ``else`` may be left
         out where the statement just before assigns that target: its value
         is the one kept), or None."""
-        then = _only_assign(node.body)
+        then = _only_assign(node.body.body)
         if then is None or isinstance(node.orelse, cst.If):
             return None
         code = cst.Module([]).code_for_node
         if node.orelse is not None:
-            other = _only_assign(node.orelse.body)
+            other = _only_assign(node.orelse.body.body)
             if other is None or code(other[0]) != code(then[0]):
                 return None
             return then[0], then[1], other[1]
         parent = self.parent(node)
         body = list(getattr(parent, "body", ()))
         at = next((i for i, s in enumerate(body) if s is node), 0)
-        before = _only_assign(cst.IndentedBlock(body=[body[at - 1]])) if at > 0 else None
+        before = _only_assign(body[at - 1:at]) if at > 0 else None
         if before is None or code(before[0]) != code(then[0]) or not isinstance(then[0], cst.Name):
             return None
         return then[0], then[1], then[0]
@@ -282,7 +279,7 @@ class Recompiles(XlaCodemod):
 def _is_bool(node: cst.BaseExpression, flags: Set[str]) -> bool:
     """``node`` is a bool: a comparison, a ``not``, ``True if ... else
     False``, a ``bool(...)``, a name in ``flags``, or ``and``/``or`` of such."""
-    if isinstance(node, (cst.Comparison,)) or _truth(node):
+    if isinstance(node, cst.Comparison) or _truth(node):
         return True
     if isinstance(node, cst.UnaryOperation):
         return isinstance(node.operator, cst.Not)
@@ -300,11 +297,10 @@ def _truth(node: cst.BaseExpression) -> bool:
         isinstance(side, cst.Name) and side.value in ("True", "False") for side in (node.body, node.orelse))
 
 
-def _only_assign(block: cst.BaseSuite):  # type: ignore[no-untyped-def]
-    """(target, value) of a block that is one assignment of a value read
-    without side effects to one target read so (``inp = trg[t]``,
-    ``dec_in[:, t] = out[:, t]``), or None."""
-    body = getattr(block, "body", ())
+def _only_assign(body: Sequence[cst.CSTNode]):  # type: ignore[no-untyped-def]
+    """(target, value) of statements that are one assignment to one target
+    read without side effects (``inp = trg[t]``, ``dec_in[:, t] = out[:, t]``),
+    or None."""
     if len(body) != 1 or not isinstance(body[0], cst.SimpleStatementLine) or len(body[0].body) != 1:
         return None
     stmt = body[0].body[0]

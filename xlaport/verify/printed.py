@@ -55,13 +55,23 @@ _TIME_LIKE = re.compile(r"\d+h\s*\d+m(?:\s*\d+(?:\.\d+)?s)?|\d+m\s*\d+(?:\.\d+)?
 
 def _timings(line: str) -> Set[int]:
     """Indices of the numbers in ``line`` that are timings, dates or sizes."""
+    return set(_timed(line)[0])
+
+
+def _timed(line: str) -> Tuple[List[int], List[str]]:
+    """The indices of ``line``'s numbers that are timings, dates or sizes,
+    and those as written (``0:01:23`` whole, ``781ms`` with its unit)."""
     spans = [m.span() for m in _TIME_LIKE.finditer(line)]
-    found: Set[int] = set()
+    found: List[int] = []
+    pieces = [line[a:b] for a, b in spans]
     for j, m in enumerate(_NUMBER.finditer(line)):
-        if _UNIT_AFTER.match(line, m.end()) or _WORD_BEFORE.search(line[: m.start()]) \
-                or any(a <= m.start() < b for a, b in spans):
-            found.add(j)
-    return found
+        within = any(a <= m.start() < b for a, b in spans)
+        unit = _UNIT_AFTER.match(line, m.end())
+        if unit or _WORD_BEFORE.search(line[: m.start()]) or within:
+            found.append(j)
+            if not within:
+                pieces.append(m.group() + (unit.group().rstrip() if unit else ""))
+    return found, pieces
 
 
 def _values(line: str) -> List[str]:
@@ -76,15 +86,9 @@ def _by_form(label: str, text: str) -> List[str]:
     (what is left out, as written, then the line)."""
     found = []
     for i, line in enumerate(_numbered_lines(text)):
-        timing = _timings(line)
+        timing, pieces = _timed(line)
         if not timing:
             continue
-        spans = [m.span() for m in _TIME_LIKE.finditer(line)]
-        pieces = [line[a:b] for a, b in spans]
-        for j, m in enumerate(_NUMBER.finditer(line)):
-            if j in timing and not any(a <= m.start() < b for a, b in spans):
-                unit = _UNIT_AFTER.match(line, m.end())
-                pieces.append(m.group() + (unit.group().rstrip() if unit else ""))
         shown = ", ".join(pieces[:4]) + (", ..." if len(pieces) > 4 else "")
         found.append(f"{label} line {i + 1}: {shown} (of `{line.strip()[:60]}`)")
     return found
