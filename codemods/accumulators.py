@@ -30,7 +30,7 @@ from codemods.analysis.placement import host_read
 from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP
 from codemods.base import Rule, call_name, find_all
 from codemods.syntax import imports
-from codemods.syntax.nodes import is_stored
+from codemods.syntax.nodes import SCOPES, is_stored
 
 ACCUMULATOR = Rule(
     code="XLA412",
@@ -64,7 +64,6 @@ ACCUMULATOR = Rule(
     ),
 )
 
-_SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 _SCALES = (cst.MultiplyAssign, cst.DivideAssign, cst.FloorDivideAssign, cst.ModuloAssign, cst.PowerAssign)
 _HOST_NUMBERS = {"len", "size", "numel", "dim"}  # calls whose value is a Python int
 
@@ -93,7 +92,7 @@ class DeviceAccumulators(DetachesItems, LoopCodemod):
         """Decide for the scope's accumulators before its code is walked (a
         read may come before the loop that sums)."""
         body = scope.body if isinstance(scope, cst.FunctionDef) else scope
-        augs = [a for a in find_all(body, cst.AugAssign, stop=_SCOPES) if isinstance(a.target, cst.Name)]  # type: ignore
+        augs = [a for a in find_all(body, cst.AugAssign, stop=SCOPES) if isinstance(a.target, cst.Name)]  # type: ignore
         if not augs:
             return
         where = self.tree.start_positions(augs)
@@ -102,7 +101,7 @@ class DeviceAccumulators(DetachesItems, LoopCodemod):
                 self._decide(aug, scope)  # type: ignore[arg-type]
 
     def _decide(self, node: cst.AugAssign, scope: cst.CSTNode) -> None:
-        if self._hot_loop(node) is None or not self._item_reads(node.value):
+        if self.innermost_hot_loop(node) is None or not self._item_reads(node.value):
             return
         plan = self._plan(node, scope)
         if plan is None:
@@ -118,19 +117,6 @@ class DeviceAccumulators(DetachesItems, LoopCodemod):
         self._reads.update(id(r) for r in reads)
         for loop in loops:
             self._restores.setdefault(id(loop), []).append(name)
-
-    def _hot_loop(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
-        """The innermost loop around ``node`` (in its function), when a step
-        or loader loop holds it."""
-        loops = []
-        for anc in self.ancestors(node):
-            if isinstance(anc, _SCOPES):
-                break
-            if isinstance(anc, (cst.For, cst.While)):
-                loops.append(anc)
-        if any(self.is_step_loop(lp) or (isinstance(lp, cst.For) and self.loaders.is_loader_loop(lp)) for lp in loops):
-            return loops[0]
-        return None
 
     def _item_reads(self, value: cst.BaseExpression) -> Optional[List[cst.Call]]:
         """The ``.item()`` reads of device tensors in ``value``, when the rest
@@ -164,10 +150,10 @@ class DeviceAccumulators(DetachesItems, LoopCodemod):
             occurrences.append((occurrence, role))
             summed = self.parent(occurrence)
             if role == "aug" and self._item_reads(summed.value):  # type: ignore[attr-defined]
-                if self._hot_loop(summed) is None:
+                if self.innermost_hot_loop(summed) is None:
                     return None  # a sum of `.item()` outside any step: it stays a Python number
                 augs.append(summed)  # type: ignore[arg-type]
-        loops = list({id(lp): lp for lp in (self._hot_loop(a) for a in augs)}.values())
+        loops = list({id(lp): lp for lp in (self.innermost_hot_loop(a) for a in augs)}.values())
         reads: List[cst.Name] = []
         for occurrence, role in occurrences:
             inside = next((lp for lp in loops if any(a is lp for a in self.ancestors(occurrence))), None)
@@ -190,7 +176,7 @@ class DeviceAccumulators(DetachesItems, LoopCodemod):
         for anc in self.ancestors(name):
             if anc is scope:
                 break
-            if isinstance(anc, _SCOPES):
+            if isinstance(anc, SCOPES):
                 return None  # used in a nested scope
         if isinstance(parent, cst.AugAssign) and parent.target is name:
             if isinstance(parent.operator, (cst.AddAssign, cst.SubtractAssign)):

@@ -30,6 +30,7 @@ from codemods.analysis.bindings import read_from_module
 from codemods.analysis.tensors import tensor_names
 from codemods.analysis.values import values as values_of
 from codemods.base import SOURCE_KEY, XlaCodemod, call_name
+from codemods.syntax.nodes import SCOPES
 
 class LoopCodemod(XlaCodemod):
     """A codemod that knows, while it walks, whether it is inside a step loop,
@@ -186,6 +187,19 @@ class LoopCodemod(XlaCodemod):
     @property
     def tensors(self) -> Set[str]:
         return self.tensor_stack[-1] if self.tensor_stack else set()
+
+    def innermost_hot_loop(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+        """The innermost loop around ``node`` in its own scope, when a step or
+        loader loop of that scope holds it (XLA412's sums, XLA425's meters)."""
+        loops = []
+        for anc in self.ancestors(node):
+            if isinstance(anc, SCOPES):
+                break
+            if isinstance(anc, (cst.For, cst.While)):
+                loops.append(anc)
+        if any(self.is_step_loop(lp) or (isinstance(lp, cst.For) and self.loaders.is_loader_loop(lp)) for lp in loops):
+            return loops[0]
+        return None
 
     def hot_loop_line(self) -> int:
         """The line of the user's file where the innermost hot loop starts."""

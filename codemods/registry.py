@@ -41,6 +41,7 @@ ORDER: Tuple[Tuple[str, str], ...] = (
     ("codemods.accumulators", "DeviceAccumulators"),
     # likewise: the values it keeps on the device for a log are read there, after the barrier it places
     ("codemods.logged_values", "LoggedValues"),
+    ("codemods.meters", "DeviceMeters"),  # likewise: a meter handed the tensor is no read for the barriers
     # before the prints too: a walk in a print (`''.join([itos[int(i)] for i in y])`) is read once there,
     # then deferred with it (in a step closure it runs after the step, a graph per element all the same)
     ("codemods.element_reads", "ElementReads"),

@@ -79,6 +79,9 @@ CODEMODS = (
     ('codemods.logged_values', 'LoggedValues', (b'.item(',), ('step_loop', 'loader_loop'), (
         ('XLA421', 'logged-step-values', "values a step stores for its log with `.item()` (`loss['d'] = d_loss.item()`) stay on the device, read where the log reads them", True),
     ), ()),
+    ('codemods.meters', 'DeviceMeters', (b'.item(',), ('step_loop', 'loader_loop'), (
+        ('XLA425', 'device-meter', 'a meter handed `.item()` every step (`losses.update(loss.item(), n)`) is handed the tensor, read back after the loop', True),
+    ), ()),
     ('codemods.element_reads', 'ElementReads', (b'.item(', b'.tolist(', b'.numpy(', b'.cpu(', b'float(', b'int(', b'bool(', b'if ', b'while ', b'nonzero', b'masked_select', b'unique', b'where(', b'[', b'for '), ('step_loop', 'loader_loop', 'step_method', 'option:include_cold'), (
         ('XLA416', 'element-number-walk', 'a walk over a device tensor that reads each element as a number (`int(i)`) reads it once: `y.flatten().tolist()`, or walks its host copy where the elements are used on the host', True),
     ), ()),

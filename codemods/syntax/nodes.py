@@ -167,6 +167,9 @@ def walk(node: cst.CSTNode, stop: Tuple[type, ...] = ()) -> Iterator[cst.CSTNode
         extend(children(n))
 
 
+# what starts a scope of its own: a name bound inside one is not the name of the code around it
+SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+
 _TARGET_OF = (cst.AugAssign, cst.AnnAssign, cst.WithItem, cst.For, cst.CompFor)
 
 

@@ -1,4 +1,4 @@
-"""Test-only observer: at exit, write torch_xla's compile and execution counts
+"""Test-only observer: at exit, write torch_xla's compile, execution and transfer counts
 to $XLAPORT_TEST_METRICS -- reading only, and only if the program itself
 imported torch_xla (nothing is imported into a program that did not)."""
 import atexit
@@ -19,7 +19,8 @@ def _dump():
 
     with open(out, "w") as f:
         fallbacks = {n: met.counter_value(n) for n in met.counter_names() if n.startswith("aten::")}  # (CPU fallbacks)
-        json.dump({"compiles": samples("CompileTime"), "executions": samples("ExecuteTime"), "fallbacks": fallbacks}, f)
+        json.dump({"compiles": samples("CompileTime"), "executions": samples("ExecuteTime"), "fallbacks": fallbacks,
+                   "transfers": samples("TransferFromDeviceTime")}, f)  # (copies to the host: each host read)
 
 
 atexit.register(_dump)
