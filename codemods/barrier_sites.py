@@ -17,7 +17,8 @@ from typing import Optional, Tuple
 
 import libcst as cst
 
-from codemods.analysis import Loop, has_barrier, is_barrier_call
+from codemods.analysis import Loop, has_barrier
+from codemods.analysis.syncs import syncs_by_hand
 from codemods.analysis.cuda import scope_of
 from codemods.analysis.growth import whole_growth
 from codemods.analysis.loops import body_statements, loop_step_kind
@@ -140,19 +141,8 @@ class BarrierSites:
         return PassReads(self.tree, self.tensors, self.qualnames).first(list(stmts))
 
     def _syncs_by_hand(self) -> bool:
-        """The module already calls a barrier somewhere (``xm.mark_step()``,
-        ``torch_xla.sync()``, ``xm.optimizer_step(..., barrier=True)``)."""
-        def scan() -> bool:
-            src = self.tree.source  # the original file, before any rule ran
-            if src and not any(k in src for k in (b"mark_step", b"sync", b"barrier")):
-                return False
-            if src and b"torch_xla" not in src:
-                # the barriers in the tree were put there by xlaport itself (a
-                # converted `torch.cuda.synchronize()`), not by its authors
-                return False
-            return any(is_barrier_call(c, self.target.barrier_names, self.qualnames)  # type: ignore[arg-type]
-                       for c in find_all(self.tree.module, cst.Call))
-        return bool(self._memo("syncs_by_hand", self.tree.module, scan))
+        """The module already calls a barrier somewhere (``analysis.syncs.syncs_by_hand``)."""
+        return syncs_by_hand(self.tree, self.target.barrier_names, self.qualnames)  # type: ignore[arg-type]
 
     def _defers(self, loop: Loop) -> bool:
         """The loop's own body hands work to step closures (deferred prints)."""

@@ -68,19 +68,10 @@ DEVICE_LOADER = Rule(
 )
 
 
-class DeviceLoader(LoopCodemod):
-    DESCRIPTION = "Wrap DataLoaders iterated by a loop in MpDeviceLoader."
-    RESPECTS_HAND_PORTS = True  # a module that knows XLA wraps its own loaders (transformers\' Trainer)
-    RULES = (DEVICE_LOADER,)
-    TRIGGERS = (b"oader", b"_dl")
-    NEEDS = (LOADER_LOOP,)
-
-    @classmethod
-    def wanted(cls, tree, options):
-        return bool(module_facts(tree).loader_loops)
-
-    def regions(self, tree):
-        return module_facts(tree).loader_loops
+class LoaderWrapping:
+    """What XLA301 decides for a loop, for a :class:`LoopCodemod` that needs
+    to know (``refusal``): XLA301 itself, and XLA425, whose meters summed on
+    the device need the sync a device loader makes after every batch."""
 
     def _callers_device(self, loop: cst.CSTNode) -> bool:
         """The loop is in a function, or a class, that takes a device from its
@@ -137,38 +128,70 @@ class DeviceLoader(LoopCodemod):
                 return True  # handed to something that may move it
         return False
 
-    def rewrite_loop(self, original, updated):
+    def refusal(self, original: cst.CSTNode):  # type: ignore[no-untyped-def]
+        """Why XLA301 leaves a loop's loader as it is: ``("skip", None)`` for
+        a loop it does not concern (or that walks a device loader already), a
+        reason it reports with what names it (``("host_model", name)``,
+        ``("callers_device", None)``, ``("meets", call)``, ``("numpy", name)``),
+        or None where it wraps the loader (XLA425 asks: such a loop syncs after
+        every batch once converted)."""
         if not isinstance(original, cst.For) or self.target.loader is None:
-            return updated
+            return ("skip", None)
         if is_device_loader_expr(original.iter, self.target.loader_names, self.qualnames):
-            return updated
+            return ("skip", None)
         inner = loop_iterable(original)
         if not self.loaders.is_data_loader_expr(inner) or batches_stay_on_host(original):
-            return updated  # (host code: its batches are never moved nor handed on)
+            return ("skip", None)  # (host code: its batches are never moved nor handed on)
         host_model = self._model_on_host(original)
         if host_model:
-            self.flag(inner, DEVICE_LOADER.code, f"DataLoader loop whose model `{host_model}` is never moved to a "
-                      "device: its batches stay on the host here; move the model (`.to(device)`) and wrap the "
-                      "loader in `MpDeviceLoader` together, or leave both on the CPU", fix=False)
-            return updated
+            return ("host_model", host_model)
         if self._callers_device(original):
-            self.flag(inner, DEVICE_LOADER.code, "DataLoader loop in code that takes its device from the caller: "
-                      "wrap the loader in `MpDeviceLoader(loader, device)` where the device is chosen", fix=False)
-            return updated
+            return ("callers_device", None)
         meets = batch_meets_host_tensor(self.tree, original)
         if meets is not None:
-            line = self.user_line(self.position(meets)[0])
-            self.flag(inner, DEVICE_LOADER.code, f"DataLoader loop whose batches meet tensors made on the host (the "
-                      f"`{call_name(meets)}` at line {line}): a device loader would put them on the device first; "
-                      "make those tensors on the batch's device (`device=x.device`), then wrap the loader in "
-                      "`MpDeviceLoader`", fix=False, related=(meets,))
+            return ("meets", meets)
+        rebound = _numpy_reads(original)[1]
+        return ("numpy", rebound) if rebound else None
+
+
+class DeviceLoader(LoaderWrapping, LoopCodemod):
+    DESCRIPTION = "Wrap DataLoaders iterated by a loop in MpDeviceLoader."
+    RESPECTS_HAND_PORTS = True  # a module that knows XLA wraps its own loaders (transformers\' Trainer)
+    RULES = (DEVICE_LOADER,)
+    TRIGGERS = (b"oader", b"_dl")
+    NEEDS = (LOADER_LOOP,)
+
+    @classmethod
+    def wanted(cls, tree, options):
+        return bool(module_facts(tree).loader_loops)
+
+    def regions(self, tree):
+        return module_facts(tree).loader_loops
+
+    def rewrite_loop(self, original, updated):
+        refused = self.refusal(original)
+        inner = loop_iterable(original) if isinstance(original, cst.For) else None
+        if refused is not None:
+            kind, what = refused
+            if kind == "host_model":
+                self.flag(inner, DEVICE_LOADER.code, f"DataLoader loop whose model `{what}` is never moved to a "
+                          "device: its batches stay on the host here; move the model (`.to(device)`) and wrap the "
+                          "loader in `MpDeviceLoader` together, or leave both on the CPU", fix=False)
+            elif kind == "callers_device":
+                self.flag(inner, DEVICE_LOADER.code, "DataLoader loop in code that takes its device from the caller: "
+                          "wrap the loader in `MpDeviceLoader(loader, device)` where the device is chosen", fix=False)
+            elif kind == "meets":
+                line = self.user_line(self.position(what)[0])
+                self.flag(inner, DEVICE_LOADER.code, f"DataLoader loop whose batches meet tensors made on the host "
+                          f"(the `{call_name(what)}` at line {line}): a device loader would put them on the device "
+                          "first; make those tensors on the batch's device (`device=x.device`), then wrap the loader "
+                          "in `MpDeviceLoader`", fix=False, related=(what,))
+            elif kind == "numpy":
+                self.flag(inner, DEVICE_LOADER.code, f"DataLoader loop whose batch `{what}` is read on the host "
+                          "(`.numpy()`) after the body rebinds it: wrap the loader in `MpDeviceLoader` and read it "
+                          "with `.cpu().numpy()`", fix=False)
             return updated
-        to_numpy, rebound = _numpy_reads(original)
-        if rebound:
-            self.flag(inner, DEVICE_LOADER.code, f"DataLoader loop whose batch `{rebound}` is read on the host "
-                      "(`.numpy()`) after the body rebinds it: wrap the loader in `MpDeviceLoader` and read it "
-                      "with `.cpu().numpy()`", fix=False)
-            return updated
+        to_numpy = _numpy_reads(original)[0]
         read = f"; `{to_numpy[0]}.numpy()` reads it back with `.cpu()`" if to_numpy else ""
         if not self.flag(inner, DEVICE_LOADER.code, f"DataLoader loop -> MpDeviceLoader (syncs after every batch){read}",
                          fix=True):

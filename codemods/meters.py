@@ -41,15 +41,17 @@ import libcst as cst
 from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.meter_uses import MeterUses, scope_of
 from codemods.analysis.meters import shows_only, value_attributes
+from codemods.analysis.loops import loop_iterable
 from codemods.analysis.objects import instance_class, method_of
 from codemods.analysis.placement import host_read
 from codemods.analysis.prefilter import LOADER_LOOP, STEP_LOOP
 from codemods.analysis.step_tail import step_end
 from codemods.analysis.store_methods import _without_self, stores_only
-from codemods.analysis.loops import loop_step_kind
-from codemods.analysis.syncs import body_statements, syncs_on_every_path
+from codemods.analysis.syncs import body_statements, syncs_by_hand, syncs_on_every_path
 from codemods.analysis.tensor_functions import handed_tensors
 from codemods.base import Rule, call_name, find_all
+from codemods.barriers import STEP_BARRIER
+from codemods.loaders import DEVICE_LOADER, LoaderWrapping
 from codemods.loop_codemod import DetachesItems, LoopCodemod
 from codemods.syntax import imports
 from codemods.syntax.nodes import SCOPES
@@ -100,10 +102,11 @@ DEVICE_METER = Rule(
     ),
 )
 
+_HANDED = "__xlaport_handed__"  # (no program's name: what a store call is handed in place of `.item()`)
 _RESHAPE = cst.Arg(cst.Tuple([], lpar=[cst.LeftParen()], rpar=[cst.RightParen()]))
 
 
-class DeviceMeters(DetachesItems, LoopCodemod):
+class DeviceMeters(DetachesItems, LoaderWrapping, LoopCodemod):
     DESCRIPTION = "Hand a meter the step's tensor instead of `.item()`; read its numbers back once, after the loop."
     RULES = (DEVICE_METER,)
     TRIGGERS = (b".item(",)
@@ -161,10 +164,12 @@ class DeviceMeters(DetachesItems, LoopCodemod):
         blocks = self._log_blocks(list(loops.values()), uses.shown)
         if blocks is None:
             return
-        for call in calls:
-            if not self.flag(call, DEVICE_METER.code, f"`{name}` is handed `.item()` every step: handed the tensor, "
-                             "its numbers read back once after the loop", fix=True):
-                return
+        if not self.enabled(DEVICE_METER.code) or any(self.is_suppressed(c, DEVICE_METER.code) for c in calls):
+            return  # (all of its calls or none: a meter handed numbers and tensors would mix them)
+        flagged = [self.flag(call, DEVICE_METER.code, f"`{name}` is handed `.item()` every step: handed the tensor, "
+                             "its numbers read back once after the loop", fix=True) for call in calls]
+        if not all(flagged):
+            return  # (a line outside --diff-base's changes)
         for call in calls:
             self.detached.update(id(c) for c in self._items(call))
         self._blocks.update(blocks)
@@ -173,19 +178,31 @@ class DeviceMeters(DetachesItems, LoopCodemod):
 
     def _cut_every_pass(self, loop: cst.CSTNode) -> bool:
         """Every pass of ``loop`` ends in a graph of its own once converted: a
-        training step (XLA302 places its barrier), a loop that syncs already,
-        or a target that runs eagerly."""
-        return self.target.sync is None or loop_step_kind(self.tree, loop, self.steps) == "step" \
-            or syncs_on_every_path(body_statements(loop), self.syncs)  # type: ignore[arg-type]
+        step loop of a module its authors did not sync by hand (XLA302 places
+        its barrier: a training step, an evaluation pass that sums tensors in
+        another meter), a loop over a loader XLA301 wraps, a loop that syncs
+        already, or a target that runs eagerly."""
+        if self.target.sync is None or syncs_on_every_path(body_statements(loop), self.syncs):  # type: ignore[arg-type]
+            return True
+        if syncs_by_hand(self.tree, self.target.barrier_names, self.qualnames):  # type: ignore[arg-type]
+            return False  # (its authors place the barriers: XLA302 adds none)
+        return self.is_step_loop(loop) and self.selected(STEP_BARRIER.code) or self._wrapped(loop)
+
+    def _wrapped(self, loop: cst.CSTNode) -> bool:
+        """XLA301 wraps the loop's loader in a device loader, which syncs after every batch."""
+        if self.tree.knows_xla or not self.selected(DEVICE_LOADER.code) or self.refusal(loop) is not None:
+            return False
+        return not self.is_suppressed(loop_iterable(loop), DEVICE_LOADER.code)  # type: ignore[arg-type]
 
     def _values(self, cls: cst.ClassDef, calls: List[cst.Call]) -> Optional[Tuple[str, ...]]:
         """The attributes the handed values reach, in the order the store methods bind them."""
         out: Dict[str, None] = {}
         for call in calls:
             items = self._items(call)
-            probe = call.with_changes(args=[a.with_changes(value=a.value.func.value)  # type: ignore[attr-defined]
-                                            if a.value in items else a for a in call.args])
-            tensors = self.tensors
+            # the call as it will be: each `.item()` a tensor (a name known to hold one: `t.item()` read a device tensor)
+            probe = call.with_changes(args=[a.with_changes(value=cst.Name(_HANDED)) if a.value in items else a
+                                            for a in call.args])
+            tensors = self.tensors | {_HANDED}
             found = method_of(self.tree, call, self.qualnames)
             if found is None or not stores_only(self.tree, probe, tensors, self.qualnames):
                 return None

@@ -124,8 +124,8 @@ def test_a_loop_with_no_barrier_keeps_the_read():
     """An evaluation loop takes no optimizer step and gets no barrier: summed on
     the device, its passes would record one graph for all of them."""
     src = _program(log="").replace("        opt.zero_grad()\n        loss.backward()\n        opt.step()\n", "")
-    out, codes = _convert_src(src)
-    assert "loss.item()" in out and "XLA425" not in codes
+    out, findings = convert_text(src, ignore=["XLA301"])  # (with it, its device loader would sync every batch)
+    assert "loss.item()" in out and "XLA425" not in [f.code for f in findings]
 
 
 def _convert_src(src):
@@ -143,8 +143,9 @@ def test_a_target_that_runs_eagerly_needs_no_barrier():
 def test_the_fixture_reads_no_loss_a_step_and_prints_the_cpu_originals_numbers(tmp_path):
     """fixtures/device_meters on XLA at 4 and 8 steps (two epochs, one
     progress line each): compiles flat, one execution a training step, and
-    the training loop copies nothing to the host per step (its evaluation
-    loop, left as it is, one value a batch); the numbers the CPU original prints."""
+    the training loop and the last pass over the data copy nothing to the
+    host per step (the evaluation function, left as it is, one value a
+    batch); the numbers the CPU original prints."""
     runs = {}
     for steps in (4, 8):
         result, out, _, _ = run_on_xla("device_meters", tmp_path / str(steps), "--steps", str(steps),
@@ -152,6 +153,53 @@ def test_the_fixture_reads_no_loss_a_step_and_prints_the_cpu_originals_numbers(t
         runs[steps] = (result["metrics"], out)
     (a, _), (b, out) = runs[4], runs[8]
     assert a["compiles"] == b["compiles"], (a, b)
-    assert b["executions"] - a["executions"] == 2 * (4 + 4), (a, b)  # two epochs: 4 more steps, 4 more eval reads
-    assert b["transfers"] - a["transfers"] == 2 * 4, (a, b)  # the evaluation loop's reads alone
+    # two epochs of 4 more steps and 4 more evaluation reads, and the last pass's 4 more batches
+    assert b["executions"] - a["executions"] == 2 * (4 + 4) + 4, (a, b)
+    assert b["transfers"] - a["transfers"] == 2 * 4, (a, b)  # the evaluation function's reads alone
     assert out == original_output("device_meters", "--steps", "8", "--print-every", "100")
+
+
+def test_a_suppression_on_the_update_leaves_the_meter():
+    src = _program().replace("losses.update(loss.item(), x.size(0))",
+                             "losses.update(loss.item(), x.size(0))  # noqa: XLA425")
+    out, findings = convert_text(src)
+    assert "losses.update(loss.item(), x.size(0))  # noqa: XLA425" in out
+    assert "as_tensor" not in out and "XLA425" not in [f.code for f in findings]
+
+
+EVAL = '''\
+import torch
+from torch.utils.data import DataLoader
+
+
+class Meter:
+    def __init__(self):
+        self.sum = self.count = self.avg = 0
+
+    def update(self, val, n=1):
+        self.sum += val * n
+        self.count += n
+        self.avg = self.sum / self.count
+
+
+def main(model, dataset):
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = model.to(device)
+    losses = Meter()
+    with torch.no_grad():
+        for x, y in DataLoader(dataset, batch_size=8):
+            x, y = x.to(device), y.to(device)
+            losses.update(torch.nn.functional.mse_loss(model(x), y).item(), x.size(0))
+    return losses.avg
+'''
+
+
+def test_an_evaluation_loop_over_a_loader_the_port_wraps_sums_on_the_device():
+    """No optimizer step and no barrier of its own, but XLA301 wraps its loader
+    in an MpDeviceLoader, which syncs after every batch: each pass is one graph."""
+    out, codes = _convert_src(EVAL)
+    assert "MpDeviceLoader(DataLoader(dataset, batch_size=8)," in out and "XLA425" in codes
+    assert ".item(), x.size(0))" not in out and "    losses.avg = torch.as_tensor(losses.avg).item()\n" in out
+    # XLA301 turned off: the loader stays, nothing would cut the passes apart
+    kept, findings = convert_text(EVAL, ignore=["XLA301"])
+    assert ".item(), x.size(0))" in kept and "XLA425" not in [f.code for f in findings]

@@ -122,3 +122,22 @@ def syncing_functions(module: cst.Module, names: Iterable[str], qualnames: QualN
                 found.add(fn.name.value)  # type: ignore[attr-defined]
                 changed = True
     return found
+
+
+def syncs_by_hand(tree, names: Iterable[str], qualnames: QualNames) -> bool:  # type: ignore[no-untyped-def]
+    """The module's authors sync somewhere already (``xm.mark_step()``,
+    ``torch_xla.sync()``, ``xm.optimizer_step(..., barrier=True)``): code
+    ported by hand, whose step loops XLA302 leaves to them (``tree``: a
+    TreeCache; a barrier in a module that names no ``torch_xla`` was put
+    there by xlaport itself, a converted ``torch.cuda.synchronize()``)."""
+    def scan() -> bool:
+        src = tree.source  # the original file, before any rule ran
+        if src and not any(k in src for k in (b"mark_step", b"sync", b"barrier")):
+            return False
+        if src and b"torch_xla" not in src:
+            return False
+        return any(is_barrier_call(c, names, qualnames) for c in find_all(tree.module, cst.Call))
+    key = "syncs_by_hand"
+    if key not in tree.memo:
+        tree.memo[key] = scan()
+    return bool(tree.memo[key])
