@@ -187,7 +187,8 @@ class DeviceMeters(DetachesItems, LoaderWrapping, LoopCodemod):
             return True
         if syncs_by_hand(self.tree, self.target.barrier_names, self.qualnames):  # type: ignore[arg-type]
             return False  # (its authors place the barriers: XLA302 adds none)
-        return self.is_step_loop(loop) and self.selected(STEP_BARRIER.code) or self._wrapped(loop)
+        barrier = self.selected(STEP_BARRIER.code) and not self.is_suppressed(loop, STEP_BARRIER.code)
+        return self.is_step_loop(loop) and barrier or self._wrapped(loop)
 
     def _wrapped(self, loop: cst.CSTNode) -> bool:
         """XLA301 wraps the loop's loader in a device loader, which syncs after every batch."""

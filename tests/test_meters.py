@@ -203,3 +203,13 @@ def test_an_evaluation_loop_over_a_loader_the_port_wraps_sums_on_the_device():
     # XLA301 turned off: the loader stays, nothing would cut the passes apart
     kept, findings = convert_text(EVAL, ignore=["XLA301"])
     assert ".item(), x.size(0))" in kept and "XLA425" not in [f.code for f in findings]
+
+
+def test_a_loop_whose_barrier_is_suppressed_keeps_the_read():
+    src = _program().replace("    for i, (x, y) in enumerate(loader):\n",
+                             "    for i, (x, y) in enumerate(loader):  # noqa: XLA302\n")
+    out, findings = convert_text(src, ignore=["XLA301"])
+    assert "losses.update(loss.item(), x.size(0))" in out and "XLA425" not in [f.code for f in findings]
+    # the same loop with its barrier: rewritten
+    out, findings = convert_text(_program(), ignore=["XLA301"])
+    assert "loss.detach().reshape(())" in out and "XLA425" in [f.code for f in findings]
