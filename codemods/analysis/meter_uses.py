@@ -21,9 +21,9 @@ import libcst as cst
 
 from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.meters import holds_to_show, is_format, methods
-from codemods.analysis.objects import QualNames, instance_class, made_by, method_of
+from codemods.analysis.objects import QualNames, instance_class, made_by
 from codemods.syntax.nodes import SCOPES
-from codemods.syntax.tree import TreeCache, call_name, find_all
+from codemods.syntax.tree import TreeCache, find_all
 
 
 
@@ -57,37 +57,33 @@ class MeterUses:
 
     def allowed(self, scope: cst.FunctionDef, name: str) -> bool:
         """Every use of the meter ``name`` in ``scope`` is one the module doc allows."""
-        loops = self.loops
         if any(name in {n.value for n in g.names} for g in find_all(scope.body, (cst.Global, cst.Nonlocal))):
             return False
-        for loop in loops:
-            if find_all(loop.body, (cst.Return, cst.Yield), stop=SCOPES):
-                return False
+        if any(find_all(loop.body, (cst.Return, cst.Yield), stop=SCOPES) for loop in self.loops):
+            return False
         holders: List[cst.Name] = []
-        for node in find_all(scope.body, cst.Name):
-            if node.value != name:
-                continue
-            parent = self._parent(node)
-            if isinstance(parent, cst.Attribute) and parent.attr is node or \
-                    isinstance(parent, cst.Arg) and parent.keyword is node:
-                continue  # another name's attribute, a keyword
-            if any(isinstance(a, SCOPES) for a in self._between(node, scope)):
-                return False
-            inside = any(a is lp for a in self._ancestors(node) for lp in loops)
-            use = self._use(node, parent, inside)
+        for node, parent in self._occurrences(scope, name):
+            use = parent is not None and self._use(node, parent, self._inside(node))
             if not use:
                 return False
             if isinstance(use, cst.Name):
                 holders.append(use)
         return all(self._holder_ok(h, scope) for h in holders)
 
-    def _between(self, node: cst.CSTNode, scope: cst.CSTNode) -> List[cst.CSTNode]:
-        out = []
-        for anc in self._ancestors(node):
-            if anc is scope:
-                break
-            out.append(anc)
-        return out
+    def _occurrences(self, scope: cst.FunctionDef, name: str) -> Iterator[Tuple[cst.Name, Optional[cst.CSTNode]]]:
+        """The uses of the variable ``name`` in ``scope`` (not an attribute's or
+        a keyword's name), each with its parent; None for the parent of one in
+        a nested scope."""
+        for node in find_all(scope.body, cst.Name):
+            parent = self._parent(node)
+            if node.value != name or isinstance(parent, cst.Attribute) and parent.attr is node or \
+                    isinstance(parent, cst.Arg) and parent.keyword is node:
+                continue
+            yield node, (parent if scope_of(self.tree, node) is scope else None)  # type: ignore[misc]
+
+    def _inside(self, node: cst.CSTNode) -> bool:
+        """``node`` is in one of the loops that update the meter."""
+        return any(a is lp for a in self._ancestors(node) for lp in self.loops)
 
     def _use(self, node: cst.Name, parent: cst.CSTNode, inside: bool):  # type: ignore[no-untyped-def]
         """True for a use allowed where it stands, the holder's name for a
@@ -100,8 +96,8 @@ class MeterUses:
             if not inside:
                 return True
             if isinstance(call, cst.Call) and call.func is parent:
-                if self.items(call) and call_name(call) == self._store_name(call):
-                    return True
+                if self.items(call):
+                    return True  # a store call handed `.item()` (XLA425 checked each one's method)
                 self.shown.append(call)
                 return shown(parent.attr.value)
             if parent.attr.value in values:
@@ -114,10 +110,6 @@ class MeterUses:
         if inside:
             return None
         return self._held_by(node)
-
-    def _store_name(self, call: cst.Call) -> Optional[str]:
-        found = method_of(self.tree, call, self.qualnames)
-        return None if found is None else found[1].name.value
 
     def _stored(self, node: cst.CSTNode) -> bool:
         parent = self._parent(node)
@@ -158,21 +150,13 @@ class MeterUses:
         (owner, cls), made, arg = self._holding[id(holder)]
         if not holds_to_show(owner, cls, made, arg, self.show):
             return False
-        for node in find_all(scope.body, cst.Name):
-            if node.value != holder.value or node is holder:
-                continue
-            parent = self._parent(node)
-            if isinstance(parent, cst.Attribute) and parent.attr is node or \
-                    isinstance(parent, cst.Arg) and parent.keyword is node:
-                continue
-            if any(isinstance(a, SCOPES) for a in self._between(node, scope)):
-                return False
-            if isinstance(parent, cst.AssignTarget) and made_by(self.tree, node) is not None:
+        for node, parent in self._occurrences(scope, holder.value):
+            if node is holder or isinstance(parent, cst.AssignTarget) and made_by(self.tree, node) is not None:
                 continue
             call = self._parent(parent) if isinstance(parent, cst.Attribute) else None
             if not (isinstance(call, cst.Call) and call.func is parent and parent.attr.value in methods(cls)):
-                return False  # the holder handed on, or read for an attribute
-            if any(a is lp for a in self._ancestors(call) for lp in self.loops):
+                return False  # the holder handed on, read for an attribute, or used in a nested scope
+            if self._inside(call):
                 self.shown.append(call)
         return True
 

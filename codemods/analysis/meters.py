@@ -31,6 +31,7 @@ from typing import Callable, Collection, Dict, FrozenSet, Optional, Set, Tuple
 
 import libcst as cst
 
+from codemods.analysis.tensor_functions import _own_attribute
 from codemods.syntax.tree import TreeCache, find_all
 
 Parents = Dict[int, cst.CSTNode]
@@ -50,13 +51,8 @@ def is_format(node: cst.CSTNode, parents: Parents) -> bool:
         return False
     func = call.func
     if isinstance(func, cst.Attribute) and func.attr.value == "format":
-        return _own_dict(node) if parent.star == "**" else not parent.star
+        return _own(node) == "__dict__" if parent.star == "**" else not parent.star
     return isinstance(func, cst.Name) and func.value == "format" and call.args[0] is parent and not parent.star
-
-
-def _own_dict(node: cst.CSTNode) -> bool:
-    return (isinstance(node, cst.Attribute) and node.attr.value == "__dict__"
-            and isinstance(node.value, cst.Name) and node.value.value == "self")
 
 
 def methods(cls: cst.ClassDef) -> Dict[str, cst.FunctionDef]:
@@ -66,9 +62,7 @@ def methods(cls: cst.ClassDef) -> Dict[str, cst.FunctionDef]:
 
 def _own(node: cst.CSTNode) -> Optional[str]:
     """``self.<name>``: the name."""
-    if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
-        return node.attr.value
-    return None
+    return node.attr.value if _own_attribute(node) else None  # type: ignore[attr-defined]
 
 
 def _stored(stmt: cst.CSTNode) -> Set[str]:
