@@ -23,6 +23,7 @@ from typing import List, Optional, Union
 
 import libcst as cst
 
+from codemods.analysis.coupled_guards import coupled_guards
 from codemods.analysis.cuda import is_script
 from codemods.analysis.guards import CUDA_ONLY_LIBS, cuda_only, guards, uses_cuda_only_libs
 from codemods.base import KEPT_SWITCH_CODE, SWITCH_CODES, Rule, XlaCodemod, call_name, dotted, find_all, string_value
@@ -37,7 +38,9 @@ CUDA_ONLY_BRANCH = Rule(
         "them is converted. Code that needs CUDA itself has no XLA form: `fused=True` optimizers raise on XLA "
         "tensors, `torch.cuda.get_device_properties()` raises without a GPU, apex or flash-attn cannot load. "
         "Such a side is removed and the other side kept, which is what the program does on a host without "
-        "CUDA; the decision is made for each test, so a flag that also chooses the device still does that. "
+        "CUDA; the decision is made for each test, so a flag that also chooses the device still does that. A "
+        "test of the same function tied to such a side -- one binds or changes in place (`log_msg.append(...)`) "
+        "what the other reads -- is answered with it: mixing the two hosts' sides fails where neither did. "
         "The same holds for what runs only by `and`/`or` (`half = cuda and "
         "torch.cuda.get_device_capability()[0] >= 7` becomes `half = False`)."
     ),
@@ -122,23 +125,32 @@ class CudaGuards(DropsStatements, XlaCodemod):
         return guards(self.tree, self.qualnames)
 
     # ------------------------------------------------------------ XLA116
-    def _cuda_side(self, test: cst.BaseExpression, body: cst.CSTNode,
-                   orelse: Optional[cst.CSTNode]) -> Optional[cst.CSTNode]:
-        value, _ = self._facts().fold(test, on_cuda=True)
-        if value is None:
+    def _off_reason(self, node: Union[cst.If, cst.IfExp]) -> Optional[str]:
+        """Why XLA takes the side of ``node`` a host without CUDA takes (the
+        finding's message), or None: its CUDA side needs CUDA itself, or it
+        shares state with a test whose CUDA side does
+        (``analysis.coupled_guards``)."""
+        side = self._facts().cuda_side(node)
+        why = cuda_only(side, self.qualnames, self.target.cuda_api) if side is not None else None
+        if why is not None:
+            return f"the CUDA side uses {why}, which XLA does not have: the other side is kept"
+        tied = coupled_guards(self.tree, self.qualnames, self.target.cuda_api).get(id(node))
+        if tied is None:
             return None
-        return body if value else orelse
+        root, name = tied
+        line = self.tree.statement_positions().get(id(self.tree.statement_of(root)), (0,))[0]
+        where = f"the CUDA test on line {line}" if line else "a CUDA test of this function"
+        return (f"answered as {where} (its CUDA side needs what XLA does not have): both use `{name}`, so the "
+                "other side is kept here too")
 
     def leave_IfExp(self, original_node: cst.IfExp, updated_node: cst.IfExp) -> cst.BaseExpression:
         if not self._facts().tests_cuda(original_node.test):
             return updated_node
-        side = self._cuda_side(original_node.test, original_node.body, original_node.orelse)
-        why = cuda_only(side, self.qualnames, self.target.cuda_api) if side is not None else None
+        why = self._off_reason(original_node)
         if why is None:
             return updated_node
         value, rest = self._facts().fold(updated_node.test, on_cuda=False)
-        if not self.flag(original_node, CUDA_ONLY_BRANCH.code, f"the CUDA side uses {why}, which XLA does not "
-                         "have: the other side is kept", fix=True):
+        if not self.flag(original_node, CUDA_ONLY_BRANCH.code, why, fix=True):
             return updated_node
         if value is None:
             return updated_node.with_changes(test=rest)
@@ -176,14 +188,8 @@ class CudaGuards(DropsStatements, XlaCodemod):
                              "accelerator here, so it is met (removed)", fix=True):
                 return updated_node
             return self._keep(updated_node, facts.fold(updated_node.test, on_cuda=True))
-        orelse = original_node.orelse
-        side = self._cuda_side(original_node.test, original_node.body,
-                               orelse.body if isinstance(orelse, cst.Else) else orelse)
-        why = cuda_only(side, self.qualnames, self.target.cuda_api) if side is not None else None
-        if why is None:
-            return updated_node
-        if not self.flag(original_node, CUDA_ONLY_BRANCH.code, f"the CUDA side uses {why}, which XLA does not "
-                         "have: the other side is kept", fix=True):
+        why = self._off_reason(original_node)
+        if why is None or not self.flag(original_node, CUDA_ONLY_BRANCH.code, why, fix=True):
             return updated_node
         return self._keep(updated_node, facts.fold(updated_node.test, on_cuda=False))
 

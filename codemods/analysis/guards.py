@@ -18,7 +18,7 @@ evaluates a test with its CUDA atoms fixed, keeping what else it reads.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Set, Tuple
+from typing import Dict, Optional, Set, Tuple, Union
 
 import libcst as cst
 
@@ -128,6 +128,17 @@ class Guards:
 
     def tests_cuda(self, expr: cst.CSTNode) -> bool:
         return self.polarity(expr) is not None
+
+    def cuda_side(self, node: Union[cst.If, cst.IfExp]) -> Optional[cst.CSTNode]:
+        """The side of an ``if`` or a conditional expression taken on a GPU
+        host (None: its test does not decide it alone)."""
+        value, _ = self.fold(node.test, on_cuda=True)
+        if value is None:
+            return None
+        if isinstance(node, cst.If):
+            orelse = node.orelse
+            return node.body if value else (orelse.body if isinstance(orelse, cst.Else) else orelse)
+        return node.body if value else node.orelse
 
 
 def _cuda_word(node: cst.CSTNode) -> bool:
