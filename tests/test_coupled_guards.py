@@ -74,6 +74,17 @@ def test_a_test_of_another_function_is_not_tied():
     assert [f.line for f in findings if f.code == "XLA116"] == [12]
 
 
+def test_a_closure_shares_its_enclosing_functions_names():
+    source = ("import torch\n\n\ndef run(steps):\n    fmt = ['{i}']\n    if torch.cuda.is_available():\n"
+              "        fmt.append('{mem}')\n\n    def show(i):\n        if torch.cuda.is_available():\n"
+              "            print(' '.join(fmt).format(i=i, mem=torch.cuda.memory_allocated()))\n"
+              "        else:\n            print(' '.join(fmt).format(i=i))\n\n    for i in steps:\n"
+              "        show(i)\n")
+    out, findings = convert_text(source)
+    assert "{mem}" not in out and "memory_allocated" not in out
+    assert [f.line for f in findings if f.code == "XLA116"] == [6, 10]
+
+
 def test_the_answer_is_idempotent():
     once = convert_text(LOG_EVERY)[0]
     assert convert_text(once)[0] == once

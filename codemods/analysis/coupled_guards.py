@@ -14,7 +14,8 @@ neither did -- DeiT's and torchvision's ``MetricLogger.log_every``::
     else:
         print(log_msg.format(...))          # KeyError: 'memory'
 
-:func:`coupled_guards` finds, in each function, the CUDA tests tied to one
+:func:`coupled_guards` finds, in each function (with the closures it
+holds), the CUDA tests tied to one
 XLA116 decides the other way: one of them changes a name (binds it, or calls
 a method that changes it in place) that the other reads or changes.  Those
 are answered as the XLA116 test is -- the program then does in that function
@@ -28,7 +29,6 @@ from typing import Dict, FrozenSet, List, Set, Tuple
 import libcst as cst
 
 from codemods.analysis.bindings import target_names
-from codemods.analysis.cuda import scope_of
 from codemods.analysis.guards import cuda_only, guards
 from codemods.syntax.nodes import walk
 from codemods.syntax.tree import TreeCache
@@ -101,7 +101,7 @@ def coupled_guards(tree: TreeCache, qualnames, api) -> Dict[int, Tuple[cst.CSTNo
     rest: List[_Guard] = []
     for node in tests:
         guard = _Guard(node, tree.statement_of(node), skip)
-        guard.scope = scope_of(node, tree)
+        guard.scope = _outermost_function(node, tree)
         side = facts.cuda_side(node)
         (off.__setitem__(id(node), guard) if side is not None and cuda_only(side, qualnames, api)
          else rest.append(guard))
@@ -122,6 +122,20 @@ def coupled_guards(tree: TreeCache, qualnames, api) -> Dict[int, Tuple[cst.CSTNo
                     break
     tree.memo[key] = out
     return out
+
+
+def _outermost_function(node: cst.CSTNode, tree: TreeCache) -> cst.CSTNode:
+    """The function of the module or of a class that holds ``node`` (the
+    module where none does): a closure shares its enclosing function's names."""
+    found: cst.CSTNode = tree.module
+    cur = tree.parents.get(id(node))
+    while cur is not None:
+        if isinstance(cur, (cst.FunctionDef, cst.Lambda)):
+            found = cur
+        elif isinstance(cur, cst.ClassDef):
+            break
+        cur = tree.parents.get(id(cur))
+    return found
 
 
 def _shared(a: _Guard, b: _Guard) -> str:
