@@ -91,7 +91,7 @@ CODEMODS = (
     ('codemods.prints', 'HotPrints', (b'print', b'log', b'add_scalar'), ('step_loop&output_in_loop', 'loader_loop&output_in_loop'), (
         ('XLA210', 'hot-loop-tensor-print', 'print/log of a tensor value in the hot loop: defer it to a step closure', True),
     ), ()),
-    ('codemods.step_reads', 'ReadsAfterStep', (b'backward',), ('step_loop',), (
+    ('codemods.step_reads', 'ReadsAfterStep', (b'backward', b'scaler', b'Scaler'), ('step_loop',), (
         ('XLA417', 'reads-after-step', "a host read between the step's forward and its backward (`losses.update(loss.item())`) moves after the optimizer step", True),
     ), ()),
     ('codemods.deferred_reads', 'DeferredReads', (b'.item()',), ('step_loop',), (
@@ -100,7 +100,7 @@ CODEMODS = (
     ('codemods.loaders', 'DeviceLoader', (b'oader', b'_dl'), ('loader_loop',), (
         ('XLA301', 'mp-device-loader', 'loop over a DataLoader: iterate `MpDeviceLoader(loader, device)` instead', True),
     ), ()),
-    ('codemods.barriers', 'StepBarrier', (b'backward', b'Backward', b'BACKWARD', b'step', b'Step', b'STEP', b'sampl', b'Sampl', b'SAMPL', b'denois', b'Denois', b'DENOIS', b'model', b'Model', b'MODEL', b'unet', b'Unet', b'UNET', b'forward', b'Forward', b'FORWARD', b'generate', b'Generate', b'GENERATE', b'predict', b'Predict', b'PREDICT', b'net', b'Net', b'NET', b'policy', b'Policy', b'POLICY', b'actor', b'Actor', b'ACTOR', b'critic', b'Critic', b'CRITIC', b'Module', b'nn.', b'from torch import', b'from_pretrained', b'from_config', b'from_single_file', b'diffusers', b'transformers', b'timm', b'torchvision', b'peft', b'open_clip', b'parallel', b'fsdp', b'DataParallel', b'create_model', b'load', b'trace', b'script', b'fully_shard'), ('step_loop', 'loader_loop'), (
+    ('codemods.barriers', 'StepBarrier', (b'backward', b'Backward', b'BACKWARD', b'step', b'Step', b'STEP', b'scaler', b'Scaler', b'SCALER', b'sampl', b'Sampl', b'SAMPL', b'denois', b'Denois', b'DENOIS', b'model', b'Model', b'MODEL', b'unet', b'Unet', b'UNET', b'forward', b'Forward', b'FORWARD', b'generate', b'Generate', b'GENERATE', b'predict', b'Predict', b'PREDICT', b'net', b'Net', b'NET', b'policy', b'Policy', b'POLICY', b'actor', b'Actor', b'ACTOR', b'critic', b'Critic', b'CRITIC', b'Module', b'nn.', b'from torch import', b'from_pretrained', b'from_config', b'from_single_file', b'diffusers', b'transformers', b'timm', b'torchvision', b'peft', b'open_clip', b'parallel', b'fsdp', b'DataParallel', b'create_model', b'load', b'trace', b'script', b'fully_shard'), ('step_loop', 'loader_loop'), (
         ('XLA302', 'step-barrier', 'insert the step barrier (`torch_xla.sync()`) at the end of the step loop', True),
     ), ()),
     ('codemods.device_index', 'DeviceIndex', (b'[',), ('step_loop', 'loader_loop'), (

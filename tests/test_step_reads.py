@@ -165,3 +165,62 @@ def test_prints_deferred_after_the_step_run_at_the_loaders_sync(tmp_path):
         return [float(line.split()[-1]) for line in text.splitlines()]
 
     assert len(numbers(out6)) == 4 and numbers(out6) == pytest.approx(numbers(original), rel=1e-4, abs=1e-5)
+
+
+# -- a step taken by a scaler object (timm's `NativeScaler`: DeiT, MAE, ConvNeXt) ---------------------------
+
+SCALER_STEP = (
+    "import math\nimport sys\n\nimport torch\n\n"
+    "def train(model, criterion, optimizer, batches, loss_scaler, log):\n"
+    "    for x, y in log.log_every(batches, 10):\n"
+    "        loss = criterion(model(x.cuda()), y.cuda())\n"
+    "        loss_value = loss.item()\n"
+    "        if not math.isfinite(loss_value):\n"
+    "            sys.exit(1)\n"
+    "        optimizer.zero_grad()\n"
+    "        is_second_order = hasattr(optimizer, 'is_second_order') and optimizer.is_second_order\n"
+    "        loss_scaler(loss, optimizer, clip_grad=1.0, parameters=model.parameters(), create_graph=is_second_order)\n"
+    "{sync}"
+    "        log.update(loss=loss_value)\n"
+)
+SCALER_MOVED = (
+    "        optimizer.zero_grad()\n"
+    "        is_second_order = hasattr(optimizer, 'is_second_order') and optimizer.is_second_order\n"
+    "        loss_scaler(loss, optimizer, clip_grad=1.0, parameters=model.parameters(), create_graph=is_second_order)\n"
+    "        torch_xla.sync({wait})\n"
+    "        loss_value = loss.item()\n"
+)
+
+
+def test_a_scaler_called_with_the_optimizer_takes_the_step_and_the_reads_follow_it():
+    """Before: no step was read in such a loop; with no sync of its own it got
+    no barrier (its graph grew every step), with DeiT's
+    `torch.cuda.synchronize()` after the step the read ran the forward alone
+    first: two executions a step."""
+    plain = converted(SCALER_STEP.format(sync=""))
+    assert SCALER_MOVED.format(wait="") in plain  # the barrier XLA302 puts after the step
+    timed = converted(SCALER_STEP.format(sync="        torch.cuda.synchronize()\n"))
+    assert SCALER_MOVED.format(wait="wait=True") in timed and timed.count("torch_xla.sync(") == 1
+    codes = {f.code for f in transform(SCALER_STEP.format(sync="").encode(), Settings()).findings}
+    assert {"XLA302", "XLA417"} <= codes
+
+
+def test_a_scaler_called_without_the_optimizer_or_built_is_no_step():
+    source = ("import torch\n\ndef run(model, xs, scaler):\n    for x in xs:\n        loss = model(x.cuda()).sum()\n"
+              "        scaler(loss)\n        grad_scaler = torch.cuda.amp.GradScaler()\n")
+    assert "torch_xla.sync()" not in converted(source)
+
+
+@pytest.mark.xla
+@needs_xla
+def test_the_scaler_step_runs_once_with_the_originals_numbers(tmp_path):
+    """fixtures/scaler_step on XLA at 3 and 6 steps: compiles flat, one
+    execution a step, and the losses the original prints on the CPU."""
+    a, _, b, out6 = at_two_lengths("scaler_step", tmp_path, "--steps", 3, 6)
+    assert a["compiles"] == b["compiles"] and b["executions"] - a["executions"] == 3, (a, b)
+    original = original_output("scaler_step", "--steps", "6")
+
+    def numbers(text):
+        return [float(line.split()[-1]) for line in text.splitlines()]
+
+    assert len(numbers(out6)) == 7 and numbers(out6) == pytest.approx(numbers(original), rel=1e-4, abs=1e-5)

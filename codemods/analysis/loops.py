@@ -27,7 +27,7 @@ from codemods.analysis.bindings import binding_nodes
 from codemods.analysis.calls import FunctionSet, called_functions
 from codemods.analysis.objects import object_methods
 from codemods.analysis.state import _carries_model_state, _root
-from codemods.analysis.steps import LOADER_NAME_RE, STEP_CALLS, callers_closure
+from codemods.analysis.steps import LOADER_NAME_RE, SCALER_CALL_RE, callers_closure, takes_step_by_name
 from codemods.analysis.syncs import (  # noqa: F401 -- part of this module's API
     _NESTED,
     Loop,
@@ -37,6 +37,7 @@ from codemods.analysis.syncs import (  # noqa: F401 -- part of this module's API
     is_barrier_call,
     syncing_functions,
 )
+from codemods.analysis.kinds import OBJECT
 from codemods.analysis.values import (
     OPTIMIZER,
     SAMPLER,
@@ -99,12 +100,38 @@ def is_step_call(call: cst.Call, step_functions: Set[str], qualnames: QualNames,
         # (`*args, **kwargs` passed through is a wrapper's forwarding, not a sampling step)
         if _SAMPLER_RE.search(last) and sum(1 for a in call.args if not a.star) >= 2:
             return True
+    if name is not None and scaler_step(call, values):
+        return True
     if (type(func) is cst.Name or receiver == "self") and name in step_functions:
         # a function of the module of that name takes steps: this call, read
         # through the scopes, must run it (not a parameter named `train`, not
         # `self.train()` of a model whose module has a `def train`)
         return step_functions.called_by(call)  # type: ignore[attr-defined]
     return False
+
+
+def scaler_step(call: cst.Call, values: Optional[Values] = None) -> bool:
+    """``loss_scaler(loss, optimizer, clip_grad=...)``: a scaler object (by its
+    name, :data:`steps.SCALER_CALL_RE`, where the dataflow knows no kind for
+    it but a scaler's or an object's) called with the optimizer takes the
+    backward and the step."""
+    func = call.func
+    name = dotted(func) if isinstance(func, (cst.Name, cst.Attribute)) else None
+    last = (name or "").split(".")[-1]
+    if not last or last[:1].isupper() or not SCALER_CALL_RE.search(last):
+        return False  # (`GradScaler(...)` builds one)
+    if values is not None:
+        kinds = values.of(func)
+        if kinds and not kinds & {SCALER, UNKNOWN, OBJECT}:
+            return False  # (an object of the project's own class may be one: MAE's `NativeScalerWithGradNormCount`)
+    return any(_an_optimizer(a.value, values) for a in call.args)
+
+
+def _an_optimizer(node: cst.BaseExpression, values: Optional[Values]) -> bool:
+    if values is not None and OPTIMIZER in values.of(node):
+        return True
+    last = (dotted(node) or "").split(".")[-1]
+    return bool(last) and bool(_OPTIMIZER_RE.search(last)) and not SCALER_CALL_RE.search(last)
 
 
 _MODEL_CODE = {"forward", "backward", "_forward", "__init__"}
@@ -221,7 +248,7 @@ def _step_functions(tree: TreeCache) -> FunctionSet:
         # what the receiver of `x.step()` holds is read from the dataflow, as
         # for a loop's own calls (an optimizer however it is named; an LR
         # scheduler's step is none)
-        if call_name(call) in STEP_CALLS and is_step_call(
+        if takes_step_by_name(call_name(call) or "") and is_step_call(
                 call, set(), lambda n: set(), values_of(tree)):  # type: ignore[arg-type]
             fn = owner(call)  # type: ignore[arg-type]
             if fn is not None:

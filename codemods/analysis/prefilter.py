@@ -62,6 +62,7 @@ from codemods.analysis.steps import (
     STEP_CALLS,
     called_like_a_model,
     callers_closure,
+    takes_step_by_name,
 )
 from codemods.analysis.prefilter_steps import dotted_name as _dotted
 from codemods.analysis.prefilter_steps import last_name as _last_name
@@ -272,7 +273,7 @@ class _Seen:
         # (what state's model calls accept by name: with the step calls and the
         # file's own functions, every call loops.step_kind can count; only the
         # last name of a call is known here, so a draw `x.sample()` counts too)
-        if any(n in models or n in runners or n in STEP_CALLS or called_like_a_model(n) for n in self.loop_calls):
+        if any(n in models or n in runners or takes_step_by_name(n) or called_like_a_model(n) for n in self.loop_calls):
             # some loop calls something step- or model-like; one of them must
             # also take a step or carry a model's output (see _may_step)
             def modelish(name: str) -> bool:
@@ -357,7 +358,7 @@ def _walk(tree: ast.AST, seen: _Seen) -> None:
                     loop_calls.add(name)
                 if in_loop and name in _OUTPUT_CALLS:
                     facts.add(OUTPUT_IN_LOOP)
-                if name in STEP_CALLS:
+                if takes_step_by_name(name):
                     step_functions.update(funcs)
                 if funcs:
                     calls_of.setdefault(funcs[-1], set()).add(name)

@@ -8,7 +8,14 @@ from __future__ import annotations
 import ast
 from typing import List, Optional, Set, Tuple
 
-from codemods.analysis.steps import APPEND_METHODS, RANDOM_DRAWS, RANDOM_FILLS, READ_CALLS, called_like_a_model
+from codemods.analysis.steps import (
+    APPEND_METHODS,
+    RANDOM_DRAWS,
+    RANDOM_FILLS,
+    READ_CALLS,
+    called_like_a_model,
+    takes_step_by_name,
+)
 
 _OWN_STOP = (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
@@ -72,7 +79,7 @@ def may_step(loop: ast.AST, steps: Set[str], modelish) -> bool:  # type: ignore[
         if isinstance(stmt, _OWN_STOP):
             continue
         for n in _own(stmt):
-            if isinstance(n, ast.Call) and last_name(n.func) in steps:
+            if isinstance(n, ast.Call) and takes_step_by_name(last_name(n.func) or "", steps):
                 return True
     read_first: Set[str] = set()
     # per assignment: (names its value reads, roots of its targets, runs a model?)

@@ -34,7 +34,14 @@ from typing import Callable, Iterable, NamedTuple, Optional, Sequence, Set
 import libcst as cst
 
 from codemods.analysis.bindings import binding_scope
-from codemods.analysis.loops import _DEFS, body_statements, is_step_call, last_optimizer_step, loop_step_kind
+from codemods.analysis.loops import (
+    _DEFS,
+    body_statements,
+    is_step_call,
+    last_optimizer_step,
+    loop_step_kind,
+    scaler_step,
+)
 from codemods.analysis.placement import reads_truth
 from codemods.analysis.step_tail import bound_names, reads_host
 from codemods.analysis.objects import imported_def
@@ -88,14 +95,16 @@ def step_head(tree: TreeCache, loop: cst.CSTNode, steps: Set[str], tensors: Set[
     k = last_optimizer_step(loop, steps, qualnames, values)  # type: ignore[arg-type]
     if k is None:
         return None
+    facts = _Facts(tree, tensors, qualnames, tensors_of, values, is_closure)
     first = k
-    while first > 0 and _step_line(stmts[first - 1], steps, qualnames, values):
+    while first > 0 and (_step_line(stmts[first - 1], steps, qualnames, values)
+                         or _feeds_step(facts, stmts[first - 1], stmts[first:k + 1])):
         first -= 1
     step = stmts[first:k + 1]
-    if not any(call_name(c) == "backward" for s in step for c in find_all(s, cst.Call)):  # type: ignore[arg-type]
+    if not any(call_name(c) == "backward" or scaler_step(c, values)  # type: ignore[arg-type]
+               for s in step for c in find_all(s, cst.Call)):
         return None
-    facts = _Facts(tree, tensors, qualnames, tensors_of, values, is_closure)
-    kept = _step_names(step) | _forward_callees(facts, stmts[:first])
+    kept = _step_names(step, values) | _forward_callees(facts, stmts[:first]) | set().union(*map(bound_names, step))
     start = first
     used = set().union(*map(_names, step))
     while start > 0 and _may_follow(facts, stmts[start - 1], kept, used):
@@ -116,9 +125,28 @@ def _step_line(stmt: cst.CSTNode, steps: Set[str], qualnames: QualNames, values:
         for s in stmt.body)
 
 
-def _step_names(step: Sequence[cst.BaseStatement]) -> Set[str]:
+def _feeds_step(facts: _Facts, stmt: cst.CSTNode, step: Sequence[cst.BaseStatement]) -> bool:
+    """A line that computes on the host what the step's lines after it take
+    and nothing else reads first -- DeiT's ``is_second_order =
+    hasattr(optimizer, "is_second_order") and optimizer.is_second_order``
+    before ``loss_scaler(..., create_graph=is_second_order)``: a plain
+    assignment of names, calling only what reaches no parameter, reading no
+    tensor.  It moves with them."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)):
+        return False
+    assign = stmt.body[0]
+    if not all(isinstance(t.target, cst.Name) for t in assign.targets) or find_all(stmt, (cst.NamedExpr, cst.Lambda)):
+        return False
+    bound = bound_names(stmt)
+    return (bool(bound & set().union(*map(_names, step))) and not _reads(facts, stmt)
+            and all(_known_call(facts, c, kept=set()) for c in find_all(stmt, cst.Call))  # type: ignore[arg-type]
+            and not is_tensor_expr(assign.value, facts.tensors, facts.qualnames))
+
+
+def _step_names(step: Sequence[cst.BaseStatement], values: object) -> Set[str]:
     """The names the step's lines use, but the loss they take back (used for
-    its value it is read as it was: ``backward`` changes no value)."""
+    its value it is read as it was: ``backward`` changes no value, nor does a
+    scaler handed it first)."""
     out: Set[str] = set()
     for stmt in step:
         for call in find_all(stmt, cst.Call):
@@ -128,7 +156,10 @@ def _step_names(step: Sequence[cst.BaseStatement]) -> Set[str]:
                 if isinstance(receiver, cst.Call) and receiver.args:  # `scaler.scale(loss).backward()`
                     out |= _names(receiver.func)
                 continue
-            out |= _names(func) | {n for a in call.args for n in _names(a.value)}  # type: ignore[attr-defined]
+            args = list(call.args)  # type: ignore[attr-defined]
+            if scaler_step(call, values) and args and isinstance(args[0].value, cst.Name) and args[0].keyword is None:
+                args = args[1:]  # `loss_scaler(loss, optimizer, ...)`: the loss, as `loss.backward()`'s
+            out |= _names(func) | {n for a in args for n in _names(a.value)}
     return out
 
 
@@ -211,6 +242,8 @@ def _known_call(facts: _Facts, call: cst.Call, kept: Set[str]) -> bool:
             return True  # `time.time()`, `wandb.log(...)`
         if is_tensor_expr(func.value, facts.tensors, facts.qualnames):
             return True
+        if isinstance(func.value, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)):
+            return True  # `"loss {}".format(v)`: a string's method
         root = _root(func)
         kinds = facts.values.of(func.value) if facts.values is not None else frozenset()  # type: ignore[attr-defined]
         return root is not None and root != "self" and root not in kept and not (kinds & {"module", "loaded"})

@@ -15,6 +15,20 @@ T = TypeVar("T")
 # calls that take a training or sampling step (``loss.backward()``,
 # ``optimizer.step()``, ``xm.optimizer_step(opt)``, ``scheduler.step(x, t)``)
 STEP_CALLS = frozenset({"backward", "step", "optimizer_step"})
+# a scaler object called with the optimizer takes the whole step: timm's
+# ``NativeScaler`` (``loss_scaler(loss, optimizer, clip_grad=...)`` runs the
+# backward, a clip and the optimizer's step), and the copies of it in DeiT,
+# MAE, BEiT, ConvNeXt.  By the callee's last name: the reading the dataflow
+# falls back on (``loops.is_step_call`` also wants the optimizer handed in)
+# and the one the pre-check accepts
+SCALER_CALL_RE = re.compile(r"scaler$", re.IGNORECASE)
+
+
+def takes_step_by_name(name: str, steps: Iterable[str] = STEP_CALLS) -> bool:
+    """A call whose callee's last name is ``name`` may take a step: a step
+    call's name (or one of ``steps``, the step functions a reader knows), or a
+    scaler's (:data:`SCALER_CALL_RE`)."""
+    return name in steps or bool(SCALER_CALL_RE.search(name))
 
 # What a call that runs a model (and so carries state from one iteration to
 # the next) is called: names containing one of MODEL_WORDS ("step" and
@@ -93,9 +107,9 @@ LOADER_NAME_RE = re.compile(r"(loader$|dataloader|(^|_)dl$)", re.IGNORECASE)
 
 def trigger_words() -> tuple:
     """Bytes one of which a file must hold to have a step loop by name: the
-    step calls and every model-call word (matched case-sensitively, so each
+    step calls, a scaler's name and every model-call word (matched case-sensitively, so each
     in the spellings code uses)."""
-    words = [*_STEP_WORDS, *MODEL_WORDS, "net", *MODEL_NAMES]
+    words = [*_STEP_WORDS, "scaler", *MODEL_WORDS, "net", *MODEL_NAMES]
     return tuple(dict.fromkeys(v.encode() for w in words for v in (w, w.capitalize(), w.upper())))
 
 
