@@ -119,7 +119,9 @@ DEVICE_QUERY = Rule(
         "of XLA processes; `torch.accelerator.current_accelerator()` is the XLA device. The runtime "
         "must not start on import or in a function that launches worker processes (torch_xla refuses "
         "to launch then), so there the count is reported instead: `torch_xla.launch` picks the "
-        "number of processes. `current_device()` is reported: an int index means a CUDA device to torch."
+        "number of processes. `current_device()` is reported: an int index means a CUDA device to torch. "
+        "`torch.cuda.memory_summary()`, a report the program prints about its device (it raises where CUDA "
+        "never ran), becomes XLA's report, `torch_xla.debug.metrics.short_metrics_report()`."
     ),
     before="import torch\n\ndef main(args):\n    n_gpus = torch.cuda.device_count()\n",
     after="import torch\nimport torch_xla.runtime as xr\n\ndef main(args):\n    n_gpus = xr.world_size()\n",
@@ -241,7 +243,7 @@ class CudaApi(DropsStatements, XlaCodemod):
             return SYNCHRONIZE.code
         if last.startswith("manual_seed"):
             return SEED.code
-        if last in ("device_count", "current_device", "current_accelerator", "current_device_index"):
+        if last in ("device_count", "current_device", "current_accelerator", "current_device_index", "memory_summary"):
             return DEVICE_QUERY.code
         return NO_OP.code
 

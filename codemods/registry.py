@@ -29,6 +29,7 @@ ORDER: Tuple[Tuple[str, str], ...] = (
     ("codemods.tensor_types", "TensorTypes"),
     ("codemods.tensor_types", "DefaultTypeConstructors"),  # what the default type it rewrites decided
     ("codemods.cuda_api", "CudaApi"),
+    ("codemods.traces", "HostTraces"),  # after the device rules: the inputs it moves are on the XLA device there
     # after the device rules (it compares their devices) and before the barriers: an average whose counter it
     # leaves on the host updates inside the step's graph
     ("codemods.averaged_models", "AveragedModelCounter"),

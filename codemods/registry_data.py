@@ -53,6 +53,9 @@ CODEMODS = (
         ('XLA114', 'cuda-device-query', 'device counts and indices come from `torch_xla.runtime`', True),
         ('XLA115', 'cuda-unsupported-api', 'CUDA memory statistics, streams, events, graphs, NVTX: no XLA counterpart (reported)', False),
     ), ()),
+    ('codemods.traces', 'HostTraces', (b'add_graph', b'onnx', b'jit'), (), (
+        ('XLA162', 'host-trace', 'a model traced on the XLA device (`writer.add_graph`, `torch.onnx.export`) is traced from a CPU copy', True),
+    ), ()),
     ('codemods.averaged_models', 'AveragedModelCounter', (b'AveragedModel',), (), (
         ('XLA423', 'averaged-model-counter', '`AveragedModel(model, device=d)` of a model already on `d` drops `device=`: its step counter stays on the host', True),
     ), ()),

@@ -76,7 +76,11 @@ XLA_CUDA_API: Dict[str, Move] = {
        for name in ("torch.cuda.current_device", "torch.accelerator.current_device_index")},
     **{f"torch.cuda.{name}": Move("report", why=f"{_NO_COUNTERPART}; `xm.get_memory_info()` reports TPU memory")
        for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-                    "memory_summary", "memory_stats", "mem_get_info", "memory_cached", "max_memory_cached")},
+                    "memory_stats", "mem_get_info", "memory_cached", "max_memory_cached")},
+    # the report a program prints about its device (it raises where CUDA never ran: KeyError
+    # 'allocated_bytes.all.current'): XLA's own, the one torch_xla's troubleshooting guide reads
+    "torch.cuda.memory_summary": Move("expr", "torch_xla.debug.metrics.short_metrics_report()",
+                                      (("torch_xla.debug.metrics", None, None),)),
     **{f"torch.cuda.{name}": Move("report", why=f"{_NO_COUNTERPART}: XLA orders work itself; remove it")
        for name in ("Stream", "Event", "stream", "current_stream", "default_stream", "graph", "CUDAGraph",
                     "graphs", "make_graphed_callables", "ExternalStream")},
@@ -106,6 +110,7 @@ CPU_CUDA_API: Dict[str, Move] = {
         "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved", "memory_cached",
         "max_memory_cached")},
     "torch.cuda.get_device_name": Move("expr", '"cpu"'),
+    "torch.cuda.memory_summary": Move("expr", '""'),
     **{name: move for name, move in XLA_CUDA_API.items() if move.kind == "report" and name not in (
         "torch.cuda.get_device_name",)},
 }

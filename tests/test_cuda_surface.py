@@ -13,6 +13,7 @@ import pytest
 from codemods.analysis.cuda import count_references, cuda_references
 from codemods.base import TreeCache
 from tests.conftest import convert_text
+from tests.test_runnable_ports import needs_xla
 from xlaport.engine import Settings, transform
 from xlaport.linemap import line_map as _line_map
 
@@ -324,3 +325,27 @@ def test_a_checkpoint_the_gpu_saved_loads_in_the_conversion(tmp_path):
     left = subprocess.run([sys.executable, "main.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert left.returncode != 0 and "CUDA" in left.stderr
+
+
+@pytest.mark.parametrize("target, report", [("torch_xla-2.9", "torch_xla.debug.metrics.short_metrics_report()"),
+                                            ("cpu", '""')])
+def test_a_printed_memory_summary_becomes_the_targets_report(target, report):
+    """weiaicunzai/pytorch-cifar100 `train.py -gpu` prints
+    `torch.cuda.memory_summary()` after each evaluation: where CUDA never ran
+    it raises (KeyError 'allocated_bytes.all.current')."""
+    source = "import torch\n\nif args.gpu:\n    print(torch.cuda.memory_summary(), end='')\n"
+    out, findings = convert_text(source, target=target)
+    assert f"print({report}, end='')" in out
+    assert ("XLA114", True) in {(f.code, f.fix) for f in findings}
+
+
+@pytest.mark.xla
+@needs_xla
+def test_the_metrics_report_prints_on_xla(tmp_path):
+    script = tmp_path / "main.py"
+    script.write_text(convert_text("import torch\n\nx = torch.ones(2).cuda() * 2\nprint(x.sum().item())\n"
+                                   "print(torch.cuda.memory_summary())\n")[0])
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PJRT_DEVICE": "CPU"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("4.0\n") and "CompileTime" in done.stdout
