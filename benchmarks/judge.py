@@ -13,6 +13,9 @@ transformers 4.57.6, accelerate 1.1.1, timm 1.0.11):
   iteration: token-by-token generation, score-SDE corrector steps;
 * ``outer``: it runs sub-blocks per chunk/segment (``loop_step`` over
   anything but timesteps): the denoising loops are inside those blocks;
+* ``step-fn``: not a loop but a statement of a function that takes a step
+  (``backward`` before it, to any depth of the module's calls): the barrier
+  before the host reads that follow the step;
 * ``check``: none of these -- each such loop is judged one by one in
   ``READ`` (an unjudged one is reported as such); ``READ`` also overrides a
   category's verdict for a loop read and judged otherwise.
@@ -41,6 +44,8 @@ VERDICTS: Dict[str, Tuple[str, str]] = {
     "outer": ("wrong", "a chunk/segment loop around sub-blocks whose denoising loop has its own barrier: one "
                        "extra cut per chunk, harmless, but no step loop"),
     "loader": ("real", "XLA301: a loop over a DataLoader"),
+    "step-fn": ("real", "a function that takes a step (a backward before the line) and reads the host after it: "
+                        "the barrier before the reads (pyGAT's `train(epoch)`)"),
     "check": ("unjudged", "read it"),
 }
 
@@ -114,4 +119,13 @@ def judge(path: str, source: str, lines: List[int]) -> Dict[int, Tuple[str, str,
             read = next((v for (end, h), v in READ.items() if path.endswith(end) and h == header), None)
             verdict, why = read or VERDICTS[category]
             out[node.lineno] = (category, verdict, why)
+    for line in set(lines) - set(out):  # a barrier on a statement, not a loop: in a function that takes a step?
+        fns = [fn for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+               and fn.lineno < line <= (fn.end_lineno or fn.lineno)]
+        fn = max(fns, key=lambda f: f.lineno, default=None)
+        stepped = fn is not None and fn.name in steps and any(
+            isinstance(c, ast.Call) and ast.unparse(c.func).split(".")[-1] in ("backward", "step")
+            and c.lineno < line for c in ast.walk(fn))
+        if stepped:
+            out[line] = ("step-fn", *VERDICTS["step-fn"])
     return out

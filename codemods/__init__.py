@@ -31,7 +31,8 @@ def _codemods() -> Tuple[type, ...]:
 
 
 def all_rules() -> List[Rule]:
-    return [rule for codemod in _codemods() for rule in codemod.RULES]
+    """Every rule once (XLA302 is two codemods': the same Rule object)."""
+    return list({id(rule): rule for codemod in _codemods() for rule in codemod.RULES}.values())
 
 
 def rule_index() -> Dict[str, Tuple[Rule, type]]:

@@ -53,6 +53,8 @@ ORDER: Tuple[Tuple[str, str], ...] = (
     ("codemods.step_reads", "ReadsAfterStep"),
     ("codemods.deferred_reads", "DeferredReads"),  # after XLA417 (what it leaves) and before the barriers (likewise)
     ("codemods.loaders", "DeviceLoader"),
+    # before the loops' barriers: a loop that calls a function synced on every path gets none of its own
+    ("codemods.step_function_barriers", "StepFunctionBarrier"),
     ("codemods.barriers", "StepBarrier"),
     ("codemods.device_index", "DeviceIndex"),  # before the host reads: what it fixes is not reported
     ("codemods.counter_tests", "CounterTests"),  # so is this (and ElementReads', above: XLA407's walks)
@@ -126,7 +128,8 @@ CODEMODS: Tuple[CodemodInfo, ...] = _infos()
 def rules() -> List[RuleInfo]:
     """Every rule, in code order (as ``xlaport rules`` and the docs list
     them; the codemods run in ``CODEMODS``' order)."""
-    return sorted((r for c in CODEMODS for r in c.rules), key=lambda r: r.code)
+    # (a rule two codemods share, XLA302, once: the first of them documents it)
+    return sorted({r.code: r for c in reversed(CODEMODS) for r in c.rules}.values(), key=lambda r: r.code)
 
 
 @lru_cache(maxsize=None)

@@ -103,6 +103,9 @@ CODEMODS = (
     ('codemods.loaders', 'DeviceLoader', (b'oader', b'_dl'), ('loader_loop',), (
         ('XLA301', 'mp-device-loader', 'loop over a DataLoader: iterate `MpDeviceLoader(loader, device)` instead', True),
     ), ()),
+    ('codemods.step_function_barriers', 'StepFunctionBarrier', (b'step',), ('step_loop', 'loader_loop', 'step_method', 'option:include_cold'), (
+        ('XLA302', 'step-barrier', 'insert the step barrier (`torch_xla.sync()`) at the end of the step loop', True),
+    ), ()),
     ('codemods.barriers', 'StepBarrier', (b'backward', b'Backward', b'BACKWARD', b'step', b'Step', b'STEP', b'scaler', b'Scaler', b'SCALER', b'sampl', b'Sampl', b'SAMPL', b'denois', b'Denois', b'DENOIS', b'model', b'Model', b'MODEL', b'unet', b'Unet', b'UNET', b'forward', b'Forward', b'FORWARD', b'generate', b'Generate', b'GENERATE', b'predict', b'Predict', b'PREDICT', b'net', b'Net', b'NET', b'policy', b'Policy', b'POLICY', b'actor', b'Actor', b'ACTOR', b'critic', b'Critic', b'CRITIC', b'Module', b'nn.', b'from torch import', b'from_pretrained', b'from_config', b'from_single_file', b'diffusers', b'transformers', b'timm', b'torchvision', b'peft', b'open_clip', b'parallel', b'fsdp', b'DataParallel', b'create_model', b'load', b'trace', b'script', b'fully_shard'), ('step_loop', 'loader_loop'), (
         ('XLA302', 'step-barrier', 'insert the step barrier (`torch_xla.sync()`) at the end of the step loop', True),
     ), ()),
